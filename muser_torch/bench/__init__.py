@@ -1,0 +1,20 @@
+"""``muser-torch bench {formats,ops,model}``: throughput reported as ratios
+measured in one run, never asserted by tests."""
+from __future__ import annotations
+
+import importlib
+
+_BENCHES = ("formats", "ops", "model")
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser("bench", help="benchmarks (formats, ops, model)")
+    sub = parser.add_subparsers(dest="bench", required=True)
+    for name in _BENCHES:
+        try:
+            module = importlib.import_module(f"{__name__}.{name}")
+        except ModuleNotFoundError as e:
+            if e.name != f"{__name__}.{name}":
+                raise
+            continue
+        module.register(sub)

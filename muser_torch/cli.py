@@ -1,0 +1,39 @@
+"""The ``muser-torch`` command. Each subcommand lives in its own module, which
+exposes ``register(subparsers)``; this file only lists them."""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# module -> it adds one subcommand (bench adds its own sub-subcommands)
+_COMMANDS = ("muser_torch.run", "muser_torch.inspect", "muser_torch.tiny", "muser_torch.bench")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="muser-torch", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name in _COMMANDS:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as e:
+            if e.name != name:
+                raise
+            continue  # subcommand not built yet
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+    except (ValueError, OSError) as e:  # includes GGUFError: a clear message, no traceback
+        print(f"muser-torch {args.command}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

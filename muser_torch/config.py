@@ -1,0 +1,81 @@
+"""Glimmer's configuration, read from and written to GGUF metadata (GLIMMER.md)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+ARCH = "glimmer"
+LANES = ("q4_k_xl", "nvfp4")
+
+# dataclass field -> GGUF key under the "glimmer." prefix
+_KEYS = {
+    "context_length": "context_length",
+    "hidden": "embedding_length",
+    "ffn": "feed_forward_length",
+    "n_layers": "block_count",
+    "n_heads": "attention.head_count",
+    "n_kv_heads": "attention.head_count_kv",
+    "head_dim": "attention.key_length",
+    "rms_eps": "attention.layer_norm_rms_epsilon",
+    "sliding_window": "attention.sliding_window",
+    "sliding_window_pattern": "attention.sliding_window_pattern",
+    "rope_base": "rope.freq_base",
+    "vocab_size": "vocab_size",
+}
+
+
+@dataclass(frozen=True)
+class GlimmerConfig:
+    context_length: int
+    hidden: int
+    ffn: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    rms_eps: float
+    sliding_window: int
+    sliding_window_pattern: int
+    rope_base: float
+    vocab_size: int
+    weight_precision: str = "q4_k_xl"
+
+    @property
+    def q_dim(self) -> int:
+        return self.n_heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        return self.n_kv_heads * self.head_dim
+
+    def is_global(self, layer: int) -> bool:
+        """Global (full-context) attention on every ``sliding_window_pattern``-th layer."""
+        return (layer + 1) % self.sliding_window_pattern == 0
+
+    @classmethod
+    def from_metadata(cls, md: dict[str, Any]) -> "GlimmerConfig":
+        """Build from GGUF metadata; raises KeyError/ValueError naming the bad key
+        (the loader turns these into GGUFError subclasses)."""
+        arch = md.get("general.architecture")
+        if arch != ARCH:
+            raise ValueError(f"general.architecture is {arch!r}, expected {ARCH!r}")
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            if f.name == "weight_precision":
+                continue
+            key = f"{ARCH}.{_KEYS[f.name]}"
+            if key not in md:
+                raise KeyError(key)
+            v = md[key]
+            values[f.name] = float(v) if f.type == "float" else int(v)
+        if "muser.weight_precision" not in md:
+            raise KeyError("muser.weight_precision")
+        values["weight_precision"] = str(md["muser.weight_precision"])
+        return cls(**values)
+
+    def to_metadata(self) -> dict[str, Any]:
+        md: dict[str, Any] = {"general.architecture": ARCH,
+                              "muser.weight_precision": self.weight_precision}
+        for name, key in _KEYS.items():
+            md[f"{ARCH}.{key}"] = getattr(self, name)
+        return md

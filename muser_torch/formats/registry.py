@@ -1,0 +1,74 @@
+"""Block formats register here; ``dequantize`` and ``quantize`` dispatch on type.
+
+A format class writes only ``dequantize_blocks`` (uint8 ``[n, block_bytes]``
+to float32 ``[n, block_elems]``) and, where it can, ``quantize_blocks``; the
+public functions in ``muser_torch.formats`` reshape rows into blocks and
+validate inputs, so every format gets the same checks and messages.
+"""
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch
+
+from .types import GGMLType
+
+_FORMATS: dict[GGMLType, type["BlockFormat"]] = {}
+
+
+class BlockFormat:
+    qtype: ClassVar[GGMLType]
+
+    def __init_subclass__(cls, qtype: GGMLType | None = None, **kw) -> None:
+        super().__init_subclass__(**kw)
+        if qtype is None:
+            return
+        if qtype in _FORMATS:
+            raise RuntimeError(f"{qtype.name} registered twice")
+        cls.qtype = qtype
+        _FORMATS[qtype] = cls
+
+    @classmethod
+    def dequantize_blocks(cls, blocks: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    @classmethod
+    def quantize_blocks(cls, blocks: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor:
+        """float32 ``[n, block_elems]`` (and optional importance ``weights`` of
+        the same shape) to uint8 ``[n, block_bytes]``."""
+        raise NotImplementedError(f"quantize to {cls.qtype.name} is not supported")
+
+
+def format_for(qtype: GGMLType) -> type[BlockFormat]:
+    try:
+        return _FORMATS[qtype]
+    except KeyError:
+        raise ValueError(f"no block format registered for {qtype.name}") from None
+
+
+def can_quantize(qtype: GGMLType) -> bool:
+    fmt = _FORMATS.get(qtype)
+    return fmt is not None and fmt.quantize_blocks.__func__ is not BlockFormat.quantize_blocks.__func__
+
+
+# ---- small helpers shared by the block formats ---------------------------------
+
+def f16_field(blocks: torch.Tensor, offset: int) -> torch.Tensor:
+    """The little-endian f16 at byte ``offset`` of every block, as float32 ``[n, 1]``."""
+    return blocks[:, offset:offset + 2].contiguous().view(torch.float16).to(torch.float32)
+
+
+def f16_bytes(x: torch.Tensor) -> torch.Tensor:
+    """float ``[n, 1]`` rounded to f16 and returned as uint8 ``[n, 2]``."""
+    return x.to(torch.float16).contiguous().view(torch.uint8).reshape(-1, 2)
+
+
+def nibbles(qs: torch.Tensor) -> torch.Tensor:
+    """uint8 ``[..., k]`` to ``[..., 2, k]``: the low nibbles, then the high nibbles."""
+    return torch.stack((qs & 0x0F, qs >> 4), dim=-2)
+
+
+def bits(x: torch.Tensor, count: int, width: int = 1) -> torch.Tensor:
+    """uint8 ``[..., k]`` to ``[..., count, k]``: field i is ``(x >> i*width) & mask``."""
+    shifts = torch.arange(0, count * width, width, dtype=torch.uint8, device=x.device)
+    return (x.unsqueeze(-2) >> shifts.view(count, 1)) & ((1 << width) - 1)
