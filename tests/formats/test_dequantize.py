@@ -1,0 +1,154 @@
+"""dequantize: bit-exact against gguf's numpy dequantize, the seed's worked
+Q4_K block (Chapter 6, section 6.3), and clear errors for bad input."""
+from __future__ import annotations
+
+import random
+
+import gguf
+import numpy as np
+import pytest
+import torch
+
+from muser_torch import GGMLType, dequantize
+from muser_torch.formats.kquant import pack_scale_min_k4, unpack_scale_min_k4
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else []) + (
+    ["mps"] if torch.backends.mps.is_available() else [])
+
+# Every type of ours that gguf can dequantize (F8_E4M3FN and NVFP4_E2M1 are
+# Muser-native; they are checked against torch's float8 below).
+GGUF_TYPES = [t for t in GGMLType if t.name in gguf.GGMLQuantizationType.__members__
+              and int(gguf.GGMLQuantizationType[t.name]) == int(t)]
+
+# Byte offsets of the f16 fields in each block, which get extreme finite values.
+F16_FIELDS = {
+    GGMLType.Q4_0: (0,), GGMLType.Q4_1: (0, 2), GGMLType.Q5_0: (0,), GGMLType.Q5_1: (0, 2),
+    GGMLType.Q8_0: (0,), GGMLType.Q4_K: (0, 2), GGMLType.Q5_K: (0, 2), GGMLType.Q6_K: (208,),
+}
+
+
+def finite_f16_bits(rng: np.random.Generator, n: int) -> np.ndarray:
+    """Random f16 bit patterns over the whole finite range: subnormals to 65504, both signs."""
+    u = rng.integers(0, 1 << 16, size=n, dtype=np.uint16)
+    inf_nan = (u & 0x7C00) == 0x7C00
+    u[inf_nan] &= np.uint16(0xFBFF)           # clear one exponent bit: now finite
+    return u
+
+
+def random_packed(qtype: GGMLType, rows: int, n_in: int, rng: np.random.Generator) -> np.ndarray:
+    """Random blocks whose float fields are finite but span extreme magnitudes."""
+    raw = rng.integers(0, 256, size=(rows * n_in // qtype.block_elems, qtype.block_bytes), dtype=np.uint8)
+    for off in F16_FIELDS.get(qtype, ()):
+        raw[:, off:off + 2] = finite_f16_bits(rng, raw.shape[0]).view(np.uint8).reshape(-1, 2)
+    if qtype in (GGMLType.F16,):
+        raw = finite_f16_bits(rng, raw.size // 2).view(np.uint8).reshape(raw.shape[0], -1)
+    elif qtype == GGMLType.F32:
+        raw = rng.standard_normal(raw.size // 4).astype(np.float32)
+        raw *= np.float32(10.0) ** rng.integers(-30, 30, size=raw.size).astype(np.float32)
+        raw = raw.view(np.uint8).reshape(-1, 4)
+    elif qtype == GGMLType.BF16:
+        bits = rng.integers(0, 1 << 16, size=raw.size // 2, dtype=np.uint16)
+        bits[(bits & 0x7F80) == 0x7F80] &= np.uint16(0xFF7F)
+        raw = bits.view(np.uint8).reshape(-1, 2)
+    return raw.reshape(rows, -1)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("qtype", GGUF_TYPES, ids=lambda t: t.name)
+def test_bit_exact_against_gguf(qtype: GGMLType, device: str) -> None:
+    seed = random.randrange(1 << 32)
+    rng = np.random.default_rng(seed)
+    n_in = qtype.block_elems * int(rng.integers(1, 5)) * (256 // min(qtype.block_elems, 256))
+    rows = int(rng.integers(50, 300))
+    raw = random_packed(qtype, rows, n_in, rng)
+    ref = gguf.dequantize(raw, gguf.GGMLQuantizationType(int(qtype))).reshape(rows, n_in)
+    out = dequantize(torch.from_numpy(raw).to(device), qtype, n_in).cpu().numpy()
+    assert out.dtype == np.float32 and out.shape == (rows, n_in)
+    assert np.isfinite(ref).all(), f"seed {seed}: the reference itself is not finite"
+    same = ref.view(np.uint32) == out.view(np.uint32)
+    if not same.all():
+        r, c = np.argwhere(~same)[0]
+        block = c // qtype.block_elems
+        pytest.fail(f"{qtype.name} seed {seed}: {(~same).sum()} elements differ; first at row {r} "
+                    f"col {c} (block {block}): got {out[r, c]!r}, gguf {ref[r, c]!r}")
+
+
+def test_e4m3fn_bytes_against_torch_float8() -> None:
+    raw = torch.randint(0, 256, (37, 64), dtype=torch.uint8)
+    out = dequantize(raw, GGMLType.F8_E4M3FN, 64)
+    ref = raw.view(torch.float8_e4m3fn).to(torch.float32)
+    assert torch.equal(out.isnan(), ref.isnan())
+    assert torch.equal(out.nan_to_num(0.0), ref.nan_to_num(0.0))
+
+
+def test_nvfp4_e2m1_against_float64_formula() -> None:
+    """The Muser-native lane: w = e2m1(code) * e4m3fn(scale) * scale_2, element 2i low nibble."""
+    seed = random.randrange(1 << 32)
+    g = torch.Generator().manual_seed(seed)
+    rows, n_in = 23, 96
+    payload = torch.randint(0, 256, (rows, n_in // 2), dtype=torch.uint8, generator=g)
+    scale_bytes = torch.randint(0, 0x7F, (rows, n_in // 16), dtype=torch.uint8, generator=g)  # finite, >= 0
+    scale_2 = torch.rand((), generator=g, dtype=torch.float32) * 4 + 0.01
+    e2m1 = [0, 0.5, 1, 1.5, 2, 3, 4, 6]
+    codes = torch.stack((payload & 15, payload >> 4), dim=-1).reshape(rows, n_in).to(torch.int64)
+    mag = torch.tensor(e2m1, dtype=torch.float64)[codes & 7]
+    value = torch.where(codes >= 8, -mag, mag)
+    scale = scale_bytes.view(torch.float8_e4m3fn).to(torch.float64).repeat_interleave(16, dim=1)
+    ref = value * scale * scale_2.double()
+    out = dequantize(payload, GGMLType.NVFP4_E2M1, n_in, scales=scale_bytes, scale_2=scale_2)
+    assert torch.allclose(out.double(), ref, rtol=1e-7, atol=0), f"seed {seed}"
+
+
+def seed_q4_k_block() -> bytes:
+    """The hand-built super-block of Chapter 6, section 6.3."""
+    block = bytearray(144)
+    block[0:2] = bytes([0x00, 0x28])                 # d = 2^-5
+    block[2:4] = bytes([0x00, 0x20])                 # dmin = 2^-7
+    block[4:16] = bytes([0x94, 0x4C, 0x6C, 0x08, 0x04, 0x50, 0x48, 0x98, 0xC1, 0x49, 0xC1, 0x49])
+    block[16] = 0x5E                                 # qs[0]
+    block[48] = 0x3C                                 # qs[32]
+    return bytes(block)
+
+
+def test_seed_worked_q4_k_block() -> None:
+    packed = torch.frombuffer(bytearray(seed_q4_k_block()), dtype=torch.uint8).reshape(1, 144)
+    y = dequantize(packed, GGMLType.Q4_K, 256)[0]
+    assert (y[0].item(), y[32].item(), y[64].item()) == (8.71875, 1.75, 16.4375)
+    ref = gguf.dequantize(packed.numpy(), gguf.GGMLQuantizationType.Q4_K).reshape(-1)
+    assert np.array_equal(y.numpy(), ref)
+
+
+def test_seed_block_scale_strip() -> None:
+    sc, m = unpack_scale_min_k4(torch.tensor(list(seed_q4_k_block()[4:16]), dtype=torch.uint8).view(1, 12))
+    assert sc.tolist() == [[20, 12, 44, 8, 33, 25, 17, 9]]
+    assert m.tolist() == [[4, 16, 8, 24, 12, 20, 28, 36]]
+
+
+def test_scale_min_packing_round_trips_all_pairs() -> None:
+    """Every (sc, m) in 0..63 x 0..63, in every one of the 8 sub-block slots."""
+    sc_all, m_all = torch.meshgrid(torch.arange(64), torch.arange(64), indexing="ij")
+    sc_all, m_all = sc_all.reshape(-1), m_all.reshape(-1)                 # 4096 pairs
+    for slot in range(8):
+        # the other slots get shuffled values so cross-talk between fields shows
+        sc = torch.randint(0, 64, (4096, 8)); m = torch.randint(0, 64, (4096, 8))
+        sc[:, slot], m[:, slot] = sc_all, m_all
+        packed = pack_scale_min_k4(sc, m)
+        assert packed.dtype == torch.uint8 and packed.shape == (4096, 12)
+        sc2, m2 = unpack_scale_min_k4(packed)
+        assert torch.equal(sc2.long(), sc) and torch.equal(m2.long(), m), f"slot {slot}"
+
+
+@pytest.mark.parametrize("bad, message", [
+    (lambda: dequantize(torch.zeros(2, 143, dtype=torch.uint8), GGMLType.Q4_K, 256), "144 bytes"),
+    (lambda: dequantize(torch.zeros(2, 144, dtype=torch.uint8), GGMLType.Q4_K, 250), "multiple"),
+    (lambda: dequantize(torch.zeros(2, 144, dtype=torch.int8), GGMLType.Q4_K, 256), "uint8"),
+    (lambda: dequantize(torch.zeros(2, 288, dtype=torch.uint8)[:, ::2], GGMLType.Q4_K, 256), "contiguous"),
+    (lambda: dequantize(torch.zeros(2, 144, dtype=torch.uint8), 99, 256), "unknown GGML type"),
+    (lambda: dequantize(torch.zeros(144, dtype=torch.uint8), GGMLType.Q4_K, 256), "2-D"),
+    (lambda: dequantize(torch.zeros(2, 8, dtype=torch.uint8), GGMLType.NVFP4_E2M1, 16), "companions"),
+    (lambda: dequantize(torch.zeros(2, 8, dtype=torch.uint8), GGMLType.NVFP4_E2M1, 16,
+                        scales=torch.zeros(2, 2, dtype=torch.uint8), scale_2=1.0), "shape"),
+])
+def test_bad_input_names_the_problem(bad, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        bad()
