@@ -11,7 +11,9 @@ _COMMANDS = ("muser_torch.run", "muser_torch.inspect", "muser_torch.tiny", "muse
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="muser-torch", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="muser-torch",
+        description="GGUF K-quant and NVFP4 weights, kept packed, as PyTorch ops.")
     sub = parser.add_subparsers(dest="command", required=True)
     for name in _COMMANDS:
         try:
