@@ -24,6 +24,18 @@ _KEYS = {
 }
 
 
+def _number(key: str, v: Any, real: bool) -> "int | float":
+    """A metadata number, refused (ValueError naming the key) if it is not one:
+    no bools, strings or lists, and no fractional, infinite or NaN integers."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise ValueError(f"{key} is {v!r}, expected {'a number' if real else 'an integer'}")
+    if real:
+        return float(v)
+    if isinstance(v, float) and not v.is_integer():
+        raise ValueError(f"{key} is {v!r}, expected an integer")
+    return int(v)
+
+
 @dataclass(frozen=True)
 class GlimmerConfig:
     context_length: int
@@ -66,8 +78,7 @@ class GlimmerConfig:
             key = f"{ARCH}.{_KEYS[f.name]}"
             if key not in md:
                 raise KeyError(key)
-            v = md[key]
-            values[f.name] = float(v) if f.type == "float" else int(v)
+            values[f.name] = _number(key, md[key], f.type == "float")
         if "muser.weight_precision" not in md:
             raise KeyError("muser.weight_precision")
         values["weight_precision"] = str(md["muser.weight_precision"])

@@ -1,0 +1,63 @@
+"""Errors raised while reading GGUF files and admitting a model from one.
+
+Every refusal is a ``GGUFError`` (a ``ValueError``, so the CLI prints it as a
+one-line message). The file-level errors come from ``gguf_io`` while the
+header is parsed; the admission errors come from ``loader.admit`` before any
+weight is used. Messages name the tensor or key, what was found and what was
+expected.
+"""
+from __future__ import annotations
+
+
+class GGUFError(ValueError):
+    """Base class: the file or the model in it was refused."""
+
+
+# ---- the file itself --------------------------------------------------------
+
+class GGUFFormatError(GGUFError):
+    """The bytes are not a well-formed GGUF file (bad magic, bad value type,
+    duplicate names, misaligned or overlapping tensor data, ...)."""
+
+
+class GGUFTruncatedError(GGUFFormatError):
+    """The file ends inside a header section or before a tensor's data ends."""
+
+
+class UnsupportedVersionError(GGUFFormatError):
+    """A GGUF version other than 2 or 3, or a big-endian file."""
+
+
+class UnsupportedTypeError(GGUFError):
+    """A tensor's type has no block format here; raised only when its bytes or
+    values are asked for, so such files can still be listed."""
+
+
+# ---- admission of a model ---------------------------------------------------
+
+class AdmissionError(GGUFError):
+    """The file is well formed but this model may not be served from it."""
+
+
+class MetadataError(AdmissionError):
+    """A required metadata key is missing or has an unusable value."""
+
+
+class LaneError(AdmissionError):
+    """``muser.weight_precision`` is missing, unknown, or contradicted by the tensors."""
+
+
+class TensorSetError(AdmissionError):
+    """A required tensor is missing, or a tensor the model does not use is present."""
+
+
+class ShapeMismatchError(AdmissionError):
+    """A tensor's shape disagrees with the shape the config implies."""
+
+
+class DtypeFenceError(AdmissionError):
+    """A tensor's type is not admitted for its role (projection, embedding, norm)."""
+
+
+class CompanionError(AdmissionError):
+    """An NVFP4_E2M1 tensor's scale companions are missing, mistyped or misshaped."""

@@ -1,0 +1,744 @@
+"""GGUF files: a zero-copy reader and a writer.
+
+File layout (little-endian; GGUF v2 and v3 are identical on disk):
+
+    "GGUF" | version u32 | tensor_count u64 | kv_count u64
+    kv_count   x  key:str | value_type u32 | value
+    tensor_count x  name:str | n_dims u32 | ne[n_dims] u64 | type u32 | offset u64
+    padding to general.alignment (default 32)
+    tensor data: each tensor at data_start + offset, offsets aligned
+
+    str   = length u64 | UTF-8 bytes
+    array = item_type u32 | count u64 | count items
+
+Why our own parser rather than ``gguf.GGUFReader``: that reader builds its
+tensor list through ``GGMLQuantizationType(raw_id)``, so a file holding the
+Muser-native ids 1000/1001 (or any id newer than the installed gguf) cannot
+be opened at all. Here an id without a block format is still listed, with
+its raw id, and refused only when its bytes are asked for.
+
+Every count and length is checked against the bytes left in the file before
+anything is allocated, so a corrupt header fails fast with a ``GGUFError``
+instead of trying to build a list of 2**60 strings. Tensor data is never
+copied: ``GGUFTensor.packed`` is a torch view of a read-only memory map,
+so opening a 16 GB file costs its header and pages are read as touched.
+Do not write into those views: the pages are mapped read-only and a write
+faults (``.clone()`` first).
+"""
+from __future__ import annotations
+
+import math
+import mmap
+import os
+import struct
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence, Union
+
+import numpy as np
+import torch
+from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
+from tqdm import tqdm
+
+from .errors import (CompanionError, GGUFFormatError, GGUFTruncatedError,
+                     UnsupportedTypeError, UnsupportedVersionError)
+from .formats import GGMLType, dequantize
+from .formats.types import NEEDS_COMPANIONS, NVFP4_GROUP
+
+__all__ = ["GGUFFile", "GGUFTensor", "GGUFValueType", "load_gguf", "save_gguf",
+           "block_geometry", "type_name"]
+
+MAGIC = b"GGUF"
+VERSIONS = (2, 3)
+WRITE_VERSION = 3
+DEFAULT_ALIGNMENT = 32
+MAX_DIMS = 4                  # GGML_MAX_DIMS
+# NVFP4_E2M1 tensor "X.weight" keeps its scales in "X.weight_scale" (F8_E4M3FN)
+# and "X.weight_scale_2" (F32), as NVFP4 safetensors checkpoints do.
+SCALE_SUFFIX, SCALE2_SUFFIX = "_scale", "_scale_2"
+MAX_NAME_BYTES = 63           # llama.cpp refuses tensor names of GGML_MAX_NAME (64) bytes or more
+_INT64_MAX = 2**63 - 1
+_PROGRESS_BYTES = 256 << 20   # save_gguf shows a bar from this many data bytes on
+_WRITE_CHUNK = 64 << 20
+
+_U32 = struct.Struct("<I")
+_U64 = struct.Struct("<Q")
+
+V = GGUFValueType
+# scalar value type -> its little-endian numpy dtype (BOOL is one byte, nonzero = true)
+_SCALARS: dict[GGUFValueType, np.dtype] = {
+    V.UINT8: np.dtype("<u1"), V.INT8: np.dtype("<i1"),
+    V.UINT16: np.dtype("<u2"), V.INT16: np.dtype("<i2"),
+    V.UINT32: np.dtype("<u4"), V.INT32: np.dtype("<i4"),
+    V.UINT64: np.dtype("<u8"), V.INT64: np.dtype("<i8"),
+    V.FLOAT32: np.dtype("<f4"), V.FLOAT64: np.dtype("<f8"),
+    V.BOOL: np.dtype("<u1"),
+}
+_INTS = {V.UINT8, V.INT8, V.UINT16, V.INT16, V.UINT32, V.INT32, V.UINT64, V.INT64}
+_FLOATS = {V.FLOAT32, V.FLOAT64}
+
+# Smallest encodings, used to bound counts by the bytes left in the file.
+_MIN_KV_BYTES = 8 + 4 + 1           # empty key, type, one u8
+_MIN_TENSOR_INFO_BYTES = 8 + 4 + 8 + 4 + 8  # empty name, n_dims, one dim, type, offset
+_MIN_STRING_BYTES = 8
+
+
+# ---- tensor types -----------------------------------------------------------
+
+def block_geometry(type_id: int) -> tuple[int, int] | None:
+    """(elements, bytes) per block of a tensor type id, or None if unknown.
+
+    GGMLType is the source for every type this package computes; ids it does
+    not know (Q2_K, IQ*, I32, ...) take their geometry from gguf's table, so
+    their tensors can still be sized, bounds-checked, listed and copied."""
+    try:
+        t = GGMLType(type_id)
+        return t.block_elems, t.block_bytes
+    except ValueError:
+        pass
+    if type_id in _GGUF_PY_STALE:
+        return _GGUF_PY_STALE[type_id]
+    try:
+        return GGML_QUANT_SIZES[GGMLQuantizationType(type_id)]
+    except (ValueError, KeyError):
+        return None
+
+
+# gguf-py's table still gives Q8_1 its old 40-byte block (f32 d and s); ggml's
+# block_q8_1 has been 36 bytes (two f16) for years, and ggml sizes the files.
+_GGUF_PY_STALE = {9: (32, 36)}
+
+
+def type_name(type_id: int) -> str:
+    """The type's name (GGMLType first, then gguf's), or ``type<id>`` if unknown."""
+    try:
+        return GGMLType(type_id).name
+    except ValueError:
+        pass
+    try:
+        return GGMLQuantizationType(type_id).name
+    except ValueError:
+        return f"type{type_id}"
+
+
+def _ggml_type(type_id: int) -> GGMLType | None:
+    try:
+        return GGMLType(type_id)
+    except ValueError:
+        return None
+
+
+# ---- records ---------------------------------------------------------------
+
+@dataclass(frozen=True, eq=False)
+class GGUFTensor:
+    """One tensor of a GGUF file. ``ne`` is GGUF's order: ``ne[0]`` is the
+    row length (``n_in``); ``n_out`` is the product of the other dimensions
+    (1 for a 1-D tensor). ``offset`` is the absolute byte offset in the file;
+    ``nbytes`` is None only for a type id whose block geometry is unknown."""
+
+    name: str
+    type_id: int
+    ne: tuple[int, ...]
+    offset: int
+    nbytes: int | None
+    _buf: np.ndarray | None = field(default=None, repr=False)   # whole-file uint8 view
+
+    @property
+    def qtype(self) -> GGMLType | None:
+        """The GGMLType, or None for an id this package cannot compute."""
+        return _ggml_type(self.type_id)
+
+    @property
+    def type_name(self) -> str:
+        return type_name(self.type_id)
+
+    @property
+    def n_in(self) -> int:
+        return self.ne[0] if self.ne else 1
+
+    @property
+    def n_out(self) -> int:
+        return math.prod(self.ne[1:])
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """``(n_out, n_in)``: the matrix view of the tensor."""
+        return self.n_out, self.n_in
+
+    @property
+    def n_elements(self) -> int:
+        return math.prod(self.ne)
+
+    @property
+    def raw(self) -> torch.Tensor:
+        """The tensor's bytes, uint8 ``[nbytes]``, viewing the file's memory map.
+        Works for every type of known size, computable or not."""
+        if self.nbytes is None:
+            raise UnsupportedTypeError(
+                f"tensor {self.name!r}: type id {self.type_id} has no known block size, "
+                f"so its bytes cannot be located")
+        if self._buf is None:
+            raise UnsupportedTypeError(f"tensor {self.name!r} is not backed by a file")
+        view = self._buf[self.offset:self.offset + self.nbytes]
+        with warnings.catch_warnings():
+            # The map is read-only on purpose (zero copy, shared page cache);
+            # torch warns because it has no read-only tensors.
+            warnings.filterwarnings("ignore", message=".*not writ", category=UserWarning)
+            return torch.from_numpy(view)
+
+    @property
+    def packed(self) -> torch.Tensor:
+        """uint8 ``[n_out, row_bytes]``: the rows as the block formats expect them."""
+        qtype = self.require_qtype()
+        return self.raw.view(self.n_out, qtype.row_bytes(self.n_in))
+
+    def require_qtype(self) -> GGMLType:
+        qtype = self.qtype
+        if qtype is None:
+            raise UnsupportedTypeError(
+                f"tensor {self.name!r} has type {self.type_name} (id {self.type_id}), "
+                f"which muser-torch cannot compute; supported: "
+                f"{', '.join(t.name for t in GGMLType)}")
+        return qtype
+
+
+class GGUFFile:
+    """A parsed GGUF file. ``metadata`` maps keys to Python values (lists for
+    arrays); ``metadata_types`` gives each key's GGUF value type (the item
+    type for arrays), so ``save_gguf(p, f.metadata, f.tensors,
+    types=f.metadata_types)`` writes the same header back."""
+
+    def __init__(self, path: Path, version: int, alignment: int, data_offset: int,
+                 file_size: int, metadata: dict[str, Any],
+                 metadata_types: dict[str, GGUFValueType],
+                 tensors: dict[str, GGUFTensor]) -> None:
+        self.path = path
+        self.version = version
+        self.alignment = alignment
+        self.data_offset = data_offset
+        self.file_size = file_size
+        self.metadata = metadata
+        self.metadata_types = metadata_types
+        self.tensors = tensors
+
+    def __repr__(self) -> str:
+        return (f"GGUFFile({str(self.path)!r}, v{self.version}, {len(self.metadata)} keys, "
+                f"{len(self.tensors)} tensors)")
+
+    def __getitem__(self, name: str) -> GGUFTensor:
+        try:
+            return self.tensors[name]
+        except KeyError:
+            raise KeyError(f"{self.path.name}: no tensor named {name!r}") from None
+
+    def companions(self, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """The NVFP4_E2M1 companions of tensor ``name`` (``X.weight``):
+        ``X.weight_scale`` as float8_e4m3fn ``[n_out, n_in/16]`` and
+        ``X.weight_scale_2`` as a float32 scalar. Raises CompanionError."""
+        t = self[name]
+        scale_name, scale2_name = name + SCALE_SUFFIX, name + SCALE2_SUFFIX
+        sc = self.tensors.get(scale_name)
+        s2 = self.tensors.get(scale2_name)
+        if sc is None or s2 is None:
+            missing = [n for n, x in ((scale_name, sc), (scale2_name, s2)) if x is None]
+            raise CompanionError(
+                f"tensor {name!r} is NVFP4_E2M1 but its companion(s) {', '.join(missing)} "
+                f"are missing; expected {scale_name} (F8_E4M3FN) and {scale2_name} (F32)")
+        want = (t.n_out, t.n_in // NVFP4_GROUP)
+        if sc.type_id != GGMLType.F8_E4M3FN or sc.shape != (want[0], want[1]):
+            raise CompanionError(
+                f"companion {scale_name!r}: found {sc.type_name} with (n_out, n_in) "
+                f"{sc.shape}, expected F8_E4M3FN {want} (one scale per {NVFP4_GROUP} "
+                f"inputs of {name!r})")
+        if s2.type_id != GGMLType.F32 or s2.n_elements != 1:
+            raise CompanionError(
+                f"companion {scale2_name!r}: found {s2.type_name} with {s2.n_elements} "
+                f"elements (ne {list(s2.ne)}), expected one F32 value")
+        scales = sc.packed.view(torch.float8_e4m3fn)
+        scale_2 = s2.raw.view(torch.float32).reshape(())
+        return scales, scale_2
+
+    def dequantize(self, name: str, rows: "slice | Sequence[int] | torch.Tensor | None" = None
+                   ) -> torch.Tensor:
+        """float32 ``[n_out, n_in]`` values of tensor ``name`` (or of the selected
+        ``rows``), NVFP4_E2M1 companions included. Only the rows asked for are read."""
+        t = self[name]
+        qtype = t.require_qtype()
+        packed = t.packed
+        scales = scale_2 = None
+        if qtype in NEEDS_COMPANIONS:
+            scales, scale_2 = self.companions(name)
+        if rows is not None:
+            index = rows if isinstance(rows, slice) else torch.as_tensor(rows, dtype=torch.long)
+            packed = packed[index].contiguous()
+            if scales is not None:
+                scales = scales[index].contiguous()
+        return dequantize(packed, qtype, t.n_in, scales=scales, scale_2=scale_2)
+
+    @property
+    def tensor_bytes(self) -> int:
+        """Bytes of all tensors of known size."""
+        return sum(t.nbytes for t in self.tensors.values() if t.nbytes is not None)
+
+
+# ---- reading -----------------------------------------------------------------
+
+class _Cursor:
+    """Reads header fields off the map, checking every length against the file."""
+
+    def __init__(self, buf: mmap.mmap, size: int) -> None:
+        self.buf = buf
+        self.size = size
+        self.pos = 0
+
+    def need(self, n: int, what: str) -> None:
+        if n > self.size - self.pos:
+            raise GGUFTruncatedError(
+                f"file ends inside {what}: {n} bytes needed at offset {self.pos}, "
+                f"only {self.size - self.pos} left (file size {self.size})")
+
+    def u32(self, what: str) -> int:
+        self.need(4, what)
+        (v,) = _U32.unpack_from(self.buf, self.pos)
+        self.pos += 4
+        return v
+
+    def u64(self, what: str) -> int:
+        self.need(8, what)
+        (v,) = _U64.unpack_from(self.buf, self.pos)
+        self.pos += 8
+        return v
+
+    def string(self, what: str) -> str:
+        n = self.u64(f"the length of {what}")
+        self.need(n, f"{what} ({n} bytes)")
+        start = self.pos
+        self.pos += n
+        try:
+            return self.buf[start:self.pos].decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise GGUFFormatError(f"{what} at offset {start} is not valid UTF-8: {e}") from None
+
+    def count(self, what: str, min_item_bytes: int) -> int:
+        """A u64 count, refused if the items could not fit in the rest of the file."""
+        n = self.u64(what)
+        left = self.size - self.pos
+        if n > left // min_item_bytes:
+            # Truncated or absurd, the file cannot hold them: refuse before allocating.
+            raise GGUFTruncatedError(
+                f"{what} is {n}, but the file ends {left} bytes later and {n} entries "
+                f"need at least {n * min_item_bytes} bytes")
+        return n
+
+    def value_type(self, what: str) -> GGUFValueType:
+        raw = self.u32(f"the type of {what}")
+        try:
+            return GGUFValueType(raw)
+        except ValueError:
+            raise GGUFFormatError(f"{what} has unknown value type {raw} "
+                                  f"(valid: 0..{max(GGUFValueType)})") from None
+
+    def value(self, vtype: GGUFValueType, what: str) -> Any:
+        if vtype == V.STRING:
+            return self.string(what)
+        if vtype == V.ARRAY:
+            return self.array(what)
+        dt = _SCALARS[vtype]
+        self.need(dt.itemsize, what)
+        v = np.frombuffer(self.buf, dtype=dt, count=1, offset=self.pos)[0]
+        self.pos += dt.itemsize
+        return bool(v) if vtype == V.BOOL else v.item()
+
+    def array(self, what: str) -> tuple[GGUFValueType, list]:
+        itype = self.value_type(f"the items of {what}")
+        if itype == V.ARRAY:
+            # llama.cpp's reader refuses nested arrays too; refusing keeps
+            # every value either a scalar or a flat list.
+            raise GGUFFormatError(f"{what} is an array of arrays, which GGUF readers do not support")
+        if itype == V.STRING:
+            n = self.count(f"the length of array {what}", _MIN_STRING_BYTES)
+            return itype, [self.string(f"item {i} of {what}") for i in range(n)]
+        dt = _SCALARS[itype]
+        n = self.count(f"the length of array {what}", dt.itemsize)
+        items = np.frombuffer(self.buf, dtype=dt, count=n, offset=self.pos)
+        self.pos += n * dt.itemsize
+        if itype == V.BOOL:
+            items = items != 0
+        return itype, items.tolist()
+
+
+def load_gguf(path: "str | os.PathLike[str]", *, progress: bool = False) -> GGUFFile:
+    """Open a GGUF file (v2 or v3, any alignment, any tensor type) without
+    copying its tensor data. Raises a ``GGUFError`` subclass naming what is
+    wrong with a malformed file. ``progress`` shows a bar (after one second)
+    while the header is parsed."""
+    path = Path(path)
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size == 0:
+            raise GGUFTruncatedError(f"{path}: file is empty, expected a GGUF header")
+        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    try:
+        return _parse(path, mm, size, progress)
+    except Exception:
+        # No view of the map has escaped yet, so it can be closed now rather
+        # than when the garbage collector finds it (the fuzz test opens
+        # thousands of bad files).
+        try:
+            mm.close()
+        except BufferError:
+            pass
+        raise
+
+
+def _parse(path: Path, mm: mmap.mmap, size: int, progress: bool) -> GGUFFile:
+    cur = _Cursor(mm, size)
+    cur.need(4, "the magic")
+    magic = mm[0:4]
+    if magic != MAGIC:
+        raise GGUFFormatError(f"{path}: not a GGUF file: magic is {magic!r}, expected {MAGIC!r}")
+    cur.pos = 4
+    version = cur.u32("the version")
+    if version not in VERSIONS:
+        if version & 0xFFFF == 0 and version:
+            raise UnsupportedVersionError(
+                f"{path}: big-endian GGUF (version reads as {version:#x}); only "
+                f"little-endian files are supported")
+        raise UnsupportedVersionError(
+            f"{path}: GGUF version {version} is not supported (expected one of {VERSIONS})")
+    n_tensors = cur.count("the tensor count", _MIN_TENSOR_INFO_BYTES)
+    n_kv = cur.count("the metadata count", _MIN_KV_BYTES)
+
+    bar = tqdm(total=n_kv + n_tensors, desc=f"reading {path.name}", unit="entry",
+               delay=1.0, disable=not progress, leave=False)
+    try:
+        metadata: dict[str, Any] = {}
+        types: dict[str, GGUFValueType] = {}
+        for i in range(n_kv):
+            key = cur.string(f"metadata key {i}")
+            if key in metadata:
+                raise GGUFFormatError(f"metadata key {key!r} appears twice (second at entry {i})")
+            vtype = cur.value_type(f"metadata {key!r}")
+            value = cur.value(vtype, f"metadata {key!r}")
+            if vtype == V.ARRAY:
+                vtype, value = value
+            metadata[key], types[key] = value, vtype
+            bar.update()
+
+        infos = []
+        for i in range(n_tensors):
+            name = cur.string(f"the name of tensor {i}")
+            n_dims = cur.u32(f"the dimension count of tensor {name!r}")
+            if n_dims > MAX_DIMS:
+                raise GGUFFormatError(f"tensor {name!r} has {n_dims} dimensions, at most {MAX_DIMS} allowed")
+            ne = tuple(cur.u64(f"dimension {d} of tensor {name!r}") for d in range(n_dims))
+            type_id = cur.u32(f"the type of tensor {name!r}")
+            offset = cur.u64(f"the data offset of tensor {name!r}")
+            infos.append((name, ne, type_id, offset))
+            bar.update()
+    finally:
+        bar.close()
+
+    alignment = _alignment(metadata, types)
+    data_offset = _align(cur.pos, alignment)
+    buf = np.frombuffer(mm, dtype=np.uint8)
+    tensors = _check_tensors(infos, alignment, data_offset, size, buf)
+    return GGUFFile(path, version, alignment, data_offset, size, metadata, types, tensors)
+
+
+def _alignment(metadata: Mapping[str, Any], types: Mapping[str, GGUFValueType]) -> int:
+    if "general.alignment" not in metadata:
+        return DEFAULT_ALIGNMENT
+    a = metadata["general.alignment"]
+    if types["general.alignment"] not in _INTS or not isinstance(a, int) or a <= 0 or a & (a - 1):
+        raise GGUFFormatError(
+            f"general.alignment is {a!r} ({types['general.alignment'].name}), "
+            f"expected a positive power of two")
+    return a
+
+
+def _align(n: int, alignment: int) -> int:
+    return -(-n // alignment) * alignment
+
+
+def _check_tensors(infos, alignment: int, data_offset: int, size: int,
+                   buf: np.ndarray) -> dict[str, GGUFTensor]:
+    tensors: dict[str, GGUFTensor] = {}
+    for name, ne, type_id, rel in infos:
+        if name in tensors:
+            raise GGUFFormatError(f"tensor name {name!r} appears twice")
+        if any(d == 0 or d > _INT64_MAX for d in ne) or math.prod(ne) > _INT64_MAX:
+            raise GGUFFormatError(f"tensor {name!r} has an invalid shape ne={list(ne)} "
+                                  f"(every dimension must be in 1..2**63-1)")
+        if rel % alignment:
+            raise GGUFFormatError(f"tensor {name!r}: data offset {rel} is not a multiple of "
+                                  f"the alignment {alignment}")
+        geometry = block_geometry(type_id)
+        nbytes = None
+        if geometry is not None:
+            elems, block_bytes = geometry
+            n_in = ne[0] if ne else 1
+            if n_in % elems:
+                raise GGUFFormatError(
+                    f"tensor {name!r}: rows of {n_in} elements do not fill whole "
+                    f"{type_name(type_id)} blocks of {elems}, so no byte size matches its "
+                    f"shape ne={list(ne)}")
+            nbytes = math.prod(ne) // elems * block_bytes
+        start = data_offset + rel
+        end = start + (nbytes or 0)
+        if end > size:
+            raise GGUFTruncatedError(
+                f"tensor {name!r}: data [{start}, {end}) ({type_name(type_id)}, ne={list(ne)}) "
+                f"runs past the end of the file ({size} bytes)")
+        tensors[name] = GGUFTensor(name, type_id, ne, start, nbytes, buf)
+
+    sized = sorted((t for t in tensors.values() if t.nbytes), key=lambda t: t.offset)
+    for a, b in zip(sized, sized[1:]):
+        if a.offset + a.nbytes > b.offset:
+            raise GGUFFormatError(
+                f"tensors {a.name!r} [{a.offset}, {a.offset + a.nbytes}) and "
+                f"{b.name!r} [{b.offset}, {b.offset + b.nbytes}) overlap")
+    return tensors
+
+
+# ---- writing -----------------------------------------------------------------
+
+# (qtype, data) or (qtype, data, ne); see save_gguf.
+TensorSpec = Union[GGUFTensor, tuple]
+
+_FLOAT_DTYPES = {GGMLType.F32: torch.float32, GGMLType.F16: torch.float16,
+                 GGMLType.BF16: torch.bfloat16, GGMLType.F8_E4M3FN: torch.float8_e4m3fn}
+
+
+def save_gguf(path: "str | os.PathLike[str]", metadata: Mapping[str, Any],
+              tensors: Mapping[str, TensorSpec], *,
+              types: Mapping[str, GGUFValueType] | None = None,
+              progress: bool | None = None) -> None:
+    """Write a GGUF v3 file.
+
+    ``tensors`` maps names to either a ``GGUFTensor`` (its bytes are copied,
+    e.g. from another file) or a tuple ``(qtype, data)`` / ``(qtype, data, ne)``:
+    ``qtype`` is a GGMLType, a name or any type id with a known block size
+    (Muser-native 1000/1001 and gguf's types included); ``data`` is
+
+    - uint8 ``[n_out, row_bytes]`` (torch or numpy): the packed rows; ``ne``
+      defaults to ``(n_in, n_out)``;
+    - for F32/F16/BF16/F8_E4M3FN, a torch tensor of that dtype: ``ne``
+      defaults to its shape reversed;
+    - any bytes-like object or uint8 array holding exactly the tensor's bytes
+      (``ne`` required);
+    - ``None``: the tensor is all zero bytes, left as a hole so the file is
+      sparse where the filesystem allows (``ne`` required).
+
+    Metadata value types are inferred (bool; int as UINT32 when it fits,
+    else INT64 or UINT64; float as FLOAT32; str; lists of one of these) unless
+    ``types`` names the type (for a list, its item type). ``general.alignment``
+    (default 32) sets the data alignment. ``progress`` shows a bar; by default
+    only for files of 256 MiB or more. The file is written beside ``path``
+    and renamed into place, so a failed write leaves no partial file.
+    """
+    path = Path(path)
+    types = dict(types or {})
+    alignment = metadata.get("general.alignment", DEFAULT_ALIGNMENT)
+    if isinstance(alignment, bool) or not isinstance(alignment, int) or alignment <= 0 \
+            or alignment & (alignment - 1):
+        raise ValueError(f"general.alignment must be a positive power of two, got {alignment!r}")
+    if "general.alignment" in metadata:
+        types.setdefault("general.alignment", V.UINT32)
+
+    header = bytearray()
+    header += MAGIC + _U32.pack(WRITE_VERSION) + _U64.pack(len(tensors)) + _U64.pack(len(metadata))
+    for key, value in metadata.items():
+        if not isinstance(key, str):
+            raise ValueError(f"metadata key {key!r} must be a str")
+        header += _pack_str(key) + _pack_value(key, value, types.get(key))
+
+    entries = [_tensor_entry(name, spec) for name, spec in tensors.items()]
+    offset = 0
+    for name, type_id, ne, nbytes, _ in entries:
+        header += _pack_str(name) + _U32.pack(len(ne)) + b"".join(_U64.pack(d) for d in ne)
+        header += _U32.pack(type_id) + _U64.pack(offset)
+        offset = _align(offset + nbytes, alignment)
+    header += bytes(_align(len(header), alignment) - len(header))
+    data_bytes = sum(e[3] for e in entries)
+
+    show = data_bytes >= _PROGRESS_BYTES if progress is None else progress
+    tmp = path.with_name(path.name + ".partial")
+    try:
+        with open(tmp, "wb") as f, tqdm(total=data_bytes, desc=f"writing {path.name}", unit="B",
+                                         unit_scale=True, disable=not show, leave=False) as bar:
+            f.write(header)
+            pos = 0
+            for _, _, _, nbytes, data in entries:
+                pad = _align(pos, alignment) - pos
+                if pad:
+                    f.write(bytes(pad))
+                if data is None:
+                    f.seek(nbytes, os.SEEK_CUR)
+                    bar.update(nbytes)
+                else:
+                    view = memoryview(data)
+                    for s in range(0, nbytes, _WRITE_CHUNK):
+                        f.write(view[s:s + _WRITE_CHUNK])
+                        bar.update(min(_WRITE_CHUNK, nbytes - s))
+                pos = _align(pos, alignment) + nbytes
+            f.truncate(len(header) + pos)   # materialize a trailing hole
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _pack_str(s: str) -> bytes:
+    b = s.encode("utf-8")
+    return _U64.pack(len(b)) + b
+
+
+def _infer_type(key: str, values: Sequence[Any]) -> GGUFValueType:
+    if all(isinstance(v, bool) for v in values):
+        return V.BOOL
+    if all(isinstance(v, str) for v in values):
+        return V.STRING
+    if all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+        lo, hi = min(values), max(values)
+        if lo >= 0 and hi < 2**32:
+            return V.UINT32
+        if lo >= -2**63 and hi < 2**63:
+            return V.INT64
+        if lo >= 0 and hi < 2**64:
+            return V.UINT64
+        raise ValueError(f"metadata {key!r}: integer {lo if lo < -2**63 else hi} does not fit 64 bits")
+    if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+        return V.FLOAT32
+    kinds = sorted({type(v).__name__ for v in values})
+    raise ValueError(f"metadata {key!r}: cannot infer a GGUF type for values of type(s) "
+                     f"{', '.join(kinds)}; use str, bool, int, float or a list of one of them")
+
+
+def _pack_items(key: str, vtype: GGUFValueType, values: Sequence[Any]) -> bytes:
+    if vtype == V.STRING:
+        if not all(isinstance(v, str) for v in values):
+            raise ValueError(f"metadata {key!r}: type STRING needs str values")
+        return b"".join(_pack_str(v) for v in values)
+    if vtype not in _SCALARS:
+        raise ValueError(f"metadata {key!r}: {vtype.name} is not a valid item type")
+    dt = _SCALARS[vtype]
+    if vtype in _INTS or vtype == V.BOOL:
+        if not all(isinstance(v, (int, np.integer)) for v in values):
+            raise ValueError(f"metadata {key!r}: type {vtype.name} needs integer values")
+        if vtype in _INTS and values:
+            info = np.iinfo(dt)
+            lo, hi = min(values), max(values)
+            if lo < info.min or hi > info.max:
+                raise ValueError(f"metadata {key!r}: value out of range for {vtype.name} "
+                                 f"[{info.min}, {info.max}]")
+    elif not all(isinstance(v, (int, float, np.integer, np.floating)) for v in values):
+        raise ValueError(f"metadata {key!r}: type {vtype.name} needs numeric values")
+    return np.asarray(values, dtype=dt).tobytes()
+
+
+def _pack_value(key: str, value: Any, vtype: GGUFValueType | None) -> bytes:
+    if isinstance(value, np.ndarray):
+        value = value.tolist()
+    elif isinstance(value, np.generic):
+        value = value.item()
+    if vtype is not None:
+        vtype = GGUFValueType(vtype)
+        if vtype == V.ARRAY:
+            raise ValueError(f"metadata {key!r}: give the item type of an array, not ARRAY")
+    if isinstance(value, (list, tuple)):
+        if vtype is None:
+            if not value:
+                raise ValueError(f"metadata {key!r}: an empty list needs its item type in types=")
+            vtype = _infer_type(key, value)
+        return (_U32.pack(V.ARRAY) + _U32.pack(vtype) + _U64.pack(len(value))
+                + _pack_items(key, vtype, value))
+    if vtype is None:
+        vtype = _infer_type(key, [value])
+    return _U32.pack(vtype) + _pack_items(key, vtype, [value])
+
+
+def _as_bytes(name: str, data: Any) -> np.ndarray:
+    """A contiguous uint8 numpy view (or copy, for non-contiguous input) of ``data``."""
+    if isinstance(data, torch.Tensor):
+        t = data.detach().cpu().contiguous()
+        if t.dtype != torch.uint8:
+            t = t.view(torch.uint8) if t.dim() else t.reshape(1).view(torch.uint8)
+        return t.numpy().reshape(-1)
+    if isinstance(data, np.ndarray):
+        return np.ascontiguousarray(data).view(np.uint8).reshape(-1)
+    try:
+        return np.frombuffer(memoryview(data).cast("B"), dtype=np.uint8)
+    except TypeError:
+        raise ValueError(f"tensor {name!r}: data must be a torch.Tensor, numpy array, "
+                         f"bytes-like or None, got {type(data).__name__}") from None
+
+
+def _tensor_entry(name: str, spec: TensorSpec):
+    """(name, type_id, ne, nbytes, uint8 data or None), validated."""
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"tensor name {name!r} must be a non-empty str")
+    if len(name.encode("utf-8")) > MAX_NAME_BYTES:
+        raise ValueError(f"tensor name {name!r} is longer than {MAX_NAME_BYTES} bytes "
+                         f"(llama.cpp's limit)")
+    if isinstance(spec, GGUFTensor):
+        return name, spec.type_id, spec.ne, spec.raw.numel(), spec.raw.numpy()
+    if not isinstance(spec, tuple) or len(spec) not in (2, 3):
+        raise ValueError(f"tensor {name!r}: expected a GGUFTensor or (qtype, data[, ne]), "
+                         f"got {type(spec).__name__}")
+    qtype, data, ne = (*spec, None) if len(spec) == 2 else spec
+    type_id = _type_id(name, qtype)
+    elems, block_bytes = block_geometry(type_id)
+    if ne is None:
+        ne = _default_ne(name, type_id, data)
+    ne = tuple(int(d) for d in ne)
+    if len(ne) > MAX_DIMS or any(d <= 0 for d in ne):
+        raise ValueError(f"tensor {name!r}: ne={list(ne)} must have at most {MAX_DIMS} "
+                         f"positive dimensions")
+    if (ne[0] if ne else 1) % elems:
+        raise ValueError(f"tensor {name!r}: ne[0]={ne[0] if ne else 1} is not a multiple of the "
+                         f"{type_name(type_id)} block size {elems}")
+    nbytes = math.prod(ne) // elems * block_bytes
+    if data is None:
+        return name, type_id, ne, nbytes, None
+    raw = _as_bytes(name, data)
+    if raw.size != nbytes:
+        raise ValueError(f"tensor {name!r}: {type_name(type_id)} with ne={list(ne)} is "
+                         f"{nbytes} bytes, data has {raw.size}")
+    return name, type_id, ne, nbytes, raw
+
+
+def _type_id(name: str, qtype: Any) -> int:
+    if isinstance(qtype, str):
+        try:
+            return int(GGMLType[qtype.upper()])
+        except KeyError:
+            try:
+                return int(GGMLQuantizationType[qtype.upper()])
+            except KeyError:
+                raise ValueError(f"tensor {name!r}: unknown type name {qtype!r}") from None
+    if isinstance(qtype, bool) or not isinstance(qtype, int):
+        raise ValueError(f"tensor {name!r}: type must be a GGMLType, name or int id, got {qtype!r}")
+    if block_geometry(int(qtype)) is None:
+        raise ValueError(f"tensor {name!r}: type id {int(qtype)} has no known block size")
+    return int(qtype)
+
+
+def _default_ne(name: str, type_id: int, data: Any) -> tuple[int, ...]:
+    qtype = _ggml_type(type_id)
+    if isinstance(data, torch.Tensor) and qtype in _FLOAT_DTYPES and data.dtype == _FLOAT_DTYPES[qtype]:
+        return tuple(reversed(data.shape)) or (1,)
+    is_u8 = ((isinstance(data, torch.Tensor) and data.dtype == torch.uint8)
+             or (isinstance(data, np.ndarray) and data.dtype == np.uint8))
+    shape = getattr(data, "shape", None)
+    if not is_u8 or len(shape) != 2:
+        raise ValueError(f"tensor {name!r}: without ne, data must be uint8 [n_out, row_bytes]"
+                         + (f" or a {_FLOAT_DTYPES[qtype]} tensor" if qtype in _FLOAT_DTYPES else ""))
+    elems, block_bytes = block_geometry(type_id)
+    n_out, row_bytes = int(shape[0]), int(shape[1])
+    if row_bytes == 0 or row_bytes % block_bytes:
+        raise ValueError(f"tensor {name!r}: rows of {row_bytes} bytes are not whole "
+                         f"{type_name(type_id)} blocks of {block_bytes} bytes")
+    return row_bytes // block_bytes * elems, n_out

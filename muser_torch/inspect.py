@@ -1,0 +1,146 @@
+"""``muser-torch inspect FILE [--json]``: what a GGUF holds and what it costs.
+
+One row per tensor class, as in the seed's Figure 6.6: the label is the
+tensor name without its ``blk.N.`` prefix, and tensors are grouped by
+(label, dtype, shape). Then the totals: parameters, tensor bytes, bits per
+weight, bytes read per decoded token, and the lane. Works on any GGUF, not
+only Glimmer; nothing is read beyond the header.
+
+Bytes per decoded token: one token reads every weight once except the token
+embedding, of which it reads one row.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from .gguf_io import GGUFFile, load_gguf
+
+__all__ = ["TensorClass", "Summary", "summarize", "register", "main"]
+
+_LAYER_PREFIX = re.compile(r"^blk\.\d+\.")
+EMBEDDING = "token_embd.weight"
+LANE_KEY = "muser.weight_precision"
+
+
+@dataclass
+class TensorClass:
+    label: str
+    dtype: str
+    ne: list[int]
+    count: int
+    params: int
+    bytes: int | None      # None when the type's block size is unknown
+
+    @property
+    def shape(self) -> str:
+        """``n_in→n_out`` for a matrix (Figure 6.6's notation), else the dims."""
+        if len(self.ne) == 2:
+            return f"{self.ne[0]}→{self.ne[1]}"
+        return "×".join(map(str, self.ne)) or "scalar"
+
+
+@dataclass
+class Summary:
+    file: str
+    file_bytes: int
+    version: int
+    architecture: str | None
+    lane: str | None
+    tensors: int
+    classes: list[TensorClass]
+    parameters: int
+    tensor_bytes: int
+    bits_per_weight: float | None
+    bytes_per_token: int
+    unsized_tensors: int   # tensors whose type has no known block size: left out of bytes
+
+
+def summarize(gguf: GGUFFile) -> Summary:
+    """The tensor-class table and totals of a parsed file."""
+    classes: dict[tuple, TensorClass] = {}
+    for t in gguf.tensors.values():
+        label = _LAYER_PREFIX.sub("", t.name)
+        key = (label, t.type_id, t.ne)
+        c = classes.get(key)
+        if c is None:
+            c = classes[key] = TensorClass(label, t.type_name, list(t.ne), 0, 0, 0)
+        c.count += 1
+        c.params += t.n_elements
+        c.bytes = None if (c.bytes is None or t.nbytes is None) else c.bytes + t.nbytes
+
+    sized = [t for t in gguf.tensors.values() if t.nbytes is not None]
+    tensor_bytes = sum(t.nbytes for t in sized)
+    sized_params = sum(t.n_elements for t in sized)
+    per_token = tensor_bytes
+    emb = gguf.tensors.get(EMBEDDING)
+    if emb is not None and emb.nbytes is not None:
+        per_token -= emb.nbytes - emb.nbytes // emb.n_out
+    lane = gguf.metadata.get(LANE_KEY)
+    arch = gguf.metadata.get("general.architecture")
+    return Summary(
+        file=str(gguf.path), file_bytes=gguf.file_size, version=gguf.version,
+        architecture=arch if isinstance(arch, str) else None,
+        lane=lane if isinstance(lane, str) else None,
+        tensors=len(gguf.tensors), classes=list(classes.values()),
+        parameters=sum(t.n_elements for t in gguf.tensors.values()),
+        tensor_bytes=tensor_bytes,
+        bits_per_weight=tensor_bytes * 8 / sized_params if sized_params else None,
+        bytes_per_token=per_token,
+        unsized_tensors=len(gguf.tensors) - len(sized))
+
+
+def format_table(s: Summary) -> str:
+    head = ("label", "dtype", "shape (n_in→n_out)", "count", "bytes")
+    rows = [(c.label, c.dtype, c.shape, f"{c.count:,}",
+             "?" if c.bytes is None else f"{c.bytes:,}") for c in s.classes]
+    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
+    right = (False, False, False, True, True)
+
+    def line(r):
+        return "  ".join(v.rjust(w) if rj else v.ljust(w)
+                         for v, w, rj in zip(r, widths, right)).rstrip()
+
+    out = [line(head), line(tuple("─" * w for w in widths)), *map(line, rows), ""]
+    bpw = "?" if s.bits_per_weight is None else f"{s.bits_per_weight:.2f}"
+    totals = [
+        ("file", f"{s.file} (GGUF v{s.version}, {s.file_bytes:,} bytes)"),
+        ("architecture", s.architecture or "-"),
+        ("tensors", f"{s.tensors:,}"),
+        ("parameters", f"{s.parameters:,}"),
+        ("tensor bytes", f"{s.tensor_bytes:,}"),
+        ("bits per weight", bpw),
+        ("bytes per token", f"{s.bytes_per_token:,}"),
+        ("lane", s.lane or f"- (no {LANE_KEY})"),
+    ]
+    if s.unsized_tensors:
+        totals.append(("note", f"{s.unsized_tensors} tensor(s) of unknown type size are "
+                               f"left out of the byte totals"))
+    kw = max(len(k) for k, _ in totals)
+    out += [f"{k.ljust(kw)}  {v}" for k, v in totals]
+    return "\n".join(out)
+
+
+def to_json(s: Summary) -> dict[str, Any]:
+    d = asdict(s)
+    for c, raw in zip(s.classes, d["classes"]):
+        raw["shape"] = c.shape
+    return d
+
+
+def main(args: argparse.Namespace) -> int:
+    gguf = load_gguf(args.file, progress=True)  # the bar appears only after 1 s
+    s = summarize(gguf)
+    print(json.dumps(to_json(s), indent=2, ensure_ascii=False) if args.json else format_table(s))
+    return 0
+
+
+def register(subparsers: "argparse._SubParsersAction") -> None:
+    p = subparsers.add_parser("inspect", help="tensor classes, sizes and lane of a GGUF file",
+                              description=__doc__.splitlines()[0])
+    p.add_argument("file", help="a .gguf file")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.set_defaults(func=main)

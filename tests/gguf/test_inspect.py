@@ -1,0 +1,120 @@
+"""``muser-torch inspect``: Figure 6.6's table and the seed's totals on a
+sparse file with the release shapes, and the CLI on a small file.
+
+The seed gives 27,853,389,824 parameters and 4.81 bits/weight, and calls the
+artifact 16,756,681,056 bytes. The projections, embedding and lm_head of
+GLIMMER.md sum to 16,737,949,696 bytes; the 105 F32 norms add 2,795,520
+(698,880 parameters), giving 16,740,745,216 tensor bytes. The remaining
+15,935,840 bytes of the seed's figure are not tensor data: it is the file
+size, whose header carries the 202,048-token tokenizer. 4.81 holds both ways.
+"""
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+import pytest
+
+from muser_torch import GGMLType, load_gguf, save_gguf
+from muser_torch.cli import main as cli_main
+from muser_torch.config import GlimmerConfig
+from muser_torch.inspect import summarize
+from muser_torch.loader import admit
+
+from .helpers import fresh_seed, geometry, random_packed
+from .test_loader import glimmer_tensors
+
+SEED = GlimmerConfig(context_length=131072, hidden=6656, ffn=19968, n_layers=52, n_heads=32,
+                     n_kv_heads=2, head_dim=128, rms_eps=float(np.float32(1e-6)),
+                     sliding_window=2048, sliding_window_pattern=4, rope_base=1e6,
+                     vocab_size=202048)
+SEED_PARAMS = 27_853_389_824          # seed: projections + embedding + lm_head
+SEED_LM_HEAD_BYTES = 924_571_648       # seed §6.5: 26 blocks/row x 176 B x 202,048 rows
+SEED_Q_MATRIX_BYTES = 15_335_424       # seed §6.6: 3,744 B/row x 4,096 rows
+SEED_ARTIFACT_BYTES = 16_756_681_056
+
+
+def _bytes(type_id, n_in, n_out):
+    elems, block_bytes = geometry(int(type_id))
+    return n_in // elems * block_bytes * n_out
+
+
+@pytest.fixture(scope="module")
+def seed_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("seed") / "glimmer-q4_k_xl.gguf"
+    save_gguf(path, SEED.to_metadata(), glimmer_tensors(SEED, None), progress=False)  # sparse
+    return path
+
+
+def test_seed_artifact_totals(seed_file):
+    t0 = time.perf_counter()
+    f = load_gguf(seed_file)
+    s = summarize(f)
+    elapsed = time.perf_counter() - t0
+    assert f.file_size > 16_000_000_000 and elapsed < 1.0, f"{elapsed:.2f} s to open and summarize"
+    assert admit(f) == SEED
+
+    h, v, L = SEED.hidden, SEED.vocab_size, SEED.n_layers
+    norms = (2 * L + 1) * h
+    assert s.parameters == SEED_PARAMS + norms
+    weights = (_bytes(GGMLType.Q4_K, h, v) + _bytes(GGMLType.Q5_K, h, v)
+               + L * (2 * _bytes(GGMLType.Q4_K, h, 4096) + _bytes(GGMLType.Q4_K, h, 256)
+                      + _bytes(GGMLType.Q4_K, 4096, h) + 2 * _bytes(GGMLType.Q4_K, h, 19968))
+               + 26 * (_bytes(GGMLType.Q4_K, h, 256) + _bytes(GGMLType.Q6_K, h, 256))
+               + 26 * (_bytes(GGMLType.Q4_K, 19968, h) + _bytes(GGMLType.Q6_K, 19968, h)))
+    assert weights == 16_737_949_696
+    assert s.tensor_bytes == weights + 4 * norms == 16_740_745_216
+    assert round(s.bits_per_weight, 2) == 4.81
+    assert round(SEED_ARTIFACT_BYTES * 8 / SEED_PARAMS, 2) == 4.81
+    emb = _bytes(GGMLType.Q4_K, h, v)
+    assert s.bytes_per_token == s.tensor_bytes - emb + emb // v
+    assert emb // v == 3744 and s.lane == "q4_k_xl"
+
+    rows = {(c.label, c.dtype, c.shape): (c.count, c.bytes) for c in s.classes}
+    assert rows[("output.weight", "Q5_K", "6656→202048")] == (1, SEED_LM_HEAD_BYTES)
+    assert rows[("attn_q.weight", "Q4_K", "6656→4096")] == (52, 52 * SEED_Q_MATRIX_BYTES)
+    # Figure 6.6's multiplicities (q and gate, gate and up are separate rows here).
+    counts = {k: c for k, (c, _) in rows.items()}
+    assert counts[("attn_gate.weight", "Q4_K", "6656→4096")] == 52
+    assert counts[("attn_k.weight", "Q4_K", "6656→256")] + counts[("attn_v.weight", "Q4_K", "6656→256")] == 78
+    assert counts[("attn_v.weight", "Q6_K", "6656→256")] == 26
+    assert counts[("attn_output.weight", "Q4_K", "4096→6656")] == 52
+    assert counts[("ffn_gate.weight", "Q4_K", "6656→19968")] + counts[("ffn_up.weight", "Q4_K", "6656→19968")] == 104
+    assert counts[("ffn_down.weight", "Q4_K", "19968→6656")] == 26
+    assert counts[("ffn_down.weight", "Q6_K", "19968→6656")] == 26
+    assert counts[("token_embd.weight", "Q4_K", "6656→202048")] == 1
+    assert sum(counts.values()) == len(f.tensors) == 3 + L * 10
+
+
+def test_cli_table_and_json(seed_file, capsys):
+    assert cli_main(["inspect", str(seed_file)]) == 0
+    out = capsys.readouterr().out
+    assert "bits per weight  4.81" in out and "lane             q4_k_xl" in out
+    assert "16,740,745,216" in out and "27,854,088,704" in out
+    assert "ffn_down.weight     Q6_K   19968→6656" in out
+
+    assert cli_main(["inspect", str(seed_file), "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["tensor_bytes"] == 16_740_745_216 and d["lane"] == "q4_k_xl"
+    assert {"label": "output.weight", "dtype": "Q5_K", "ne": [6656, 202048], "count": 1,
+            "params": 6656 * 202048, "bytes": SEED_LM_HEAD_BYTES, "shape": "6656→202048"} in d["classes"]
+
+
+def test_any_gguf_and_errors(tmp_path, capsys):
+    seed = fresh_seed()
+    rng = np.random.default_rng(seed)
+    path = tmp_path / "any.gguf"
+    save_gguf(path, {"general.architecture": "other"},
+              {"blk.0.w": (GGMLType.Q8_0, random_packed(rng, 8, 3, 2)),
+               "blk.1.w": (GGMLType.Q8_0, random_packed(rng, 8, 3, 2)),
+               "x": (10, random_packed(rng, 10, 2, 1))})           # Q2_K: listed, not computed
+    assert cli_main(["inspect", str(path), "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["lane"] is None and d["parameters"] == 2 * 3 * 64 + 2 * 256
+    assert [(c["label"], c["dtype"], c["count"]) for c in d["classes"]] == [("w", "Q8_0", 2), ("x", "Q2_K", 1)]
+    assert d["tensor_bytes"] == 2 * 3 * 2 * 34 + 2 * 84, f"seed {seed}"
+
+    (tmp_path / "bad.gguf").write_bytes(b"GGUF\x07\x00\x00\x00")
+    assert cli_main(["inspect", str(tmp_path / "bad.gguf")]) == 2
+    assert "version 7 is not supported" in capsys.readouterr().err
