@@ -1,0 +1,68 @@
+"""Random packed weights and float64 references for the Metal kernel tests.
+
+Shared by test_kernels.py (emulated) and test_mps.py (real MPS). Every call
+draws fresh data from a seed the test reports in its assertion messages."""
+from __future__ import annotations
+
+import random
+
+import torch
+
+from muser_torch import GGMLType
+from muser_torch import dequantize as ref_dequantize
+
+# (type, n_out, n_in): n_out never a multiple of the 4 rows of an mv threadgroup
+# or the 32 of an mm tile; NVFP4/F16 n_in leaves a partial 64-wide K step.
+SHAPES = [
+    (GGMLType.Q4_K, 37, 512),
+    (GGMLType.Q5_K, 13, 256),
+    (GGMLType.Q6_K, 7, 512),
+    (GGMLType.NVFP4_E2M1, 13, 208),
+    (GGMLType.F16, 7, 80),
+]
+TOKEN_COUNTS = (1, 2, 3, 4, 5, 8, 9, 16, 17, 64)
+
+
+def fresh_seed() -> int:
+    return random.SystemRandom().randrange(1 << 31)
+
+
+def random_weights(qtype: GGMLType, n_out: int, n_in: int, seed: int, device="cpu"):
+    """(packed, scales, scale_2) with finite, varied values; scales/scale_2 are None
+    except for NVFP4_E2M1."""
+    g = torch.Generator().manual_seed(seed)
+    scales = scale_2 = None
+    if qtype is GGMLType.F16:
+        w = torch.randn(n_out, n_in, generator=g) * 2.0
+        packed = w.to(torch.float16).view(torch.uint8).reshape(n_out, 2 * n_in)
+    elif qtype is GGMLType.NVFP4_E2M1:
+        packed = torch.randint(0, 256, (n_out, n_in // 2), generator=g, dtype=torch.uint8)
+        # E4M3FN scales over 2^-6 .. 2^5 of both signs, never the NaN code 0x7F.
+        exp = torch.randint(1, 13, (n_out, n_in // 16), generator=g)
+        man = torch.randint(0, 8, (n_out, n_in // 16), generator=g)
+        sign = torch.randint(0, 2, (n_out, n_in // 16), generator=g)
+        scales = ((sign << 7) | (exp << 3) | man).to(torch.uint8)
+        scale_2 = torch.rand(1, generator=g) * 0.5 + 0.01
+    else:
+        nb = n_in // qtype.block_elems
+        raw = torch.randint(0, 256, (n_out * nb, qtype.block_bytes), generator=g, dtype=torch.uint8)
+        d = (torch.rand(n_out * nb, 2, generator=g) * 0.02 + 0.001).to(torch.float16)
+        if qtype is GGMLType.Q6_K:
+            raw[:, 208:210] = d[:, :1].contiguous().view(torch.uint8)
+        else:
+            raw[:, 0:4] = d.contiguous().view(torch.uint8).reshape(-1, 4)
+        packed = raw.reshape(n_out, nb * qtype.block_bytes)
+    to = lambda t: None if t is None else t.to(device)  # noqa: E731
+    return to(packed), to(scales), to(scale_2)
+
+
+def reference(packed, qtype, n_in, scales, scale_2) -> torch.Tensor:
+    """float32 W from the CPU reference (bit-exact with gguf)."""
+    return ref_dequantize(packed.cpu(), qtype, n_in,
+                          scales=None if scales is None else scales.cpu(),
+                          scale_2=None if scale_2 is None else scale_2.cpu())
+
+
+def rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
+    y, ref = y.cpu().double(), ref.cpu().double()   # MPS has no float64
+    return float((y - ref).norm() / ref.norm().clamp_min(1e-300))

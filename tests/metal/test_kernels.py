@@ -1,0 +1,129 @@
+"""Every Metal kernel, run through the CPU emulator under all three lane
+schedules, against the CPU reference (muser_torch.dequantize, bit-exact with
+gguf, then a float64 matmul)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from muser_torch import GGMLType
+from muser_torch.metal import emulator
+from muser_torch.ops import mps
+
+from .helpers import SHAPES, TOKEN_COUNTS, fresh_seed, random_weights, reference, rel_err
+
+pytestmark = pytest.mark.usefixtures("emulate")
+IDS = [f"{t.name}-{o}x{i}" for t, o, i in SHAPES]
+
+
+def test_every_type_and_rung_has_its_kernel():
+    lib = mps._compile(mps.source(), emulate=True)
+    names = set(dir(lib))
+    for qt in mps.ACCELERATED:
+        for rung in mps.RUNGS:
+            assert mps.kernel_name(qt, rung) in names, (qt, rung)
+    assert len(names) == len(mps.ACCELERATED) * len(mps.RUNGS)
+
+
+def test_ladder():
+    assert [mps.rung_for(n) for n in TOKEN_COUNTS] == \
+        ["mv", "ext", "ext", "ext", "ext", "ext", "mm", "mm", "mm", "mm"]
+
+
+@pytest.mark.parametrize("qtype,n_out,n_in", SHAPES, ids=IDS)
+def test_qmatmul_every_rung(qtype, n_out, n_in, lane_schedule):
+    seed = fresh_seed()
+    packed, scales, scale_2 = random_weights(qtype, n_out, n_in, seed)
+    w = reference(packed, qtype, n_in, scales, scale_2).double()
+    g = torch.Generator().manual_seed(seed + 1)
+    for n_tok in TOKEN_COUNTS:
+        x = torch.randn(n_tok, n_in, generator=g)
+        y = mps.qmatmul(x, packed, int(qtype), n_out, n_in, scales, scale_2)
+        ref = x.double() @ w.T
+        assert y.shape == (n_tok, n_out) and y.dtype == torch.float32
+        err = rel_err(y, ref)
+        assert err < 1e-5, (f"{qtype.name} rung {mps.rung_for(n_tok)} n_tok={n_tok} schedule="
+                            f"{lane_schedule}: rel err {err:.3g} (seed {seed})")
+
+
+@pytest.mark.parametrize("qtype,n_out,n_in", SHAPES, ids=IDS)
+def test_dequantize_is_bit_exact(qtype, n_out, n_in, lane_schedule):
+    seed = fresh_seed()
+    packed, scales, scale_2 = random_weights(qtype, n_out, n_in, seed)
+    got = mps.dequantize(packed, int(qtype), n_out, n_in, scales, scale_2)
+    want = reference(packed, qtype, n_in, scales, scale_2)
+    bad = (got != want).nonzero()
+    assert bad.numel() == 0, (f"{qtype.name}: {len(bad)} elements differ, first at {bad[0].tolist()} "
+                              f"(seed {seed}, schedule {lane_schedule})")
+
+
+@pytest.mark.parametrize("qtype,n_out,n_in", SHAPES, ids=IDS)
+def test_embedding_reads_requested_rows(qtype, n_out, n_in, lane_schedule):
+    seed = fresh_seed()
+    packed, scales, scale_2 = random_weights(qtype, n_out, n_in, seed)
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, n_out, (2, 5), generator=g)
+    ids[0, 0] = n_out - 1                                     # the last row: its end touches the guard page
+    got = mps.embedding(ids, packed, int(qtype), n_out, n_in, scales, scale_2)
+    want = reference(packed, qtype, n_in, scales, scale_2)[ids]
+    assert got.shape == (2, 5, n_in)
+    assert torch.equal(got, want), f"{qtype.name}: embedding rows differ (seed {seed}, schedule {lane_schedule})"
+
+
+@pytest.mark.parametrize("qtype,n_out,n_in", SHAPES[:1] + SHAPES[3:4], ids=IDS[:1] + IDS[3:4])
+def test_ext_rung_pins_matvec_order(qtype, n_out, n_in):
+    """The 2..8-token rung reduces each token exactly as the 1-token rung does
+    (same chunk order, same simd_sum tree), so its rows are bit-identical."""
+    seed = fresh_seed()
+    packed, scales, scale_2 = random_weights(qtype, n_out, n_in, seed)
+    x = torch.randn(5, n_in, generator=torch.Generator().manual_seed(seed))
+    batch = mps.qmatmul(x, packed, int(qtype), n_out, n_in, scales, scale_2)
+    for t in range(5):
+        one = mps.qmatmul(x[t:t + 1], packed, int(qtype), n_out, n_in, scales, scale_2)
+        assert torch.equal(batch[t], one[0]), f"token {t} (seed {seed})"
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_qmatmul_keeps_activation_dtype_and_leading_dims(dtype):
+    seed = fresh_seed()
+    qtype, n_out, n_in = SHAPES[0]
+    packed, scales, scale_2 = random_weights(qtype, n_out, n_in, seed)
+    x = torch.randn(2, 3, n_in, generator=torch.Generator().manual_seed(seed)).to(dtype)
+    y = mps.qmatmul(x, packed, int(qtype), n_out, n_in)
+    ref = x.double() @ reference(packed, qtype, n_in, None, None).double().T
+    assert y.dtype == dtype and y.shape == (2, 3, n_out)
+    assert rel_err(y, ref) < 1e-2, f"seed {seed}"
+
+
+def test_emulator_catches_a_missing_barrier_in_the_tiled_matmul(lane_schedule):
+    """Delete the barrier between filling the tiles and multiplying them: the
+    emulated mm kernel must then go wrong under every schedule."""
+    barrier = "    threadgroup_barrier(mem_flags::mem_threadgroup);\n    for (int kk"
+    src = mps.source()
+    assert barrier in src
+    lib = emulator.compile_shader(src.replace(barrier, "    for (int kk"))
+    seed = fresh_seed()
+    qtype, n_out, n_in = SHAPES[0]
+    packed, _, _ = random_weights(qtype, n_out, n_in, seed)
+    x = torch.randn(17, n_in, generator=torch.Generator().manual_seed(seed))
+    y = torch.zeros(17, n_out)
+    lib.muser_mm_q4_k(packed, packed, torch.ones(1), x, y, n_out, n_in, 17,
+                      threads=(mps.MM_THREADS, 2), group_size=(mps.MM_THREADS, 1))
+    ref = x.double() @ reference(packed, qtype, n_in, None, None).double().T
+    assert not rel_err(y, ref) < 1e-5, f"missing barrier went unnoticed ({lane_schedule}, seed {seed})"
+
+
+def test_types_outside_the_fence_raise():
+    packed = torch.zeros(4, 18, dtype=torch.uint8)
+    with pytest.raises(ValueError, match=r"Q4_0 has no Metal kernel"):
+        mps.qmatmul(torch.zeros(1, 32), packed, int(GGMLType.Q4_0), 4, 32)
+    with pytest.raises(ValueError, match=r"multiple of 16"):
+        mps.dequantize(torch.zeros(2, 20, dtype=torch.uint8), int(GGMLType.F16), 2, 10)
+
+
+def test_cpu_tensors_need_emulate_mode(monkeypatch):
+    monkeypatch.delenv("MUSER_METAL")
+    qtype, n_out, n_in = SHAPES[0]
+    packed, _, _ = random_weights(qtype, n_out, n_in, 0)
+    with pytest.raises(ValueError, match="MUSER_METAL=emulate"):
+        mps.dequantize(packed, int(qtype), n_out, n_in)
