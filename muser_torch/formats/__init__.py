@@ -96,18 +96,15 @@ def quantize(x: torch.Tensor, qtype: "GGMLType | int", *, imatrix: torch.Tensor 
     if not bool(torch.isfinite(x).all()):
         raise ValueError(f"x contains NaN or inf; cannot quantize to {qtype.name}")
     x = x.to(torch.float32).contiguous()
-    weights = None
     if imatrix is not None:
         if not isinstance(imatrix, torch.Tensor) or imatrix.shape != (n_in,):
             raise ValueError(f"imatrix must be a tensor of shape ({n_in},), got "
                              f"{getattr(imatrix, 'shape', type(imatrix).__name__)}")
         if not bool(torch.isfinite(imatrix).all()) or bool((imatrix < 0).any()):
             raise ValueError("imatrix must be finite and non-negative")
-        weights = imatrix.to(device=x.device, dtype=torch.float32).expand(rows, n_in)
-        weights = weights.reshape(-1, qtype.block_elems)
+        imatrix = imatrix.to(device=x.device, dtype=torch.float32).contiguous()
     if qtype in NEEDS_COMPANIONS:
         return nvfp4.quantize_nvfp4_e2m1(x)
     if not can_quantize(qtype):
         raise ValueError(f"quantize to {qtype.name} is not supported")
-    blocks = x.reshape(-1, qtype.block_elems)
-    return format_for(qtype).quantize_blocks(blocks, weights).reshape(rows, -1)
+    return format_for(qtype).quantize_rows(x, imatrix)

@@ -28,13 +28,34 @@ Q6_K, 210 bytes: ql[128] (low 4 bits), qh[64] (high 2 bits), int8 sc[16]
 
 Dequantization multiplies in gguf/ggml's order, ``(d*sc)*q - (dmin*m)``, in
 float32, so results are bit-identical to both.
+
+Quantization ports ggml's ``quantize_row_q{4,5,6}_K_ref`` (no importance
+matrix) and ``quantize_row_q{4,5,6}_K_impl`` (with one), byte for byte; the
+scale searches live in kquant_search.py.
 """
 from __future__ import annotations
 
 import torch
 
-from .registry import BlockFormat, bits, f16_field, nibbles
+from .kquant_search import (make_qkx_quants, make_qp_quants, make_qx_quants, nearest_int, rdiv,
+                            run_chunks, seq_sum, sqrt_rn)
+from .registry import BlockFormat, f16_field, fifth_bits
 from .types import K_SCALE_SIZE, QK_K, GGMLType
+
+# Super-blocks quantized at once. The Q4_K/Q5_K search holds a few
+# [32, 8 * chunk] float32 temporaries; 1024 (about 1 MB each) balances
+# per-op overhead against cache misses (measured on a 2-core Zen 4).
+_CHUNK = 1024
+_SUB = 32           # elements per Q4_K / Q5_K sub-block (8 per super-block)
+_SUB6 = 16          # elements per Q6_K sub-block (16 per super-block)
+
+
+def _chunked(fn, blocks: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor:
+    starts = range(0, blocks.shape[0], _CHUNK)
+    parts = run_chunks(lambda s: fn(blocks[s:s + _CHUNK],
+                                    None if weights is None else weights[s:s + _CHUNK]),
+                       starts, blocks.device)
+    return torch.cat(parts) if len(parts) != 1 else parts[0]
 
 
 def unpack_scale_min_k4(scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -55,38 +76,143 @@ def pack_scale_min_k4(sc: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
 
 
 def _asymmetric(blocks: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    """Shared tail of Q4_K and Q5_K: codes ``[n, 8, 32]`` to float32 ``[n, 256]``."""
+    """Shared tail of Q4_K and Q5_K: uint8 codes ``[n, 8, 32]`` to float32 ``[n, 256]``,
+    converted once and scaled in place: ``(d*sc) * q - (dmin*m)``."""
     n = blocks.shape[0]
     d, dmin = f16_field(blocks, 0), f16_field(blocks, 2)
     sc, m = unpack_scale_min_k4(blocks[:, 4:4 + K_SCALE_SIZE])
     scale = (d * sc.to(torch.float32)).unsqueeze(-1)
     shift = (dmin * m.to(torch.float32)).unsqueeze(-1)
-    return (scale * q.to(torch.float32) - shift).reshape(n, QK_K)
+    return q.to(torch.float32).mul_(scale).sub_(shift).reshape(n, QK_K)
+
+
+def _nibble_codes(qs: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """qs ``[n, 128]`` to codes in uint8 ``out`` ``[n, 8, 32]``: in 64-element
+    group g, sub-block 2g takes the low nibbles of qs[32g : 32g+32], 2g+1 the high."""
+    qs = qs.unflatten(1, (4, 1, 32))
+    pairs = out.view(-1, 4, 2, 32)
+    torch.bitwise_and(qs, 0x0F, out=pairs[:, :, :1])
+    torch.bitwise_right_shift(qs, 4, out=pairs[:, :, 1:])
+    return out
+
+
+# ggml's make_qkx2_quants arguments (rmin, rdelta, nstep) in the ref paths.
+_REF_SEARCH = {15: (-1.0, 0.1, 20), 31: (-0.5, 0.1, 15)}
+
+
+def _search_asymmetric(x: torch.Tensor, qw: torch.Tensor | None, nmax: int):
+    """Search and finish Q4_K / Q5_K super-blocks ``x`` ``[n, 256]``.
+
+    Returns (codes uint8 ``[n, 8, 32]``, head uint8 ``[n, 16]`` = d, dmin,
+    the 12 scale bytes); the caller packs the codes."""
+    n = x.shape[0]
+    sub = x.reshape(n * 8, _SUB)
+    if qw is None:
+        # quantize_row_q*_K_ref: weights av_x + |x| from each sub-block's RMS.
+        st = sub.t()
+        av_x = sqrt_rn(seq_sum(st * st) / _SUB).view(-1, 1)
+        codes, scales, mins = make_qkx_quants(sub, av_x + sub.abs(), nmax, *_REF_SEARCH[nmax])
+        scales, mins = scales.view(n, 8), mins.view(n, 8)
+        max_scale, max_min = _positive_max(scales), _positive_max(mins)
+        ls = _six_bit(max_scale, scales)
+        lm = _six_bit(max_min, mins)
+        d, dmin = max_scale / 63, max_min / 63
+    else:
+        # quantize_row_q*_K_impl: imatrix times sqrt(sigma2 + x*x), sigma2 from
+        # the super-block; then the 8 scales and mins get their own weighted search.
+        xt = x.t()
+        sigma2 = (2 * seq_sum(xt * xt) / QK_K).view(-1, 1, 1)
+        w = qw.view(n, 8, _SUB) * sqrt_rn(sigma2 + x.view(n, 8, _SUB) * x.view(n, 8, _SUB))
+        sw = seq_sum(w.permute(2, 0, 1))                   # [n, 8], in element order
+        codes, scales, mins = make_qkx_quants(sub, w.reshape(n * 8, _SUB), nmax, -0.9, 0.05, 36)
+        ls, d = make_qp_quants(scales.view(n, 8), sw, 63)
+        lm, dmin = make_qp_quants(mins.view(n, 8), sw, 63)
+        if nmax == 31:
+            # Q5_K clamps the codes; Q4_K stores them as they are (ggml's asymmetry).
+            ls, lm = ls.clamp(max=63), lm.clamp(max=63)
+        d, dmin = d.view(-1, 1), dmin.view(-1, 1)
+    d16, dmin16 = d.to(torch.float16), dmin.to(torch.float16)
+    scale_bytes = pack_scale_min_k4(ls, lm)
+    # ggml re-reads sc, m from the packed bytes before the final rounding.
+    sc, m = unpack_scale_min_k4(scale_bytes)
+    dd = (d16.to(torch.float32) * sc.to(torch.float32)).unsqueeze(-1)
+    dm = (dmin16.to(torch.float32) * m.to(torch.float32)).unsqueeze(-1)
+    final = nearest_int((x.view(n, 8, _SUB) + dm) / dd).clamp_(0, nmax)
+    # Where d*sc is zero ggml keeps the codes of the search.
+    codes = torch.where(dd != 0, final, codes.view(n, 8, _SUB).to(torch.float32)).to(torch.uint8)
+    head = torch.cat((d16.contiguous().view(torch.uint8), dmin16.contiguous().view(torch.uint8),
+                      scale_bytes), dim=1)
+    return codes, head
+
+
+def _positive_max(v: torch.Tensor) -> torch.Tensor:
+    """ggml's running ``if (v > top) top = v`` from +0: the row max, or +0."""
+    top = v.amax(1, keepdim=True)
+    return torch.where(top > 0, top, torch.zeros_like(top))
+
+
+def _six_bit(top: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """ggml's ``MIN(63, (uint8_t)nearest_int(63/top * v))`` for the ref path."""
+    inv = torch.where(top > 0, rdiv(63.0, top), torch.zeros_like(top))
+    return torch.remainder(nearest_int(inv * values), 256).clamp_(max=63).to(torch.uint8)
+
+
+def _low_nibbles(codes: torch.Tensor) -> torch.Tensor:
+    """Codes [n, 8, 32] to qs [n, 128]: sub-block 2g low nibble, 2g + 1 high."""
+    q = (codes & 0x0F).view(-1, 4, 2, _SUB)
+    return (q[:, :, 0] | (q[:, :, 1] << 4)).reshape(-1, QK_K // 2)
 
 
 class Q4_K(BlockFormat, qtype=GGMLType.Q4_K):
     @classmethod
     def dequantize_blocks(cls, blocks):
-        qs = blocks[:, 16:].reshape(-1, 4, 32)
-        return _asymmetric(blocks, nibbles(qs).reshape(-1, 8, 32))
+        codes = torch.empty((blocks.shape[0], 8, _SUB), dtype=torch.uint8, device=blocks.device)
+        return _asymmetric(blocks, _nibble_codes(blocks[:, 16:], codes))
+
+    @classmethod
+    def quantize_blocks(cls, blocks, weights):
+        return _chunked(cls._quantize, blocks, weights)
+
+    @staticmethod
+    def _quantize(x, qw):
+        codes, head = _search_asymmetric(x, qw, 15)
+        return torch.cat((head, _low_nibbles(codes)), dim=1)
 
 
 class Q5_K(BlockFormat, qtype=GGMLType.Q5_K):
     @classmethod
     def dequantize_blocks(cls, blocks):
-        qh = bits(blocks[:, 16:48], 8)                     # [n, 8, 32]
-        qs = nibbles(blocks[:, 48:].reshape(-1, 4, 32)).reshape(-1, 8, 32)
-        return _asymmetric(blocks, qs | (qh << 4))
+        n = blocks.shape[0]
+        # qh byte l, bit j is the fifth bit of element 32j + l.
+        fifth = fifth_bits(blocks[:, 16:48]).transpose(1, 2)      # [n, j, l]
+        codes = _nibble_codes(blocks[:, 48:], torch.empty((n, 8, _SUB), dtype=torch.uint8,
+                                                           device=blocks.device))
+        return _asymmetric(blocks, codes.bitwise_or_(fifth))
+
+    @classmethod
+    def quantize_blocks(cls, blocks, weights):
+        return _chunked(cls._quantize, blocks, weights)
+
+    @staticmethod
+    def _quantize(x, qw):
+        codes, head = _search_asymmetric(x, qw, 31)
+        shifts = torch.arange(8, dtype=torch.uint8, device=x.device).view(1, 8, 1)
+        qh = ((codes >> 4) << shifts).sum(1, dtype=torch.uint8)   # bit j: sub-block j
+        return torch.cat((head, qh, _low_nibbles(codes)), dim=1)
 
 
 def q6_k_codes(blocks: torch.Tensor) -> torch.Tensor:
     """The unsigned 6-bit codes of Q6_K blocks, uint8 ``[n, 256]`` in element order."""
     n = blocks.shape[0]
-    ql = nibbles(blocks[:, :128].reshape(n, 2, 2, 32))     # [n, half, part, nib, 32]
-    # (low, part 0), (low, part 1), (high, part 0), (high, part 1) = l, l+32, l+64, l+96
-    ql = ql.transpose(2, 3).reshape(n, 2, 4, 32)
-    qh = bits(blocks[:, 128:192].reshape(n, 2, 32), 4, 2)  # [n, half, 4, 32]
-    return (ql | (qh << 4)).reshape(n, QK_K)
+    ql = blocks[:, :128].unflatten(1, (2, 2, 32))          # [n, half, 32-byte run, l]
+    qh = blocks[:, 128:192].unflatten(1, (2, 1, 32))       # [n, half, 1, l]
+    codes = torch.empty((n, 2, 4, 32), dtype=torch.uint8, device=blocks.device)
+    # parts 0, 1 (l, l + 32) take the low nibbles of the two runs, parts 2, 3 the high
+    torch.bitwise_and(ql, 0x0F, out=codes[:, :, :2])
+    torch.bitwise_right_shift(ql, 4, out=codes[:, :, 2:])
+    shifts = torch.tensor([0, 2, 4, 6], dtype=torch.uint8, device=blocks.device).view(1, 1, 4, 1)
+    codes |= ((qh >> shifts) & 3) << 4
+    return codes.view(n, QK_K)
 
 
 class Q6_K(BlockFormat, qtype=GGMLType.Q6_K):
@@ -94,6 +220,36 @@ class Q6_K(BlockFormat, qtype=GGMLType.Q6_K):
     def dequantize_blocks(cls, blocks):
         n = blocks.shape[0]
         d = f16_field(blocks, 208)
-        sc = blocks[:, 192:208].contiguous().view(torch.int8).to(torch.float32)
-        q = (q6_k_codes(blocks).to(torch.int8) - 32).to(torch.float32)
-        return ((d * sc).unsqueeze(-1) * q.reshape(n, 16, 16)).reshape(n, QK_K)
+        sc = blocks[:, 192:208].view(torch.int8).to(torch.float32)
+        q = q6_k_codes(blocks).view(torch.int8).sub_(32).to(torch.float32)
+        return q.view(n, 16, 16).mul_((d * sc).unsqueeze(-1)).reshape(n, QK_K)
+
+    @classmethod
+    def quantize_blocks(cls, blocks, weights):
+        return _chunked(cls._quantize, blocks, weights)
+
+    @staticmethod
+    def _quantize(x, qw):
+        n = x.shape[0]
+        sub = x.reshape(n * 16, _SUB6)
+        # ggml's _impl passes the imatrix itself as the weights (no sigma2 term).
+        codes, scales = make_qx_quants(sub, None if qw is None else qw.reshape(n * 16, _SUB6), 32)
+        scales = scales.view(n, 16)
+        top = scales.gather(1, scales.abs().argmax(1, keepdim=True))   # first largest |scale|
+        zero = top.abs() < 1e-15
+        iscale = rdiv(-128.0, top)
+        d16 = rdiv(1.0, iscale).to(torch.float16)
+        sc = nearest_int(iscale * scales).clamp_(max=127)
+        dd = (d16.to(torch.float32) * sc).unsqueeze(-1)
+        final = nearest_int(x.view(n, 16, _SUB6) / dd).clamp_(-32, 31) + 32
+        codes = torch.where(dd != 0, final, codes.view(n, 16, _SUB6).to(torch.float32))
+        codes = codes.to(torch.uint8).view(n, 2, 4, 32)          # [n, half, part, l]
+        lo = codes & 0x0F
+        ql = torch.cat((lo[:, :, 0] | (lo[:, :, 2] << 4), lo[:, :, 1] | (lo[:, :, 3] << 4)), dim=2)
+        shifts = torch.tensor([0, 2, 4, 6], dtype=torch.uint8, device=x.device).view(1, 1, 4, 1)
+        qh = ((codes >> 4) << shifts).sum(2, dtype=torch.uint8)  # [n, half, 32]
+        out = torch.cat((ql.reshape(n, 128), qh.reshape(n, 64),
+                         sc.to(torch.int8).view(torch.uint8), d16.contiguous().view(torch.uint8)),
+                        dim=1)
+        # An all-zero super-block (every scale below ggml's epsilon) is all zero bytes.
+        return torch.where(zero, torch.zeros_like(out), out)

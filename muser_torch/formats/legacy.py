@@ -4,58 +4,229 @@ Field order is ggml's struct order (d, [m], [qh], qs). In a 32-element block,
 qs byte j holds element j in its low nibble and element j + 16 in its high
 nibble; for the 5-bit types bit j of the little-endian u32 ``qh`` is the fifth
 bit of element j.
+
+Quantizers port ggml's ``quantize_row_*_ref`` (no importance matrix) and
+``quantize_row_*_impl`` (with one) and match ggml byte for byte. The
+weighted paths scale the imatrix by ``sqrt(sigma2 + x*x)`` where sigma2 is
+the mean square of the whole row, so ``quantize_rows`` computes it per row;
+``quantize_blocks`` with weights treats each block as its own row.
 """
 from __future__ import annotations
 
 import torch
 
-from .registry import BlockFormat, bits, f16_field, nibbles
-from .types import GGMLType
+from .kquant_search import make_qkx_quants, make_qx_quants, rdiv, seq_sum, sqrt_rn
+from .registry import BlockFormat, f16_bytes, f16_field, fifth_bits
+from .types import QK_LEGACY, GGMLType
+
+_HALF = QK_LEGACY // 2    # qs byte j holds elements j and j + _HALF
+
+# Rows of blocks quantized at once: bounds the temporaries of the searches.
+_CHUNK_BLOCKS = 1 << 14
 
 
-def _nibble_codes(qs: torch.Tensor) -> torch.Tensor:
-    return nibbles(qs).reshape(qs.shape[0], 32)
+# Dequantization writes codes straight into the float32 output in as few
+# full passes as it can (byte ops on the packed data are cheap; every pass
+# over the float output costs), then scales in place. The arithmetic is
+# gguf's: d * (q - 8) with q - 8 exact, d * q + m.
+
+def _nibbles_into(out: torch.Tensor, qs: torch.Tensor) -> torch.Tensor:
+    """Write the codes of qs ``[n, 16]`` into uint8 ``out`` ``[n, 32]``:
+    element j from the low nibble of byte j, element j + 16 from the high."""
+    torch.bitwise_and(qs, 0x0F, out=out[:, :_HALF])
+    torch.bitwise_right_shift(qs, 4, out=out[:, _HALF:])
+    return out
 
 
-def _high_bits(qh: torch.Tensor) -> torch.Tensor:
-    """uint8 ``[n, 4]`` (a LE u32) to the 32 fifth-bits, element order."""
-    return bits(qh, 8).transpose(1, 2).reshape(qh.shape[0], 32)
+def _codes_buffer(blocks: torch.Tensor) -> torch.Tensor:
+    return torch.empty((blocks.shape[0], QK_LEGACY), dtype=torch.uint8, device=blocks.device)
 
 
-class Q4_0(BlockFormat, qtype=GGMLType.Q4_0):
+def _fifth_bits(qh: torch.Tensor) -> torch.Tensor:
+    """uint8 ``[n, 4]`` (a LE u32) to ``bit j << 4`` for the 32 elements, uint8 ``[n, 32]``."""
+    return fifth_bits(qh).reshape(qh.shape[0], QK_LEGACY)
+
+
+def _to_float(codes: torch.Tensor) -> torch.Tensor:
+    return codes.to(torch.float32)
+
+
+def _pack_nibbles(q: torch.Tensor) -> torch.Tensor:
+    """Codes ``[n, 32]`` (low 4 bits used) to qs ``[n, 16]``: element j low, j + 16 high."""
+    q = q.to(torch.uint8) & 0x0F
+    return q[:, :_HALF] | (q[:, _HALF:] << 4)
+
+
+def _pack_high_bits(q: torch.Tensor) -> torch.Tensor:
+    """Bit 4 of 32 codes to the little-endian u32 ``qh`` as uint8 ``[n, 4]``."""
+    fifth = ((q.to(torch.uint8) >> 4) & 1).view(-1, 4, 8)
+    shifts = torch.arange(8, dtype=torch.uint8, device=q.device)
+    return (fifth << shifts).sum(-1, dtype=torch.uint8)
+
+
+def _trunc(v: torch.Tensor) -> torch.Tensor:
+    """C's float-to-integer conversion (toward zero)."""
+    return torch.trunc(v)
+
+
+def _signed_absmax(x: torch.Tensor) -> torch.Tensor:
+    """``[n, 1]``: the value of largest magnitude, the first one on ties (ggml's strict <)."""
+    return x.gather(1, x.abs().argmax(1, keepdim=True))
+
+
+def _inverse(d: torch.Tensor) -> torch.Tensor:
+    """ggml's ``id = d ? 1.0f/d : 0.0f``."""
+    return torch.where(d != 0, rdiv(1.0, d), torch.zeros_like(d))
+
+
+def _row_sigma2(x: torch.Tensor) -> torch.Tensor:
+    """Mean square of each row ``[rows, n_in]``, summed in element order like ggml."""
+    xt = x.t()
+    return seq_sum(xt * xt) / x.shape[1]
+
+
+def _blockwise(fn, blocks: torch.Tensor, *extra: torch.Tensor | None) -> torch.Tensor:
+    """Apply ``fn`` to chunks of blocks (and matching rows of ``extra``)."""
+    if blocks.shape[0] <= _CHUNK_BLOCKS:
+        return fn(blocks, *extra)
+    parts = []
+    for s in range(0, blocks.shape[0], _CHUNK_BLOCKS):
+        e = s + _CHUNK_BLOCKS
+        parts.append(fn(blocks[s:e], *(None if t is None else t[s:e] for t in extra)))
+    return torch.cat(parts)
+
+
+class _Legacy(BlockFormat):
+    """Shared weighted path: the imatrix (per element) times sqrt(sigma2 + x*x)."""
+
+    @classmethod
+    def quantize_rows(cls, x, imatrix):
+        if imatrix is None:
+            return super().quantize_rows(x, None)
+        rows, n_in = x.shape
+        per_block = n_in // cls.qtype.block_elems
+        sigma2 = _row_sigma2(x).repeat_interleave(per_block).view(-1, 1)
+        blocks = x.reshape(-1, cls.qtype.block_elems)
+        qw = imatrix.expand(rows, n_in).reshape(-1, cls.qtype.block_elems)
+        return _blockwise(cls._weighted, blocks, qw, sigma2).reshape(rows, -1)
+
+    @classmethod
+    def quantize_blocks(cls, blocks, weights):
+        if weights is None:
+            return _blockwise(cls._reference, blocks)
+        return _blockwise(cls._weighted, blocks, weights, _row_sigma2(blocks).view(-1, 1))
+
+    @classmethod
+    def _weighted(cls, blocks, qw, sigma2):
+        return cls._from_weights(blocks, qw * sqrt_rn(sigma2 + blocks * blocks))
+
+
+class Q4_0(_Legacy, qtype=GGMLType.Q4_0):
     @classmethod
     def dequantize_blocks(cls, blocks):
-        d = f16_field(blocks, 0)
-        q = _nibble_codes(blocks[:, 2:]).to(torch.int8) - 8
-        return d * q.to(torch.float32)
+        codes = _nibbles_into(_codes_buffer(blocks), blocks[:, 2:])
+        return _to_float(codes.view(torch.int8).sub_(8)).mul_(f16_field(blocks, 0))
+
+    @classmethod
+    def _reference(cls, x):
+        d = _signed_absmax(x) / -8
+        q = _trunc(x * _inverse(d) + 8.5).clamp_(max=15)
+        return torch.cat((f16_bytes(d), _pack_nibbles(q)), dim=1)
+
+    @classmethod
+    def _from_weights(cls, x, w):
+        codes, d = make_qx_quants(x, w, 8)
+        return torch.cat((f16_bytes(d.view(-1, 1)), _pack_nibbles(codes)), dim=1)
 
 
-class Q4_1(BlockFormat, qtype=GGMLType.Q4_1):
+class Q4_1(_Legacy, qtype=GGMLType.Q4_1):
     @classmethod
     def dequantize_blocks(cls, blocks):
-        d, m = f16_field(blocks, 0), f16_field(blocks, 2)
-        q = _nibble_codes(blocks[:, 4:]).to(torch.float32)
-        return d * q + m
+        codes = _nibbles_into(_codes_buffer(blocks), blocks[:, 4:])
+        return _to_float(codes).mul_(f16_field(blocks, 0)).add_(f16_field(blocks, 2))
+
+    @classmethod
+    def _reference(cls, x):
+        lo, hi = x.amin(1, keepdim=True), x.amax(1, keepdim=True)
+        d = (hi - lo) / 15
+        q = _trunc((x - lo) * _inverse(d) + 0.5).clamp_(max=15)
+        return torch.cat((f16_bytes(d), f16_bytes(lo), _pack_nibbles(q)), dim=1)
+
+    @classmethod
+    def _from_weights(cls, x, w):
+        codes, d, the_min = make_qkx_quants(x, w, 15, -0.9, 0.05, 36)
+        return torch.cat((f16_bytes(d.view(-1, 1)), f16_bytes(-the_min.view(-1, 1)),
+                          _pack_nibbles(codes)), dim=1)
 
 
-class Q5_0(BlockFormat, qtype=GGMLType.Q5_0):
+class Q5_0(_Legacy, qtype=GGMLType.Q5_0):
     @classmethod
     def dequantize_blocks(cls, blocks):
-        d = f16_field(blocks, 0)
-        q = _nibble_codes(blocks[:, 6:]) | (_high_bits(blocks[:, 2:6]) << 4)
-        return d * (q.to(torch.int8) - 16).to(torch.float32)
+        codes = _fifth_bits(blocks[:, 2:6])
+        codes[:, :_HALF] |= blocks[:, 6:] & 0x0F
+        codes[:, _HALF:] |= blocks[:, 6:] >> 4
+        return _to_float(codes.view(torch.int8).sub_(16)).mul_(f16_field(blocks, 0))
+
+    @classmethod
+    def _reference(cls, x):
+        d = _signed_absmax(x) / -16
+        q = _trunc(x * _inverse(d) + 16.5).clamp_(max=31)
+        return cls._pack(d, q)
+
+    @classmethod
+    def _from_weights(cls, x, w):
+        codes, d = make_qx_quants(x, w, 16)
+        return cls._pack(d.view(-1, 1), codes)
+
+    @staticmethod
+    def _pack(d, q):
+        return torch.cat((f16_bytes(d), _pack_high_bits(q), _pack_nibbles(q)), dim=1)
 
 
-class Q5_1(BlockFormat, qtype=GGMLType.Q5_1):
+class Q5_1(_Legacy, qtype=GGMLType.Q5_1):
     @classmethod
     def dequantize_blocks(cls, blocks):
-        d, m = f16_field(blocks, 0), f16_field(blocks, 2)
-        q = _nibble_codes(blocks[:, 8:]) | (_high_bits(blocks[:, 4:8]) << 4)
-        return d * q.to(torch.float32) + m
+        codes = _fifth_bits(blocks[:, 4:8])
+        codes[:, :_HALF] |= blocks[:, 8:] & 0x0F
+        codes[:, _HALF:] |= blocks[:, 8:] >> 4
+        return _to_float(codes).mul_(f16_field(blocks, 0)).add_(f16_field(blocks, 2))
+
+    @classmethod
+    def _reference(cls, x):
+        lo, hi = x.amin(1, keepdim=True), x.amax(1, keepdim=True)
+        d = (hi - lo) / 31
+        # ggml casts to uint8 without clamping; only bits 0..4 are stored.
+        q = _trunc((x - lo) * _inverse(d) + 0.5)
+        return cls._pack(d, lo, q)
+
+    @classmethod
+    def _from_weights(cls, x, w):
+        codes, d, the_min = make_qkx_quants(x, w, 31, -0.9, 0.05, 36)
+        return cls._pack(d.view(-1, 1), -the_min.view(-1, 1), codes)
+
+    @staticmethod
+    def _pack(d, m, q):
+        return torch.cat((f16_bytes(d), f16_bytes(m), _pack_high_bits(q), _pack_nibbles(q)), dim=1)
+
+
+def _round_half_away(v: torch.Tensor) -> torch.Tensor:
+    """C's roundf: halves go away from zero (torch.round goes to even)."""
+    t = torch.trunc(v)
+    return t + torch.where((v - t).abs() >= 0.5, torch.sign(v), torch.zeros_like(v))
 
 
 class Q8_0(BlockFormat, qtype=GGMLType.Q8_0):
     @classmethod
     def dequantize_blocks(cls, blocks):
-        d = f16_field(blocks, 0)
-        return d * blocks[:, 2:].contiguous().view(torch.int8).to(torch.float32)
+        return _to_float(blocks[:, 2:].view(torch.int8)).mul_(f16_field(blocks, 0))
+
+    @classmethod
+    def quantize_blocks(cls, blocks, weights):
+        # ggml's quantize_q8_0 ignores the importance matrix.
+        return _blockwise(cls._reference, blocks)
+
+    @staticmethod
+    def _reference(x):
+        d = x.abs().amax(1, keepdim=True) / 127
+        q = _round_half_away(x * _inverse(d)).to(torch.int8).view(torch.uint8)
+        return torch.cat((f16_bytes(d), q), dim=1)

@@ -7,6 +7,7 @@ validate inputs, so every format gets the same checks and messages.
 """
 from __future__ import annotations
 
+import functools
 from typing import ClassVar
 
 import torch
@@ -37,6 +38,19 @@ class BlockFormat:
         """float32 ``[n, block_elems]`` (and optional importance ``weights`` of
         the same shape) to uint8 ``[n, block_bytes]``."""
         raise NotImplementedError(f"quantize to {cls.qtype.name} is not supported")
+
+    @classmethod
+    def quantize_rows(cls, x: torch.Tensor, imatrix: torch.Tensor | None) -> torch.Tensor:
+        """float32 ``[rows, n_in]`` (and optional importance ``imatrix`` ``[n_in]``)
+        to uint8 ``[rows, row_bytes]``. Cuts rows into blocks for
+        ``quantize_blocks``; a format whose weighting looks at the whole row
+        (ggml's legacy imatrix paths use the row's mean square) overrides it."""
+        rows, n_in = x.shape
+        blocks = x.reshape(-1, cls.qtype.block_elems)
+        weights = None
+        if imatrix is not None:
+            weights = imatrix.expand(rows, n_in).reshape(-1, cls.qtype.block_elems)
+        return cls.quantize_blocks(blocks, weights).reshape(rows, -1)
 
 
 def format_for(qtype: GGMLType) -> type[BlockFormat]:
@@ -72,3 +86,18 @@ def bits(x: torch.Tensor, count: int, width: int = 1) -> torch.Tensor:
     """uint8 ``[..., k]`` to ``[..., count, k]``: field i is ``(x >> i*width) & mask``."""
     shifts = torch.arange(0, count * width, width, dtype=torch.uint8, device=x.device)
     return (x.unsqueeze(-2) >> shifts.view(count, 1)) & ((1 << width) - 1)
+
+
+@functools.lru_cache(maxsize=None)
+def _spread_table(device: torch.device) -> torch.Tensor:
+    b = torch.arange(256, dtype=torch.int64)
+    return sum((((b >> i) & 1) << 4) << (8 * i) for i in range(8)).to(device)
+
+
+def fifth_bits(qh: torch.Tensor) -> torch.Tensor:
+    """uint8 ``[..., k]`` to uint8 ``[..., k, 8]``: byte i of entry j is bit i
+    of ``qh[..., j]`` moved to bit 4, ready to OR onto a nibble. One table
+    gather of an int64 (8 bytes, little-endian host) per input byte, which is
+    much faster than shifting a broadcast tensor."""
+    spread = _spread_table(qh.device)[qh.reshape(-1).long()]
+    return spread.view(torch.uint8).reshape(*qh.shape, 8)
