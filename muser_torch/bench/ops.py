@@ -1,0 +1,227 @@
+"""``muser-torch bench ops``: time ``muser::qmatmul`` at the seed's shapes.
+
+Shapes and types are Chapter 6, Figure 6.6 (the release path). For every
+shape and token count it prints, measured in the same run: time per call,
+GB/s of packed weight bytes, that rate as a fraction of the device's read
+bandwidth (a large ``sum`` over uint8 viewed as int64), and the speed-up over
+a baseline: on CPU gguf's numpy ``dequantize`` + numpy matmul of the same
+bytes; on CUDA/MPS dequantize-in-torch + ``F.linear`` and a dense fp16
+``F.linear`` of the same shape.
+
+The CPU baseline of a big matrix is timed on its first rows and scaled by row
+count (it dequantizes the whole float matrix, 5 GB for lm_head); the row count
+it ran is printed.
+"""
+from __future__ import annotations
+
+import argparse
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from ..formats.types import NEEDS_COMPANIONS, GGMLType
+
+
+@dataclass(frozen=True)
+class Shape:
+    label: str
+    qtype: GGMLType
+    n_in: int
+    n_out: int
+
+
+# Figure 6.6 (release path; the draft rows are left out).
+SHAPES = (
+    Shape("attn_q", GGMLType.Q4_K, 6656, 4096),
+    Shape("attn_k/v", GGMLType.Q4_K, 6656, 256),
+    Shape("attn_v", GGMLType.Q6_K, 6656, 256),
+    Shape("attn_output", GGMLType.Q4_K, 4096, 6656),
+    Shape("ffn_gate/up", GGMLType.Q4_K, 6656, 19968),
+    Shape("ffn_down", GGMLType.Q4_K, 19968, 6656),
+    Shape("ffn_down_q6", GGMLType.Q6_K, 19968, 6656),
+    Shape("lm_head", GGMLType.Q5_K, 6656, 202048),
+)
+
+# Byte offsets of each block's f16 scale fields (struct order, formats/*.py).
+_F16_FIELDS = {
+    GGMLType.Q4_0: (0,), GGMLType.Q4_1: (0, 2), GGMLType.Q5_0: (0,), GGMLType.Q5_1: (0, 2),
+    GGMLType.Q8_0: (0,), GGMLType.Q4_K: (0, 2), GGMLType.Q5_K: (0, 2), GGMLType.Q6_K: (208,),
+}
+# E4M3 scale bytes between 2^-2 and 2^2: finite, no NaN codes.
+_E4M3_LO, _E4M3_HI = 0x28, 0x48
+
+
+def random_packed(qtype: GGMLType, n_out: int, n_in: int, generator: torch.Generator | None = None,
+                  device: torch.device | str = "cpu"):
+    """Random packed weights ``(packed, scales, scale_2)`` of ``qtype``: random
+    code bytes with sane scale fields (f16 scales of either sign between 2^-10
+    and 2^-4, E4M3 scales between 1/4 and 4), so every value is finite and of
+    realistic size. ``scales``/``scale_2`` are None except for NVFP4_E2M1."""
+    qtype = GGMLType.parse(qtype)
+    g = generator
+    row_bytes = qtype.row_bytes(n_in)
+    scales = scale_2 = None
+    if qtype in (GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.F8_E4M3FN):
+        dtype = {GGMLType.F32: torch.float32, GGMLType.F16: torch.float16,
+                 GGMLType.BF16: torch.bfloat16, GGMLType.F8_E4M3FN: torch.float8_e4m3fn}[qtype]
+        w = torch.randn(n_out, n_in, generator=g, device=device) * 0.05
+        return w.to(dtype).view(torch.uint8).reshape(n_out, row_bytes), None, None
+    packed = torch.randint(0, 256, (n_out, row_bytes), dtype=torch.uint8, generator=g,
+                           device=device)
+    blocks = packed.view(-1, qtype.block_bytes)
+    for off in _F16_FIELDS.get(qtype, ()):
+        mag = torch.exp2(torch.empty(blocks.shape[0], device=device).uniform_(-10, -4, generator=g))
+        sign = torch.randint(0, 2, (blocks.shape[0],), generator=g, device=device) * 2 - 1
+        blocks[:, off:off + 2] = (mag * sign).to(torch.float16).view(torch.uint8).reshape(-1, 2)
+    if qtype == GGMLType.NVFP4:
+        blocks[:, :4] = torch.randint(_E4M3_LO, _E4M3_HI, (blocks.shape[0], 4), dtype=torch.uint8,
+                                      generator=g, device=device)
+    if qtype in NEEDS_COMPANIONS:
+        scales = torch.randint(_E4M3_LO, _E4M3_HI, (n_out, n_in // 16), dtype=torch.uint8,
+                               generator=g, device=device)
+        scale_2 = torch.empty(1, device=device).uniform_(0.005, 0.02, generator=g)
+    return packed, scales, scale_2
+
+
+# ---- measurement ---------------------------------------------------------------------------
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    elif device.type == "mps":
+        torch.mps.synchronize()
+
+
+def _time(fn, device: torch.device, min_s: float = 0.3, max_iters: int = 50) -> float:
+    """Median seconds per call after one warm-up call."""
+    fn()
+    _sync(device)
+    times = []
+    start = time.perf_counter()
+    while len(times) < max_iters and (len(times) < 3 or time.perf_counter() - start < min_s):
+        t = time.perf_counter()
+        fn()
+        _sync(device)
+        times.append(time.perf_counter() - t)
+    times.sort()
+    return times[len(times) // 2]
+
+
+def read_bandwidth(device: torch.device, nbytes: int = 512 << 20) -> float:
+    """Bytes per second of a sum over a large buffer (read once per call)."""
+    buf = torch.ones(nbytes // 8, dtype=torch.int64, device=device)
+    dt = _time(lambda: buf.sum(), device, min_s=0.5, max_iters=10)
+    return nbytes / dt
+
+
+def _gguf_baseline(packed: torch.Tensor, qtype: GGMLType, x: torch.Tensor,
+                   max_bytes: int) -> tuple[float, int]:
+    """Seconds for gguf numpy dequantize + numpy matmul of all rows, timed on at
+    most ``max_bytes`` of them and scaled; also the row count timed."""
+    import gguf
+    import numpy as np
+    n_out = packed.shape[0]
+    rows = max(1, min(n_out, max_bytes // packed.shape[1]))
+    raw = packed[:rows].numpy()
+    xn = x.reshape(-1, x.shape[-1]).float().numpy()
+    gtype = gguf.GGMLQuantizationType(int(qtype))
+
+    def run():
+        w = gguf.dequantize(raw, gtype).reshape(rows, -1).astype(np.float32, copy=False)
+        return xn @ w.T
+
+    dt = _time(run, torch.device("cpu"), min_s=0.0, max_iters=1 if rows * 8 > n_out else 3)
+    return dt * n_out / rows, rows
+
+
+def bench_shape(shape: Shape, tokens: int, device: torch.device, bandwidth: float,
+                baseline_bytes: int, gen: torch.Generator) -> dict:
+    from .. import ops
+    packed, scales, scale_2 = random_packed(shape.qtype, shape.n_out, shape.n_in, gen)
+    x = torch.randn(tokens, shape.n_in, generator=gen)
+    nbytes = packed.numel() + (scales.numel() if scales is not None else 0)
+    dx, dp = x.to(device), packed.to(device)
+    ds = None if scales is None else scales.to(device)
+    d2 = None if scale_2 is None else scale_2.to(device)
+    if device.type != "cpu":
+        dx = dx.half()
+    dt = _time(lambda: ops.qmatmul(dx, dp, shape.qtype, shape.n_out, shape.n_in, ds, d2), device)
+    row = {"label": shape.label, "qtype": shape.qtype.name, "n_in": shape.n_in,
+           "n_out": shape.n_out, "tokens": tokens, "bytes": nbytes, "time_s": dt,
+           "gbps": nbytes / dt / 1e9, "of_bw": nbytes / dt / bandwidth}
+    if device.type == "cpu":
+        base, rows = _gguf_baseline(packed, shape.qtype, x, baseline_bytes)
+        row.update(baseline="gguf-numpy", baseline_s=base, baseline_rows=rows, speedup=base / dt)
+    else:
+        from ..formats import dequantize
+        w16 = torch.randn(shape.n_out, shape.n_in, device=device, dtype=torch.float16, generator=None)
+
+        def deq_linear():
+            w = dequantize(dp, shape.qtype, shape.n_in, scales=ds, scale_2=d2)
+            return F.linear(dx, w.to(dx.dtype))
+
+        base = _time(deq_linear, device)
+        dense = _time(lambda: F.linear(dx, w16), device)
+        del w16
+        row.update(baseline="dequant+F.linear", baseline_s=base, speedup=base / dt,
+                   dense_fp16_s=dense, vs_dense=dense / dt)
+    return row
+
+
+def main(args: argparse.Namespace) -> int:
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("bench ops: --device cuda, but CUDA is not available")
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        raise ValueError("bench ops: --device mps, but MPS is not available")
+    shapes = SHAPES
+    if args.shapes:
+        known = {s.label: s for s in SHAPES}
+        unknown = [s for s in args.shapes if s not in known]
+        if unknown:
+            raise ValueError(f"bench ops: unknown shape(s) {unknown}; choose from {list(known)}")
+        shapes = tuple(known[s] for s in args.shapes)
+    if args.threads is not None:
+        if args.threads < 1:
+            raise ValueError(f"bench ops: --threads must be >= 1, got {args.threads}")
+        torch.set_num_threads(args.threads)
+    bw = read_bandwidth(device)
+    print(f"device {device} ({torch.get_num_threads()} threads): read bandwidth "
+          f"{bw / 1e9:.1f} GB/s (sum over 512 MiB)")
+    gen = torch.Generator().manual_seed(args.seed)
+    head = (f"{'shape':<12} {'type':<5} {'n_in->n_out':>14} {'tok':>4} {'MB':>7} {'ms':>9} "
+            f"{'GB/s':>7} {'of bw':>6}  baseline")
+    print(head)
+    for shape in shapes:
+        for tokens in args.tokens:
+            r = bench_shape(shape, tokens, device, bw, args.baseline_mb << 20, gen)
+            if device.type == "cpu":
+                scaled = "" if r["baseline_rows"] == r["n_out"] else \
+                    f", timed on {r['baseline_rows']} rows"
+                base = f"{r['speedup']:.1f}x gguf numpy ({r['baseline_s'] * 1e3:.0f} ms{scaled})"
+            else:
+                base = (f"{r['speedup']:.1f}x dequant+F.linear, "
+                        f"{r['vs_dense']:.2f}x dense fp16 ({r['dense_fp16_s'] * 1e3:.3f} ms)")
+            dims = f"{r['n_in']}->{r['n_out']}"
+            print(f"{r['label']:<12} {r['qtype']:<5} {dims:>14} "
+                  f"{tokens:>4} {r['bytes'] / 1e6:>7.1f} {r['time_s'] * 1e3:>9.3f} "
+                  f"{r['gbps']:>7.2f} {r['of_bw']:>6.1%}  {base}", flush=True)
+    return 0
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("ops", help="qmatmul at the seed's shapes (Figure 6.6)")
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda", "mps"))
+    p.add_argument("--shapes", nargs="+", metavar="LABEL",
+                   help=f"subset of: {' '.join(s.label for s in SHAPES)}")
+    p.add_argument("--tokens", nargs="+", type=int, default=[1], metavar="T",
+                   help="activation rows per call (default: 1)")
+    p.add_argument("--baseline-mb", type=int, default=64,
+                   help="CPU baseline: time gguf numpy on at most this many MB of rows, "
+                        "scaled by row count (default 64)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch.set_num_threads for the run (default: torch's)")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=main)

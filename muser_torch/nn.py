@@ -1,0 +1,176 @@
+"""``QLinear`` and ``QEmbedding``: modules over packed weights.
+
+The packed bytes are buffers, so ``.to(device)`` moves them and
+``state_dict()`` carries them:
+
+* ``packed``: uint8 ``[n_out, row_bytes]`` (its shape carries n_out);
+* ``scales`` (uint8 E4M3FN ``[n_out, n_in/16]``) and ``scale_2`` (float32
+  ``[1]``): NVFP4_E2M1 only, otherwise absent;
+* the extra state ``{"qtype": name, "n_out": int, "n_in": int}`` carries the
+  rest, so ``load_state_dict`` restores (and checks) the type and width.
+
+``module.half()`` / ``.to(dtype)`` leave the bytes alone and keep ``scale_2``
+float32; the activation dtype is whatever x arrives in.
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from . import ops
+from .formats.types import NEEDS_COMPANIONS, GGMLType
+
+
+class _Packed(nn.Module):
+    """Holds one packed matrix and its companions; shared by both modules."""
+
+    def __init__(self, packed: Tensor, qtype, n_out: int, n_in: int,
+                 scales: Tensor | None = None, scale_2=None) -> None:
+        super().__init__()
+        op = type(self).__name__
+        try:
+            qtype = GGMLType.parse(qtype)
+        except ValueError as e:
+            raise ValueError(f"{op}: qtype: {e}") from None
+        if isinstance(scales, Tensor) and scales.dtype == torch.float8_e4m3fn:
+            scales = scales.view(torch.uint8)
+        if scale_2 is not None:
+            scale_2 = torch.as_tensor(scale_2, dtype=torch.float32,
+                                      device=packed.device if isinstance(packed, Tensor) else None)
+            scale_2 = scale_2.reshape(1)
+        ops.check_args("qmatmul", packed, qtype, n_out, n_in, scales, scale_2, where=op)
+        self.qtype, self.n_out, self.n_in = qtype, n_out, n_in
+        self.register_buffer("packed", packed)
+        if qtype in NEEDS_COMPANIONS:
+            self.register_buffer("scales", scales)
+            self.register_buffer("scale_2", scale_2)
+        else:
+            self.scales = self.scale_2 = None
+
+    @classmethod
+    def from_gguf(cls, tensor, scales: Tensor | None = None, scale_2=None, **kw):
+        """From a GGUF tensor record (anything with ``qtype``, ``n_out``, ``n_in``
+        and ``packed``, e.g. ``muser_torch.gguf_io.GGUFTensor``). NVFP4_E2M1 needs
+        its companions, e.g. ``GGUFFile.companions(name)``. The bytes are not
+        copied (on CPU the module views the file's memory map)."""
+        qtype = tensor.qtype
+        if qtype is None:
+            raise ValueError(f"{cls.__name__}.from_gguf: tensor {getattr(tensor, 'name', '?')!r} "
+                             f"has a type muser-torch cannot compute")
+        return cls(tensor.packed, qtype, tensor.n_out, tensor.n_in, scales, scale_2, **kw)
+
+    def _weight_args(self):
+        return (self.packed, int(self.qtype), self.n_out, self.n_in, self.scales, self.scale_2)
+
+    def dequantize(self) -> Tensor:
+        """The float32 weight ``[n_out, n_in]`` (for checks; the forward never makes it)."""
+        return torch.ops.muser.dequantize(*self._weight_args())
+
+    def get_extra_state(self):
+        return {"qtype": self.qtype.name, "n_out": self.n_out, "n_in": self.n_in}
+
+    def set_extra_state(self, state) -> None:
+        qtype = GGMLType.parse(state["qtype"])
+        ops.check_args("qmatmul", self.packed, qtype, int(state["n_out"]), int(state["n_in"]),
+                       self.scales, self.scale_2, where=f"{type(self).__name__}.load_state_dict")
+        self.qtype, self.n_out, self.n_in = qtype, int(state["n_out"]), int(state["n_in"])
+
+    def _apply(self, fn, recurse=True):
+        # Keep scale_2 float32 under .half()/.to(dtype); let it follow the device.
+        s2 = self.scale_2
+        super()._apply(fn, recurse)
+        if s2 is not None and self.scale_2.dtype != torch.float32:
+            self.scale_2 = s2.to(self.scale_2.device)
+        return self
+
+    def _describe(self) -> str:
+        return f"{self.qtype.name}, in_features={self.n_in}, out_features={self.n_out}"
+
+
+class QLinear(_Packed):
+    """``y = x @ W.T (+ bias)`` with W packed; y in x's dtype. Differentiable in
+    x (and bias), so adapters can train on top of the frozen packed weight."""
+
+    def __init__(self, packed: Tensor, qtype, n_out: int, n_in: int,
+                 scales: Tensor | None = None, scale_2=None, bias: Tensor | None = None) -> None:
+        super().__init__(packed, qtype, n_out, n_in, scales, scale_2)
+        if bias is not None:
+            if not isinstance(bias, Tensor) or tuple(bias.shape) != (n_out,):
+                raise ValueError(f"QLinear: bias must be a tensor of shape ({n_out},), got "
+                                 f"{getattr(bias, 'shape', type(bias).__name__)}")
+            bias = nn.Parameter(bias.detach().clone(), requires_grad=bias.requires_grad)
+        self.bias = bias
+
+    @property
+    def in_features(self) -> int:
+        return self.n_in
+
+    @property
+    def out_features(self) -> int:
+        return self.n_out
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, qtype, imatrix: Tensor | None = None) -> "QLinear":
+        """Quantize an ``nn.Linear``'s weight to ``qtype`` (ggml's reference
+        quantizers, optional importance matrix); the bias stays float."""
+        from .formats import quantize
+        if not isinstance(linear, nn.Linear):
+            raise ValueError(f"QLinear.from_linear: linear must be an nn.Linear, got "
+                             f"{type(linear).__name__}")
+        qtype = GGMLType.parse(qtype)
+        w = linear.weight.detach()
+        q = quantize(w.cpu(), qtype, imatrix=imatrix)
+        packed, scales, scale_2 = q if isinstance(q, tuple) else (q, None, None)
+        dev = w.device
+        bias = None if linear.bias is None else linear.bias.detach()
+        return cls(packed.to(dev), qtype, w.shape[0], w.shape[1],
+                   None if scales is None else scales.to(dev),
+                   None if scale_2 is None else torch.as_tensor(scale_2).to(dev), bias=bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        y = torch.ops.muser.qmatmul(x, *self._weight_args())
+        if self.bias is not None:
+            y = y + self.bias.to(y.dtype)
+        return y
+
+    def extra_repr(self) -> str:
+        return f"{self._describe()}, bias={self.bias is not None}"
+
+
+class QEmbedding(_Packed):
+    """Rows of a packed ``[num_embeddings, embedding_dim]`` table; ``forward(ids)``
+    returns ``[*ids.shape, embedding_dim]`` in ``dtype`` (float32 by default)."""
+
+    def __init__(self, packed: Tensor, qtype, n_out: int, n_in: int,
+                 scales: Tensor | None = None, scale_2=None,
+                 dtype: torch.dtype = torch.float32) -> None:
+        super().__init__(packed, qtype, n_out, n_in, scales, scale_2)
+        self.dtype = dtype
+
+    @property
+    def num_embeddings(self) -> int:
+        return self.n_out
+
+    @property
+    def embedding_dim(self) -> int:
+        return self.n_in
+
+    @classmethod
+    def from_embedding(cls, emb: nn.Embedding, qtype, dtype: torch.dtype = torch.float32):
+        """Quantize an ``nn.Embedding``'s table to ``qtype``."""
+        from .formats import quantize
+        qtype = GGMLType.parse(qtype)
+        w = emb.weight.detach()
+        q = quantize(w.cpu(), qtype)
+        packed, scales, scale_2 = q if isinstance(q, tuple) else (q, None, None)
+        dev = w.device
+        return cls(packed.to(dev), qtype, w.shape[0], w.shape[1],
+                   None if scales is None else scales.to(dev),
+                   None if scale_2 is None else torch.as_tensor(scale_2).to(dev), dtype=dtype)
+
+    def forward(self, ids: Tensor) -> Tensor:
+        return torch.ops.muser.embedding(ids, *self._weight_args()).to(self.dtype)
+
+    def extra_repr(self) -> str:
+        return (f"{self.qtype.name}, num_embeddings={self.n_out}, embedding_dim={self.n_in}, "
+                f"dtype={self.dtype}")

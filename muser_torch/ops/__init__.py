@@ -1,0 +1,322 @@
+"""The ``muser`` operators: every torch.library schema, its fake (meta)
+implementation, its autograd formula and its argument checks live here;
+kernels live beside it, one file per backend (cpu.py, mps.py, cuda.py).
+
+Schemas (namespace ``muser``)::
+
+    qmatmul(Tensor x, Tensor packed, int qtype, int n_out, int n_in,
+            Tensor? scales=None, Tensor? scale_2=None) -> Tensor
+    qmatmul_t(Tensor g, Tensor packed, int qtype, int n_out, int n_in,
+              Tensor? scales=None, Tensor? scale_2=None) -> Tensor
+    dequantize(Tensor packed, int qtype, int n_out, int n_in,
+               Tensor? scales=None, Tensor? scale_2=None) -> Tensor
+    embedding(Tensor ids, Tensor packed, int qtype, int n_out, int n_in,
+              Tensor? scales=None, Tensor? scale_2=None) -> Tensor
+
+``packed`` is a contiguous uint8 ``[n_out, row_bytes]`` matrix W of ``qtype``
+(a ``GGMLType`` id; any type the format registry computes). NVFP4_E2M1 also
+takes ``scales`` (E4M3FN bytes, uint8 ``[n_out, n_in/16]``, on packed's device)
+and ``scale_2`` (float32, one element); other types take neither.
+
+* ``qmatmul``: ``x[..., n_in] @ W.T`` for float32/float16/bfloat16 x, output in
+  x's dtype, accumulated in float32. Differentiable in x (through
+  ``qmatmul_t``); the packed bytes get no gradient.
+* ``qmatmul_t``: ``g[..., n_out] @ W`` in g's dtype, the gradient of qmatmul for
+  x, computed over row tiles of W. Backends that do not register it get a
+  generic version built on their ``dequantize``.
+* ``dequantize``: W as float32 ``[n_out, n_in]``, bit-exact with gguf.
+* ``embedding``: rows ``ids`` of W as float32 ``[*ids.shape, n_in]``
+  (float32 so the caller picks the activation dtype; the rows are exact).
+
+Backends: the default implementation runs ``cpu.py`` on CPU tensors and
+raises ValueError for a device with no kernel. ``ops/cuda.py`` and
+``ops/mps.py`` register theirs with ``torch.library.register_kernel(
+"muser::<op>", "cuda" | "mps", fn)``, ``fn`` taking the schema's arguments in
+order; they are imported here when present and their device is available.
+Registered kernels skip the default implementation, so they should call
+``check_args`` themselves (the Python wrappers and fake kernels always check).
+
+Metal emulation: with ``MUSER_METAL=emulate`` the CPU path calls
+``ops/mps.py``'s function of the same name on the CPU tensors, which runs
+the .metal kernels through the CPU emulator (an op mps.py does not define,
+such as ``qmatmul_t``, stays on the CPU kernels); without ops/mps.py the
+setting raises ValueError.
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import warnings
+
+import torch
+from torch import Tensor
+
+from ..formats import check_companions, check_packed
+from ..formats.types import NEEDS_COMPANIONS, NVFP4_GROUP, GGMLType
+
+__all__ = ["qmatmul", "qmatmul_t", "dequantize", "embedding", "check_args"]
+
+_FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_INDEX_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
+_COMPANIONS = "Tensor? scales=None, Tensor? scale_2=None"
+_WEIGHT = f"Tensor packed, int qtype, int n_out, int n_in, {_COMPANIONS}"
+
+
+# ---- argument checks ---------------------------------------------------------------------
+
+def check_args(op: str, packed: Tensor, qtype: int, n_out: int, n_in: int,
+               scales: Tensor | None, scale_2: Tensor | None, *,
+               x: Tensor | None = None, x_name: str = "x", x_width: int | None = None,
+               ids: Tensor | None = None, where: str | None = None) -> GGMLType:
+    """Raise ValueError (naming ``muser.<op>``, or ``where`` when given, the
+    argument and what was expected) unless the arguments describe a valid
+    call; return the GGMLType. Reads no tensor data, so fake kernels call it too."""
+    try:
+        try:
+            qt = GGMLType.parse(qtype)
+        except ValueError as e:
+            raise ValueError(f"qtype: {e}") from None
+        for name, v in (("n_out", n_out), ("n_in", n_in)):
+            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+                raise ValueError(f"{name} must be a positive int, got {v!r}")
+        check_packed(packed, qt, n_in, "packed", n_out=n_out)
+        if qt in NEEDS_COMPANIONS:
+            if scales is None or scale_2 is None:
+                raise ValueError(f"{qt.name} needs both companions: scales "
+                                 f"(uint8 [{n_out}, {n_in // NVFP4_GROUP}]) and scale_2 (float32 [1])")
+            check_companions(scales, scale_2, n_out, n_in, packed.device)
+            if scales.device != packed.device:
+                raise ValueError(f"scales is on {scales.device} but packed is on {packed.device}")
+            if isinstance(scale_2, Tensor) and not scale_2.dtype.is_floating_point:
+                raise ValueError(f"scale_2 must be float32, got {scale_2.dtype}")
+        elif scales is not None or scale_2 is not None:
+            raise ValueError(f"{qt.name} takes no scales/scale_2 companions (only "
+                             f"{', '.join(t.name for t in NEEDS_COMPANIONS)} does)")
+        if x is not None:
+            if not isinstance(x, Tensor):
+                raise ValueError(f"{x_name} must be a torch.Tensor, got {type(x).__name__}")
+            if x.dtype not in _FLOAT_DTYPES:
+                raise ValueError(f"{x_name} must be float32, float16 or bfloat16, got {x.dtype}")
+            if x.dim() < 1 or x.shape[-1] != x_width:
+                raise ValueError(f"{x_name} must have shape [..., {x_width}], got {tuple(x.shape)}")
+            if x.device != packed.device:
+                raise ValueError(f"{x_name} is on {x.device} but packed is on {packed.device}")
+        if ids is not None:
+            if not isinstance(ids, Tensor):
+                raise ValueError(f"ids must be a torch.Tensor, got {type(ids).__name__}")
+            if ids.dtype not in _INDEX_DTYPES:
+                raise ValueError(f"ids must be an integer tensor, got {ids.dtype}")
+            if ids.device != packed.device:
+                raise ValueError(f"ids is on {ids.device} but packed is on {packed.device}")
+    except ValueError as e:
+        raise ValueError(f"{where or 'muser.' + op}: {e}") from None
+    return qt
+
+
+def _normalize(op, qtype, scales, scale_2, device):
+    """Wrapper-side conveniences: a GGMLType or its name for qtype, float8
+    scales, a Python float for scale_2."""
+    try:
+        qtype = int(GGMLType.parse(qtype))
+    except ValueError as e:
+        raise ValueError(f"muser.{op}: qtype: {e}") from None
+    if isinstance(scales, Tensor) and scales.dtype == torch.float8_e4m3fn:
+        scales = scales.view(torch.uint8)
+    if scale_2 is not None and not isinstance(scale_2, Tensor):
+        scale_2 = torch.tensor([float(scale_2)], dtype=torch.float32, device=device)
+    return qtype, scales, scale_2
+
+
+def _backend_for(op: str, device: torch.device):
+    """The kernel module for a device with no registered kernel of its own."""
+    if device.type != "cpu":
+        raise ValueError(f"muser.{op}: no kernel for device {device.type!r} (CPU kernels are "
+                         f"built in; cuda and mps need ops/cuda.py or ops/mps.py and the device)")
+    if os.environ.get("MUSER_METAL") == "emulate":
+        if importlib.util.find_spec(f"{__name__}.mps") is None:
+            raise ValueError(f"muser.{op}: MUSER_METAL=emulate, but muser_torch/ops/mps.py "
+                             "(the Metal kernels) is not installed")
+        from . import mps
+        if hasattr(mps, op):
+            return mps
+    from . import cpu
+    return cpu
+
+
+# ---- qmatmul ------------------------------------------------------------------------------
+
+@torch.library.custom_op("muser::qmatmul", mutates_args=(),
+                         schema=f"(Tensor x, {_WEIGHT}) -> Tensor")
+def _qmatmul(x: Tensor, packed: Tensor, qtype: int, n_out: int, n_in: int,
+             scales: Tensor | None = None, scale_2: Tensor | None = None) -> Tensor:
+    """``x[..., n_in] @ W.T`` in x's dtype; default implementation (CPU)."""
+    check_args("qmatmul", packed, qtype, n_out, n_in, scales, scale_2, x=x, x_width=n_in)
+    scales = None if scales is None else scales.view(torch.uint8)
+    return _backend_for("qmatmul", x.device).qmatmul(x, packed, qtype, n_out, n_in, scales, scale_2)
+
+
+@_qmatmul.register_fake
+def _(x, packed, qtype, n_out, n_in, scales=None, scale_2=None):
+    check_args("qmatmul", packed, qtype, n_out, n_in, scales, scale_2, x=x, x_width=n_in)
+    return x.new_empty(*x.shape[:-1], n_out)
+
+
+def _qmatmul_setup(ctx, inputs, output):
+    _, packed, qtype, n_out, n_in, scales, scale_2 = inputs
+    ctx.save_for_backward(packed, scales, scale_2)
+    ctx.meta = (qtype, n_out, n_in)
+
+
+def _qmatmul_backward(ctx, grad):
+    packed, scales, scale_2 = ctx.saved_tensors
+    grad_x = torch.ops.muser.qmatmul_t(grad, packed, *ctx.meta, scales, scale_2)
+    return grad_x, None, None, None, None, None, None
+
+
+_qmatmul.register_autograd(_qmatmul_backward, setup_context=_qmatmul_setup)
+
+
+# ---- qmatmul_t (the gradient for x) -------------------------------------------------------
+
+@torch.library.custom_op("muser::qmatmul_t", mutates_args=(),
+                         schema=f"(Tensor g, {_WEIGHT}) -> Tensor")
+def _qmatmul_t(g: Tensor, packed: Tensor, qtype: int, n_out: int, n_in: int,
+               scales: Tensor | None = None, scale_2: Tensor | None = None) -> Tensor:
+    """``g[..., n_out] @ W`` in g's dtype; default implementation."""
+    check_args("qmatmul_t", packed, qtype, n_out, n_in, scales, scale_2, x=g, x_name="g",
+               x_width=n_out)
+    scales = None if scales is None else scales.view(torch.uint8)
+    if g.device.type == "cpu":
+        return _backend_for("qmatmul_t", g.device).qmatmul_t(g, packed, qtype, n_out, n_in,
+                                                              scales, scale_2)
+    return _qmatmul_t_tiled(g, packed, qtype, n_out, n_in, scales, scale_2)
+
+
+def _qmatmul_t_tiled(g, packed, qtype, n_out, n_in, scales, scale_2, tile_bytes=16 << 20):
+    """Any device with a ``muser::dequantize`` kernel: W in row tiles."""
+    g2 = g.reshape(-1, n_out).to(torch.float32)
+    out = torch.zeros(g2.shape[0], n_in, dtype=torch.float32, device=g.device)
+    step = max(1, tile_bytes // (4 * n_in))
+    for r0 in range(0, n_out, step):
+        r1 = min(n_out, r0 + step)
+        s = None if scales is None else scales[r0:r1]
+        w = torch.ops.muser.dequantize(packed[r0:r1], qtype, r1 - r0, n_in, s, scale_2)
+        out.addmm_(g2[:, r0:r1], w)
+    return out.reshape(*g.shape[:-1], n_in).to(g.dtype)
+
+
+@_qmatmul_t.register_fake
+def _(g, packed, qtype, n_out, n_in, scales=None, scale_2=None):
+    check_args("qmatmul_t", packed, qtype, n_out, n_in, scales, scale_2, x=g, x_name="g",
+               x_width=n_out)
+    return g.new_empty(*g.shape[:-1], n_in)
+
+
+def _qmatmul_t_setup(ctx, inputs, output):
+    _, packed, qtype, n_out, n_in, scales, scale_2 = inputs
+    ctx.save_for_backward(packed, scales, scale_2)
+    ctx.meta = (qtype, n_out, n_in)
+
+
+def _qmatmul_t_backward(ctx, grad):
+    packed, scales, scale_2 = ctx.saved_tensors
+    grad_g = torch.ops.muser.qmatmul(grad, packed, *ctx.meta, scales, scale_2)
+    return grad_g, None, None, None, None, None, None
+
+
+_qmatmul_t.register_autograd(_qmatmul_t_backward, setup_context=_qmatmul_t_setup)
+
+
+# ---- dequantize ------------------------------------------------------------------------------
+
+@torch.library.custom_op("muser::dequantize", mutates_args=(), schema=f"({_WEIGHT}) -> Tensor")
+def _dequantize(packed: Tensor, qtype: int, n_out: int, n_in: int,
+                scales: Tensor | None = None, scale_2: Tensor | None = None) -> Tensor:
+    """W as float32 ``[n_out, n_in]``; default implementation (CPU)."""
+    check_args("dequantize", packed, qtype, n_out, n_in, scales, scale_2)
+    scales = None if scales is None else scales.view(torch.uint8)
+    return _backend_for("dequantize", packed.device).dequantize(packed, qtype, n_out, n_in,
+                                                                  scales, scale_2)
+
+
+@_dequantize.register_fake
+def _(packed, qtype, n_out, n_in, scales=None, scale_2=None):
+    check_args("dequantize", packed, qtype, n_out, n_in, scales, scale_2)
+    return packed.new_empty(n_out, n_in, dtype=torch.float32)
+
+
+# ---- embedding -------------------------------------------------------------------------------
+
+@torch.library.custom_op("muser::embedding", mutates_args=(),
+                         schema=f"(Tensor ids, {_WEIGHT}) -> Tensor")
+def _embedding(ids: Tensor, packed: Tensor, qtype: int, n_out: int, n_in: int,
+               scales: Tensor | None = None, scale_2: Tensor | None = None) -> Tensor:
+    """Rows ``ids`` of W as float32 ``[*ids.shape, n_in]``; default implementation (CPU)."""
+    check_args("embedding", packed, qtype, n_out, n_in, scales, scale_2, ids=ids)
+    if ids.numel():
+        lo, hi = int(ids.min()), int(ids.max())
+        if lo < 0 or hi >= n_out:
+            raise ValueError(f"muser.embedding: ids must lie in [0, {n_out}), got values "
+                             f"from {lo} to {hi}")
+    scales = None if scales is None else scales.view(torch.uint8)
+    return _backend_for("embedding", ids.device).embedding(ids, packed, qtype, n_out, n_in,
+                                                           scales, scale_2)
+
+
+@_embedding.register_fake
+def _(ids, packed, qtype, n_out, n_in, scales=None, scale_2=None):
+    check_args("embedding", packed, qtype, n_out, n_in, scales, scale_2, ids=ids)
+    return packed.new_empty(*ids.shape, n_in, dtype=torch.float32)
+
+
+# ---- Python wrappers (the public API) -----------------------------------------------------------
+
+def qmatmul(x: Tensor, packed: Tensor, qtype, n_out: int, n_in: int,
+            scales: Tensor | None = None, scale_2=None) -> Tensor:
+    """``x[..., n_in] @ W.T`` with W packed as ``qtype``; output in x's dtype.
+    ``qtype`` may be a GGMLType, its id or its name; ``scales`` may be
+    float8_e4m3fn and ``scale_2`` a Python float (NVFP4_E2M1)."""
+    qtype, scales, scale_2 = _normalize("qmatmul", qtype, scales, scale_2, packed.device)
+    return torch.ops.muser.qmatmul(x, packed, qtype, n_out, n_in, scales, scale_2)
+
+
+def qmatmul_t(g: Tensor, packed: Tensor, qtype, n_out: int, n_in: int,
+              scales: Tensor | None = None, scale_2=None) -> Tensor:
+    """``g[..., n_out] @ W`` (the gradient of :func:`qmatmul` for x)."""
+    qtype, scales, scale_2 = _normalize("qmatmul_t", qtype, scales, scale_2, packed.device)
+    return torch.ops.muser.qmatmul_t(g, packed, qtype, n_out, n_in, scales, scale_2)
+
+
+def dequantize(packed: Tensor, qtype, n_out: int, n_in: int,
+               scales: Tensor | None = None, scale_2=None) -> Tensor:
+    """W as float32 ``[n_out, n_in]`` (bit-exact with gguf)."""
+    qtype, scales, scale_2 = _normalize("dequantize", qtype, scales, scale_2, packed.device)
+    return torch.ops.muser.dequantize(packed, qtype, n_out, n_in, scales, scale_2)
+
+
+def embedding(ids: Tensor, packed: Tensor, qtype, n_out: int, n_in: int,
+              scales: Tensor | None = None, scale_2=None) -> Tensor:
+    """Rows ``ids`` of W as float32 ``[*ids.shape, n_in]``."""
+    qtype, scales, scale_2 = _normalize("embedding", qtype, scales, scale_2, packed.device)
+    return torch.ops.muser.embedding(ids, packed, qtype, n_out, n_in, scales, scale_2)
+
+
+# ---- accelerator backends ---------------------------------------------------------------------
+
+def _load_backends() -> None:
+    """Import ops/cuda.py and ops/mps.py (which register their kernels) when the
+    file exists and its device is available; a failure there never breaks CPU."""
+    available = {"cuda": lambda: torch.cuda.is_available(),
+                 "mps": lambda: torch.backends.mps.is_available()}
+    for name, is_available in available.items():
+        try:
+            if importlib.util.find_spec(f"{__name__}.{name}") is None or not is_available():
+                continue
+            importlib.import_module(f"{__name__}.{name}")
+        except Exception as e:  # noqa: BLE001  (a broken backend must not break the package)
+            warnings.warn(f"muser_torch: the {name} kernels failed to load ({e!r}); "
+                          f"{name} tensors will raise", RuntimeWarning, stacklevel=2)
+
+
+_load_backends()

@@ -1,0 +1,287 @@
+"""CPU kernels for the ``muser`` ops.
+
+Two paths compute every op, and both are tested against the float64
+reference:
+
+* native: ``cpu_kernels.c``, compiled with the system C compiler on first use
+  (about two seconds, cached under ``~/.cache/muser_torch`` keyed by source,
+  compiler, flags and CPU) and called through ctypes with data pointers. Its
+  block decoders are bit-identical to ``muser_torch.formats.dequantize``. Up
+  to ``FUSED_MAX_TOKENS`` activation rows it runs a fused matmul that reads
+  the packed bytes once: threads take chunks of weight rows, decode each row
+  in registers (Q4_K, Q5_K, Q6_K, NVFP4_E2M1 on AVX2+FMA CPUs) or 256
+  elements at a time into an L1 scratch (every other type), and dot it with
+  groups of up to 8 tokens while it sits in L1.
+* torch: the reference dequantizer on row tiles. It is the fallback when no
+  compiler is available or ``MUSER_CPU_NATIVE=0``, and serves the types the
+  native library does not decode (F32, F16, BF16, F8_E4M3FN).
+
+Above ``FUSED_MAX_TOKENS`` rows both paths dequantize a tile of weight rows
+(``TILE_BYTES`` of float32 scratch) and multiply it with torch's matmul, so the
+whole float matrix never exists. ``qmatmul_t`` (the gradient for x) and
+``dequantize`` use the same tiles; ``embedding`` decodes only the rows asked for.
+
+Threads: torch's intra-op count, but at least ``THREAD_MIN_BYTES`` of work per
+thread, run by the library's own pool, whose caller never waits for a helper
+that has not started (see cpu_kernels.c); on a machine shared with other
+processes an OpenMP-style barrier there costs a scheduler slice per call.
+Arguments arrive validated by ``muser_torch.ops`` (the op boundary).
+"""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import functools
+import hashlib
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import warnings
+from pathlib import Path
+
+import torch
+
+from ..formats import dequantize as _ref_dequantize
+from ..formats.floats import e4m3fn_table
+from ..formats.nvfp4 import _ue4m3_half_cpu
+from ..formats.types import GGMLType
+
+NATIVE_MAX_TOKENS = 64         # must match MAX_TOKENS in cpu_kernels.c
+FUSED_MAX_TOKENS = 64          # above this, the tiled dequantize + torch matmul path
+TILE_BYTES = 4 << 20           # float32 scratch of the tiled paths
+THREAD_MIN_BYTES = 2 << 20     # packed (or decoded) bytes per native thread, at least
+
+_SOURCE = Path(__file__).with_name("cpu_kernels.c")
+_native_enabled = os.environ.get("MUSER_CPU_NATIVE", "1") != "0"
+
+
+# ---- the native library -----------------------------------------------------------
+
+def _cache_dir() -> Path:
+    base = os.environ.get("MUSER_CACHE_DIR") or os.environ.get("XDG_CACHE_HOME") \
+        or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "muser_torch"
+
+
+def _cpu_fingerprint() -> str:
+    """CPU model and flags: -march=native code must not run on another CPU."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+        lines = [ln for ln in info.splitlines()
+                 if ln.startswith(("flags", "Features", "model name", "CPU part"))]
+        return "\n".join(sorted(set(lines)))
+    except OSError:
+        return platform.processor() + platform.machine()
+
+
+def _compiler() -> str:
+    return os.environ.get("CC", "cc")
+
+
+def _march_flags(cc: str) -> list[str]:
+    flag = "-mcpu=native" if platform.machine().lower() in ("arm64", "aarch64") else "-march=native"
+    probe = subprocess.run([cc, flag, "-x", "c", "-c", "-o", os.devnull, "-"], input=b"int x;",
+                           capture_output=True)
+    return [flag] if probe.returncode == 0 else []
+
+
+def _build() -> ctypes.CDLL:
+    cc = _compiler()
+    version = subprocess.run([cc, "--version"], capture_output=True, check=True).stdout
+    source = _SOURCE.read_bytes()
+    flags = ["-O3", "-fPIC", "-shared", "-pthread", "-ffp-contract=off", "-std=gnu11",
+             *_march_flags(cc)]
+    key = hashlib.sha256(b"\0".join([source, version, _cpu_fingerprint().encode(),
+                                     " ".join(flags).encode()])).hexdigest()[:16]
+    out = _cache_dir() / f"cpu_kernels-{key}{'.dylib' if sys.platform == 'darwin' else '.so'}"
+    if not out.exists():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(suffix=out.suffix, dir=out.parent)
+        os.close(fd)
+        try:
+            res = subprocess.run([cc, *flags, str(_SOURCE), "-o", tmp], capture_output=True)
+            if res.returncode:
+                raise OSError(f"{cc} failed: {res.stderr.decode(errors='replace')[-2000:]}")
+            os.replace(tmp, out)       # atomic: concurrent builders race harmlessly
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+    lib = ctypes.CDLL(str(out))
+    p, i, i64, f = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float
+    lib.muser_geometry.argtypes = [i, i, i]
+    lib.muser_max_tokens.argtypes = []
+    lib.muser_dequant_rows.argtypes = [i, p, p, p, f, i64, i64, p, i]
+    lib.muser_matmul.argtypes = [i, p, p, p, f, i64, i64, p, i64, p, i]
+    if lib.muser_max_tokens() != NATIVE_MAX_TOKENS:
+        raise OSError("cpu_kernels.c MAX_TOKENS does not match cpu.NATIVE_MAX_TOKENS")
+    return lib
+
+
+@functools.lru_cache(maxsize=1)
+def _native_lib() -> ctypes.CDLL | None:
+    try:
+        return _build()
+    except (OSError, subprocess.SubprocessError) as e:
+        warnings.warn(f"muser_torch: native CPU kernels unavailable ({e}); "
+                      "using the slower pure-torch path", RuntimeWarning, stacklevel=3)
+        return None
+
+
+def native_available() -> bool:
+    """Whether the compiled kernels load (builds them on the first call)."""
+    return _native_lib() is not None
+
+
+@contextlib.contextmanager
+def use_native(enabled: bool):
+    """Temporarily force (``True``) or forbid (``False``) the native kernels."""
+    global _native_enabled
+    old, _native_enabled = _native_enabled, enabled
+    try:
+        yield
+    finally:
+        _native_enabled = old
+
+
+@functools.lru_cache(maxsize=None)
+def _native_decodes(qtype: GGMLType) -> bool:
+    lib = _native_lib()
+    return lib is not None and lib.muser_geometry(int(qtype), qtype.block_elems,
+                                                  qtype.block_bytes) == 0
+
+
+def _native_for(qtype: GGMLType) -> ctypes.CDLL | None:
+    if not _native_enabled or not _native_decodes(qtype):
+        return None
+    return _native_lib()
+
+
+def _lut(qtype: GGMLType) -> torch.Tensor | None:
+    if qtype == GGMLType.NVFP4_E2M1:
+        return e4m3fn_table()
+    if qtype == GGMLType.NVFP4:
+        return _ue4m3_half_cpu()
+    return None
+
+
+def _ptr(t: torch.Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
+
+
+def _threads(nbytes: int) -> int:
+    """torch's thread count, but at least ``THREAD_MIN_BYTES`` of work per
+    thread: a fork-join costs microseconds, or a scheduler slice on a busy
+    machine, which a small matrix cannot repay."""
+    return max(1, min(torch.get_num_threads(), nbytes // THREAD_MIN_BYTES))
+
+
+# ---- tiles ---------------------------------------------------------------------------
+
+def _tile_rows(n_in: int) -> int:
+    return max(1, TILE_BYTES // (4 * n_in))
+
+
+def _dequant_tile(packed: torch.Tensor, qtype: GGMLType, n_in: int, scales, scale_2,
+                  out: torch.Tensor | None = None, threads: int | None = None) -> torch.Tensor:
+    """Rows of ``packed`` (and their companions) to float32, native when possible.
+    Tiles feeding a torch matmul decode on one thread (``threads=1``): the
+    decode is a small part of the tile's time, and two thread pools taking
+    turns would each spin while the other works."""
+    lib = _native_for(qtype)
+    if lib is None:
+        w = _ref_dequantize(packed, qtype, n_in, scales=scales, scale_2=scale_2)
+        if out is not None:
+            out.copy_(w)
+            return out
+        return w
+    if out is None:
+        out = torch.empty(packed.shape[0], n_in, dtype=torch.float32)
+    lut = _lut(qtype)
+    s2 = float(scale_2) if scale_2 is not None else 0.0
+    rc = lib.muser_dequant_rows(int(qtype), _ptr(packed), _ptr(scales), _ptr(lut), s2,
+                                packed.shape[0], n_in, _ptr(out),
+                                threads or _threads(out.numel() * 4))
+    if rc:
+        raise RuntimeError(f"native dequantize rejected {qtype.name} n_in={n_in}")
+    return out
+
+
+def _row_slice(packed, scales, r0: int, r1: int):
+    return packed[r0:r1], (None if scales is None else scales[r0:r1])
+
+
+# ---- the ops (signatures follow the schemas in muser_torch.ops) --------------------------
+
+def dequantize(packed: torch.Tensor, qtype: int, n_out: int, n_in: int,
+               scales: torch.Tensor | None = None, scale_2: torch.Tensor | None = None) -> torch.Tensor:
+    qtype = GGMLType(qtype)
+    out = torch.empty(n_out, n_in, dtype=torch.float32)
+    step = _tile_rows(n_in)
+    for r0 in range(0, n_out, step):
+        r1 = min(n_out, r0 + step)
+        p, s = _row_slice(packed, scales, r0, r1)
+        _dequant_tile(p, qtype, n_in, s, scale_2, out=out[r0:r1])
+    return out
+
+
+def embedding(ids: torch.Tensor, packed: torch.Tensor, qtype: int, n_out: int, n_in: int,
+              scales: torch.Tensor | None = None, scale_2: torch.Tensor | None = None) -> torch.Tensor:
+    """Dequantize only the requested rows (repeats decoded once)."""
+    qtype = GGMLType(qtype)
+    flat = ids.reshape(-1).long()
+    uniq, inverse = torch.unique(flat, return_inverse=True)
+    p = packed.index_select(0, uniq)
+    s = None if scales is None else scales.index_select(0, uniq)
+    rows = _dequant_tile(p, qtype, n_in, s, scale_2)
+    return rows.index_select(0, inverse).reshape(*ids.shape, n_in)
+
+
+def qmatmul(x: torch.Tensor, packed: torch.Tensor, qtype: int, n_out: int, n_in: int,
+            scales: torch.Tensor | None = None, scale_2: torch.Tensor | None = None) -> torch.Tensor:
+    qtype = GGMLType(qtype)
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, n_in).to(torch.float32).contiguous()
+    tokens = x2.shape[0]
+    if tokens == 0:
+        return x.new_zeros(*lead, n_out)
+    lib = _native_for(qtype)
+    if lib is not None and tokens <= FUSED_MAX_TOKENS:
+        y = torch.empty(tokens, n_out, dtype=torch.float32)
+        lut = _lut(qtype)
+        s2 = float(scale_2) if scale_2 is not None else 0.0
+        rc = lib.muser_matmul(int(qtype), _ptr(packed), _ptr(scales), _ptr(lut), s2, n_out, n_in,
+                              _ptr(x2), tokens, _ptr(y), _threads(packed.numel()))
+        if rc:
+            raise RuntimeError(f"native qmatmul rejected {qtype.name} n_in={n_in}")
+    else:
+        # y.T in row tiles: each tile of W rows gives a contiguous slice of y.T.
+        yt = torch.empty(n_out, tokens, dtype=torch.float32)
+        xt = x2.t()
+        step = _tile_rows(n_in)
+        scratch = torch.empty(min(step, n_out), n_in, dtype=torch.float32)
+        for r0 in range(0, n_out, step):
+            r1 = min(n_out, r0 + step)
+            p, s = _row_slice(packed, scales, r0, r1)
+            w = _dequant_tile(p, qtype, n_in, s, scale_2, out=scratch[:r1 - r0], threads=1)
+            torch.mm(w, xt, out=yt[r0:r1])
+        y = yt.t().contiguous()
+    return y.reshape(*lead, n_out).to(x.dtype)
+
+
+def qmatmul_t(g: torch.Tensor, packed: torch.Tensor, qtype: int, n_out: int, n_in: int,
+              scales: torch.Tensor | None = None, scale_2: torch.Tensor | None = None) -> torch.Tensor:
+    """``g[..., n_out] @ W``: the gradient of qmatmul for x, over row tiles of W."""
+    qtype = GGMLType(qtype)
+    lead = g.shape[:-1]
+    g2 = g.reshape(-1, n_out).to(torch.float32)
+    out = torch.zeros(g2.shape[0], n_in, dtype=torch.float32)
+    step = _tile_rows(n_in)
+    scratch = torch.empty(min(step, n_out), n_in, dtype=torch.float32)
+    for r0 in range(0, n_out, step):
+        r1 = min(n_out, r0 + step)
+        p, s = _row_slice(packed, scales, r0, r1)
+        w = _dequant_tile(p, qtype, n_in, s, scale_2, out=scratch[:r1 - r0], threads=1)
+        out.addmm_(g2[:, r0:r1], w)
+    return out.reshape(*lead, n_in).to(g.dtype)

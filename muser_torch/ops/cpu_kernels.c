@@ -1,0 +1,640 @@
+/* CPU kernels for muser-torch: decode packed GGML blocks and multiply.
+ *
+ * Plain C (no torch headers) so it compiles in about two seconds on first use;
+ * muser_torch/ops/cpu.py builds it with -O3 -pthread -ffp-contract=off and
+ * calls it through ctypes with tensor data pointers.
+ *
+ * Contract with cpu.py:
+ *  - type ids are GGMLType values (muser_torch/formats/types.py); block
+ *    geometry (elements, bytes) is passed in from that table and checked
+ *    against the decoder's own expectation by muser_geometry().
+ *  - every decoder writes one block's floats in element order, multiplying in
+ *    the same order as muser_torch.formats (gguf's order), so with
+ *    -ffp-contract=off the decoded values are bit-identical to the reference
+ *    dequantizer (tests/ops/test_qmatmul.py checks this).
+ *  - `lut` is a 256-entry float table for the scale bytes of the NVFP4 types
+ *    (E4M3FN values for NVFP4_E2M1, halved UE4M3 for NVFP4), built by Python
+ *    from the same tables the reference uses; NULL for other types.
+ *  - `cmp` is the row's companion scale bytes (NVFP4_E2M1 only; one byte per
+ *    16-element block) and `s2` its global scale.
+ */
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <string.h>
+#include <unistd.h>
+
+#define CHUNK 256       /* elements decoded at a time into an L1 scratch */
+#define MAX_TOKENS 64   /* activation rows per call (cpu.py: NATIVE_MAX_TOKENS) */
+#define TOKEN_GROUP 8   /* rows dotted per decode of a weight row (a compile-time count) */
+
+typedef float v8f __attribute__((vector_size(32)));
+
+typedef void (*decode_fn)(const uint8_t *blk, const uint8_t *cmp, const float *lut, float s2,
+                          float *w);
+
+static float f16(const uint8_t *p) {
+    /* IEEE half (little endian) to float, exactly. */
+    uint16_t h = (uint16_t)(p[0] | (p[1] << 8));
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1F, man = h & 0x3FF, bits;
+    if (exp == 0x1F) {
+        bits = sign | 0x7F800000u | (man << 13);
+    } else if (exp == 0) {
+        if (man == 0) {
+            bits = sign;
+        } else {                       /* subnormal: normalize */
+            int e = -1;
+            do { man <<= 1; e++; } while (!(man & 0x400));
+            bits = sign | ((uint32_t)(127 - 15 - e) << 23) | ((man & 0x3FF) << 13);
+        }
+    } else {
+        bits = sign | ((exp + 112) << 23) | (man << 13);
+    }
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+/* ---- K-quants (256 elements) ------------------------------------------------ */
+
+static void scale_min_k4(const uint8_t *s, int j, float *sc, float *m) {
+    /* The 12-byte 6-bit (sc, m) strip; see muser_torch/formats/kquant.py. */
+    if (j < 4) {
+        *sc = (float)(s[j] & 63);
+        *m = (float)(s[j + 4] & 63);
+    } else {
+        *sc = (float)((s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4));
+        *m = (float)((s[j + 4] >> 4) | ((s[j] >> 6) << 4));
+    }
+}
+
+static void dec_q4_k(const uint8_t *b, const uint8_t *cmp, const float *lut, float s2, float *w) {
+    (void)cmp; (void)lut; (void)s2;
+    const float d = f16(b), dmin = f16(b + 2);
+    const uint8_t *qs = b + 16;
+    for (int g = 0; g < 4; g++) {
+        float sc0, m0, sc1, m1;
+        scale_min_k4(b + 4, 2 * g, &sc0, &m0);
+        scale_min_k4(b + 4, 2 * g + 1, &sc1, &m1);
+        const float a0 = d * sc0, c0 = dmin * m0, a1 = d * sc1, c1 = dmin * m1;
+        for (int l = 0; l < 32; l++) {
+            w[64 * g + l] = a0 * (float)(qs[32 * g + l] & 0xF) - c0;
+            w[64 * g + 32 + l] = a1 * (float)(qs[32 * g + l] >> 4) - c1;
+        }
+    }
+}
+
+static void dec_q5_k(const uint8_t *b, const uint8_t *cmp, const float *lut, float s2, float *w) {
+    (void)cmp; (void)lut; (void)s2;
+    const float d = f16(b), dmin = f16(b + 2);
+    const uint8_t *qh = b + 16, *qs = b + 48;
+    for (int g = 0; g < 4; g++) {
+        float sc0, m0, sc1, m1;
+        scale_min_k4(b + 4, 2 * g, &sc0, &m0);
+        scale_min_k4(b + 4, 2 * g + 1, &sc1, &m1);
+        const float a0 = d * sc0, c0 = dmin * m0, a1 = d * sc1, c1 = dmin * m1;
+        for (int l = 0; l < 32; l++) {
+            int lo = (qs[32 * g + l] & 0xF) | (((qh[l] >> (2 * g)) & 1) << 4);
+            int hi = (qs[32 * g + l] >> 4) | (((qh[l] >> (2 * g + 1)) & 1) << 4);
+            w[64 * g + l] = a0 * (float)lo - c0;
+            w[64 * g + 32 + l] = a1 * (float)hi - c1;
+        }
+    }
+}
+
+static void dec_q6_k(const uint8_t *b, const uint8_t *cmp, const float *lut, float s2, float *w) {
+    (void)cmp; (void)lut; (void)s2;
+    const float d = f16(b + 208);
+    const int8_t *sc = (const int8_t *)(b + 192);
+    float ds[16];
+    for (int j = 0; j < 16; j++) ds[j] = d * (float)sc[j];
+    for (int h = 0; h < 2; h++) {
+        const uint8_t *ql = b + 64 * h, *qh = b + 128 + 32 * h;
+        float *o = w + 128 * h;
+        const float *s = ds + 8 * h;
+        for (int l = 0; l < 32; l++) {
+            int q0 = ((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32;
+            int q1 = ((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
+            int q2 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+            int q3 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+            o[l] = s[l / 16] * (float)q0;
+            o[l + 32] = s[2 + l / 16] * (float)q1;
+            o[l + 64] = s[4 + l / 16] * (float)q2;
+            o[l + 96] = s[6 + l / 16] * (float)q3;
+        }
+    }
+}
+
+/* ---- 32-element legacy blocks ------------------------------------------------ */
+
+static void dec_q4_0(const uint8_t *b, const uint8_t *cmp, const float *lut, float s2, float *w) {
+    (void)cmp; (void)lut; (void)s2;
+    const float d = f16(b);
+    for (int j = 0; j < 16; j++) {
+        w[j] = d * (float)((b[2 + j] & 0xF) - 8);
+        w[j + 16] = d * (float)((b[2 + j] >> 4) - 8);
+    }
+}
+
+static void dec_q4_1(const uint8_t *b, const uint8_t *cmp, const float *lut, float s2, float *w) {
+    (void)cmp; (void)lut; (void)s2;
+    const float d = f16(b), m = f16(b + 2);
+    for (int j = 0; j < 16; j++) {
+        w[j] = d * (float)(b[4 + j] & 0xF) + m;
+        w[j + 16] = d * (float)(b[4 + j] >> 4) + m;
+    }
+}
+
+static uint32_t le32(const uint8_t *p) {
+    return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
+}
+
+static void dec_q5_0(const uint8_t *b, const uint8_t *cmp, const float *lut, float s2, float *w) {
+    (void)cmp; (void)lut; (void)s2;
+    const float d = f16(b);
+    const uint32_t qh = le32(b + 2);
+    for (int j = 0; j < 16; j++) {
+        int lo = (b[6 + j] & 0xF) | (((qh >> j) & 1) << 4);
+        int hi = (b[6 + j] >> 4) | (((qh >> (j + 16)) & 1) << 4);
+        w[j] = d * (float)(lo - 16);
+        w[j + 16] = d * (float)(hi - 16);
+    }
+}
+
+static void dec_q5_1(const uint8_t *b, const uint8_t *cmp, const float *lut, float s2, float *w) {
+    (void)cmp; (void)lut; (void)s2;
+    const float d = f16(b), m = f16(b + 2);
+    const uint32_t qh = le32(b + 4);
+    for (int j = 0; j < 16; j++) {
+        int lo = (b[8 + j] & 0xF) | (((qh >> j) & 1) << 4);
+        int hi = (b[8 + j] >> 4) | (((qh >> (j + 16)) & 1) << 4);
+        w[j] = d * (float)lo + m;
+        w[j + 16] = d * (float)hi + m;
+    }
+}
+
+static void dec_q8_0(const uint8_t *b, const uint8_t *cmp, const float *lut, float s2, float *w) {
+    (void)cmp; (void)lut; (void)s2;
+    const float d = f16(b);
+    const int8_t *q = (const int8_t *)(b + 2);
+    for (int j = 0; j < 32; j++) w[j] = d * (float)q[j];
+}
+
+/* ---- NVFP4 ------------------------------------------------------------------- */
+
+static const float E2M1[16] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f,
+                               -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+static const float GGML_DOUBLED[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+/* Muser-native: 16 elements in 8 bytes, element 2i in the low nibble of byte i. */
+static void dec_nvfp4_e2m1(const uint8_t *b, const uint8_t *cmp, const float *lut, float s2,
+                           float *w) {
+    const float s = lut[*cmp];
+    for (int i = 0; i < 8; i++) {
+        w[2 * i] = (E2M1[b[i] & 0xF] * s) * s2;
+        w[2 * i + 1] = (E2M1[b[i] >> 4] * s) * s2;
+    }
+}
+
+/* llama.cpp type 40: 4 UE4M3 scales then 32 nibble bytes per 64 elements. */
+static void dec_nvfp4(const uint8_t *b, const uint8_t *cmp, const float *lut, float s2, float *w) {
+    (void)cmp; (void)s2;
+    for (int s = 0; s < 4; s++) {
+        const float d = lut[b[s]];
+        for (int i = 0; i < 8; i++) {
+            w[16 * s + i] = d * GGML_DOUBLED[b[4 + 8 * s + i] & 0xF];
+            w[16 * s + 8 + i] = d * GGML_DOUBLED[b[4 + 8 * s + i] >> 4];
+        }
+    }
+}
+
+/* ---- the type table ------------------------------------------------------------ */
+
+typedef struct { int type, elems, bytes; decode_fn dec; } kind_t;
+
+static const kind_t KINDS[] = {
+    {2, 32, 18, dec_q4_0},   {3, 32, 20, dec_q4_1},   {6, 32, 22, dec_q5_0},
+    {7, 32, 24, dec_q5_1},   {8, 32, 34, dec_q8_0},   {12, 256, 144, dec_q4_k},
+    {13, 256, 176, dec_q5_k}, {14, 256, 210, dec_q6_k}, {40, 64, 36, dec_nvfp4},
+    {1000, 16, 8, dec_nvfp4_e2m1},
+};
+
+static const kind_t *kind_for(int type) {
+    for (unsigned i = 0; i < sizeof(KINDS) / sizeof(KINDS[0]); i++)
+        if (KINDS[i].type == type) return &KINDS[i];
+    return 0;
+}
+
+/* 0 when this library decodes `type` with exactly this geometry, else -1. */
+int muser_geometry(int type, int elems, int bytes) {
+    const kind_t *k = kind_for(type);
+    return (k && k->elems == elems && k->bytes == bytes) ? 0 : -1;
+}
+
+int muser_max_tokens(void) { return MAX_TOKENS; }
+
+/* Decode elements [c0, c0 + n) of one row (c0, n multiples of the block size). */
+static void decode_span(const kind_t *k, const uint8_t *row, const uint8_t *crow, const float *lut,
+                        float s2, int64_t c0, int64_t n, float *w) {
+    const int64_t b0 = c0 / k->elems, nb = n / k->elems;
+    for (int64_t b = 0; b < nb; b++)
+        k->dec(row + (b0 + b) * k->bytes, crow ? crow + b0 + b : 0, lut, s2, w + b * k->elems);
+}
+
+static int64_t chunk_elems(const kind_t *k) {
+    return k->elems >= CHUNK ? k->elems : (CHUNK / k->elems) * k->elems;
+}
+
+/* ---- the thread pool ----------------------------------------------------------------
+ *
+ * Work is split into chunks that the caller and up to want-1 helpers claim
+ * from one atomic word. The caller never waits for a helper that has not
+ * claimed anything: on a busy machine a sleeping helper may get a CPU only
+ * after a scheduler slice (milliseconds), and a fork-join that waits for it
+ * (OpenMP's barrier) turns a 0.2 ms matvec into 10 ms. The caller waits only
+ * for chunks already claimed.
+ *
+ * The claim word holds generation (16 bits) | want (8) | total (20) | next (20),
+ * so a helper decides from one atomic load whether chunk `next` exists for the
+ * job it is looking at; the job's other fields are read only after a
+ * successful claim (the caller cannot post a new job before every claimed
+ * chunk is done, so they are still this job's).
+ */
+
+typedef void (*task_fn)(const void *ctx, int64_t begin, int64_t end);
+
+#define POOL_MAX 64
+#define CLAIM(gen, want, total, next)                                                     \
+    (((uint64_t)(gen) << 48) | ((uint64_t)(want) << 40) | ((uint64_t)(total) << 20) | (uint64_t)(next))
+#define C_GEN(c) ((unsigned)((c) >> 48))
+#define C_WANT(c) ((int)(((c) >> 40) & 0xFF))
+#define C_TOTAL(c) ((int64_t)(((c) >> 20) & 0xFFFFF))
+#define C_NEXT(c) ((int64_t)((c) & 0xFFFFF))
+
+static struct {
+    pthread_mutex_t mu;          /* guards posted and the helpers' sleep */
+    pthread_cond_t cv;
+    pthread_mutex_t job;         /* one job at a time; a second caller runs inline */
+    unsigned posted;             /* generation of the last job posted */
+    int helpers;                 /* started */
+    pid_t pid;                   /* a forked child starts a fresh pool */
+    _Atomic uint64_t claim;
+    _Atomic int64_t done;
+    task_fn fn;
+    const void *ctx;
+    int64_t n, per;              /* items, items per chunk */
+} pool = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER,
+            .job = PTHREAD_MUTEX_INITIALIZER};
+
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+}
+
+/* Claim and run chunks of generation `gen` as participant `who` (0 = caller). */
+static void run_chunks(unsigned gen, int who) {
+    uint64_t c = atomic_load_explicit(&pool.claim, memory_order_acquire);
+    for (;;) {
+        if (C_GEN(c) != (gen & 0xFFFF) || who >= C_WANT(c) || C_NEXT(c) >= C_TOTAL(c)) return;
+        if (!atomic_compare_exchange_weak_explicit(&pool.claim, &c, c + 1, memory_order_acq_rel,
+                                                   memory_order_acquire))
+            continue;
+        const int64_t i = C_NEXT(c), b = i * pool.per;
+        const int64_t e = b + pool.per < pool.n ? b + pool.per : pool.n;
+        pool.fn(pool.ctx, b, e);
+        atomic_fetch_add_explicit(&pool.done, 1, memory_order_release);
+        c = atomic_load_explicit(&pool.claim, memory_order_acquire);
+    }
+}
+
+static void *helper_main(void *arg) {
+    const int who = (int)(intptr_t)arg;
+    unsigned seen = 0;
+    for (;;) {
+        /* spin briefly (back-to-back matvecs), then sleep until a new job */
+        unsigned gen = 0;
+        for (int spin = 0; spin < 1000; spin++) {
+            gen = C_GEN(atomic_load_explicit(&pool.claim, memory_order_acquire));
+            if (gen != (seen & 0xFFFF)) break;
+            cpu_relax();
+        }
+        pthread_mutex_lock(&pool.mu);
+        while (pool.posted == seen) pthread_cond_wait(&pool.cv, &pool.mu);
+        seen = pool.posted;
+        pthread_mutex_unlock(&pool.mu);
+        run_chunks(seen, who);
+    }
+    return 0;
+}
+
+static void parallel_for(task_fn fn, const void *ctx, int64_t n, int nthreads) {
+    if (nthreads > POOL_MAX) nthreads = POOL_MAX;
+    if (nthreads <= 1 || n <= 1 || pthread_mutex_trylock(&pool.job) != 0) {
+        fn(ctx, 0, n);
+        return;
+    }
+    if (pool.pid != getpid()) {                  /* first use, or a forked child */
+        if (pool.pid) {                          /* the parent's helpers did not come along */
+            pthread_mutex_init(&pool.mu, 0);
+            pthread_cond_init(&pool.cv, 0);
+        }
+        pool.pid = getpid();
+        pool.helpers = 0;
+    }
+    while (pool.helpers < nthreads - 1) {
+        pthread_t t;
+        pthread_attr_t attr;
+        pthread_attr_init(&attr);
+        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        int rc = pthread_create(&t, &attr, helper_main, (void *)(intptr_t)(pool.helpers + 1));
+        pthread_attr_destroy(&attr);
+        if (rc) break;
+        pool.helpers++;
+    }
+    const int want = pool.helpers + 1 < nthreads ? pool.helpers + 1 : nthreads;
+    int64_t chunks = 8 * (int64_t)want;          /* small chunks: a late helper still helps */
+    if (chunks > n) chunks = n;
+    pool.fn = fn;
+    pool.ctx = ctx;
+    pool.n = n;
+    pool.per = (n + chunks - 1) / chunks;
+    chunks = (n + pool.per - 1) / pool.per;
+    atomic_store_explicit(&pool.done, 0, memory_order_relaxed);
+    pthread_mutex_lock(&pool.mu);
+    const unsigned gen = ++pool.posted;
+    atomic_store_explicit(&pool.claim, CLAIM(gen & 0xFFFF, want, chunks, 0), memory_order_release);
+    pthread_cond_broadcast(&pool.cv);
+    pthread_mutex_unlock(&pool.mu);
+    run_chunks(gen, 0);
+    for (int spin = 0; atomic_load_explicit(&pool.done, memory_order_acquire) < chunks; spin++) {
+        if (spin < 4096) cpu_relax();
+        else sched_yield();
+    }
+    pthread_mutex_unlock(&pool.job);
+}
+
+/* out[r, :] = the float32 values of rows [0, n_rows). */
+typedef struct {
+    const kind_t *k;
+    const uint8_t *packed, *scales;
+    const float *lut;
+    float s2;
+    int64_t n_in, row_bytes;
+    float *out;
+} dequant_job;
+
+static void dequant_task(const void *ctx, int64_t r0, int64_t r1) {
+    const dequant_job *j = ctx;
+    const int64_t spr = j->n_in / 16;
+    for (int64_t r = r0; r < r1; r++)
+        decode_span(j->k, j->packed + r * j->row_bytes, j->scales ? j->scales + r * spr : 0,
+                    j->lut, j->s2, 0, j->n_in, j->out + r * j->n_in);
+}
+
+int muser_dequant_rows(int type, const uint8_t *packed, const uint8_t *scales, const float *lut,
+                       float s2, int64_t n_rows, int64_t n_in, float *out, int nthreads) {
+    const kind_t *k = kind_for(type);
+    if (!k || n_in % k->elems) return -1;
+    const dequant_job j = {k, packed, scales, lut, s2, n_in, n_in / k->elems * k->bytes, out};
+    parallel_for(dequant_task, &j, n_rows, nthreads);
+    return 0;
+}
+
+/* ---- matmul ---------------------------------------------------------------------------
+ *
+ * y[t, r] = sum_i x[t, i] * W[r, i] for t < T <= MAX_TOKENS. Threads take chunks
+ * of contiguous rows and stream each row once, dotting every decoded weight
+ * with all T activation rows, so the packed bytes are read once whatever T is.
+ *
+ * The fused row kernels use FMA (w = a*q - c in one rounding, more exact
+ * than the reference's two); all sums run in 8 float32 lanes per token,
+ * folded at the end of the row. Only muser_dequant_rows promises values
+ * bit-exact with the reference.
+ */
+
+#define ROW_KERNEL static inline __attribute__((always_inline))
+
+static inline v8f splat(float a) { return (v8f){a, a, a, a, a, a, a, a}; }
+static inline v8f load8(const float *p) { v8f v; memcpy(&v, p, 32); return v; }
+static inline float hsum(v8f a) {
+    return ((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7]));
+}
+
+#if defined(__AVX2__) && defined(__FMA__)
+/* Fused row kernels for the hot types: each 8 codes are widened to int32
+ * lanes, decoded to floats in registers and FMA'd into the accumulators
+ * (GCC 12 scalarizes __builtin_convertvector from bytes, hence intrinsics).
+ * Other CPUs use row_generic for every type. */
+#include <immintrin.h>
+#define HAVE_FUSED 1
+
+typedef int32_t v8i __attribute__((vector_size(32)));
+
+static inline v8i widen_u8(const uint8_t *p) {
+    return (v8i)_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p));
+}
+static inline v8f to_f32(v8i v) { return (v8f)_mm256_cvtepi32_ps((__m256i)v); }
+static inline v8f fma8(v8f a, v8f b, v8f c) {
+    return (v8f)_mm256_fmadd_ps((__m256)a, (__m256)b, (__m256)c);
+}
+static inline v8f fms8(v8f a, v8f b, v8f c) {
+    return (v8f)_mm256_fmsub_ps((__m256)a, (__m256)b, (__m256)c);
+}
+
+/* One FMA has a latency of several cycles, so with few tokens a single sum
+ * per token would serialize: keep CHAINS independent sums per token (chain c
+ * takes the FMA sites numbered c mod CHAINS) and add them up at the end. */
+#define CHAINS(T) ((T) == 1 ? 4 : (T) == 2 ? 2 : 1)
+#define ACC_DECLARE(T)                                                        \
+    v8f acc[4][TOKEN_GROUP];                                                 \
+    for (int c = 0; c < CHAINS(T); c++)                                      \
+        for (int t = 0; t < (T); t++) acc[c][t] = splat(0.0f)
+#define ACC_FINISH(T)                                                         \
+    for (int t = 0; t < (T); t++) {                                          \
+        v8f a = acc[0][t];                                                   \
+        for (int c = 1; c < CHAINS(T); c++) a += acc[c][t];                  \
+        out[t] = hsum(a);                                                    \
+    }
+/* acc[site % chains][t] += w * x[t][off .. off+8) */
+#define FMA_TOKENS(w, off, site)                                              \
+    for (int t = 0; t < T; t++)                                              \
+        acc[(site) % CHAINS(T)][t] =                                         \
+            fma8((w), load8(x + t * n_in + (off)), acc[(site) % CHAINS(T)][t])
+
+/* Q4_K / Q5_K: w = (d*sc_j)*q - dmin*m_j, q from the nibbles (and qh bit). */
+ROW_KERNEL void row_q45_k(const uint8_t *row, const int five, int64_t nb, const float *x,
+                          int64_t n_in, const int T, float *out) {
+    ACC_DECLARE(T);
+    const int bytes = five ? 176 : 144;
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = row + b * bytes;
+        const uint8_t *qh = blk + 16, *qs = blk + (five ? 48 : 16);
+        const float d = f16(blk), dmin = f16(blk + 2);
+        const int64_t base = b * 256;
+        for (int g = 0; g < 4; g++) {
+            float sc0, m0, sc1, m1;
+            scale_min_k4(blk + 4, 2 * g, &sc0, &m0);
+            scale_min_k4(blk + 4, 2 * g + 1, &sc1, &m1);
+            const v8f a0 = splat(d * sc0), c0 = splat(dmin * m0);
+            const v8f a1 = splat(d * sc1), c1 = splat(dmin * m1);
+            for (int k = 0; k < 4; k++) {
+                const v8i raw = widen_u8(qs + 32 * g + 8 * k);
+                v8i lo = raw & 0xF, hi = raw >> 4;
+                if (five) {
+                    const v8i h = widen_u8(qh + 8 * k);
+                    lo |= ((h >> (2 * g)) & 1) << 4;
+                    hi |= ((h >> (2 * g + 1)) & 1) << 4;
+                }
+                const v8f w0 = fms8(a0, to_f32(lo), c0), w1 = fms8(a1, to_f32(hi), c1);
+                FMA_TOKENS(w0, base + 64 * g + 8 * k, 2 * k);
+                FMA_TOKENS(w1, base + 64 * g + 32 + 8 * k, 2 * k + 1);
+            }
+        }
+    }
+    ACC_FINISH(T)
+}
+
+/* Q6_K: w = (d*sc_j) * (q - 32), sub-blocks of 16. */
+ROW_KERNEL void row_q6_k(const uint8_t *row, int64_t nb, const float *x, int64_t n_in,
+                         const int T, float *out) {
+    ACC_DECLARE(T);
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = row + b * 210;
+        const float d = f16(blk + 208);
+        const int8_t *sc = (const int8_t *)(blk + 192);
+        for (int h = 0; h < 2; h++) {
+            const uint8_t *ql = blk + 64 * h, *qh = blk + 128 + 32 * h;
+            const int64_t base = b * 256 + 128 * h;
+            for (int k = 0; k < 4; k++) {           /* l = 8k .. 8k+7: sub-block 8h + k/2 (+2, +4, +6) */
+                const int j = 8 * h + k / 2;
+                const v8i l0 = widen_u8(ql + 8 * k), l1 = widen_u8(ql + 32 + 8 * k);
+                const v8i hb = widen_u8(qh + 8 * k);
+                const v8f w0 = splat(d * (float)sc[j]) * to_f32(((l0 & 0xF) | ((hb & 3) << 4)) - 32);
+                const v8f w1 = splat(d * (float)sc[j + 2]) *
+                               to_f32(((l1 & 0xF) | (((hb >> 2) & 3) << 4)) - 32);
+                const v8f w2 = splat(d * (float)sc[j + 4]) *
+                               to_f32(((l0 >> 4) | (((hb >> 4) & 3) << 4)) - 32);
+                const v8f w3 = splat(d * (float)sc[j + 6]) *
+                               to_f32(((l1 >> 4) | (((hb >> 6) & 3) << 4)) - 32);
+                FMA_TOKENS(w0, base + 8 * k, 0);
+                FMA_TOKENS(w1, base + 32 + 8 * k, 1);
+                FMA_TOKENS(w2, base + 64 + 8 * k, 2);
+                FMA_TOKENS(w3, base + 96 + 8 * k, 3);
+            }
+        }
+    }
+    ACC_FINISH(T)
+}
+
+/* NVFP4_E2M1: w = e2m1(code) * (e4m3(scale) * scale_2). A code's magnitude
+ * indexes an 8-float table (vpermps), its bit 3 is the sign; the low and high
+ * nibbles (elements 2i, 2i+1) are interleaved back into element order. */
+ROW_KERNEL void row_nvfp4_e2m1(const uint8_t *row, const uint8_t *crow, const float *lut,
+                               float s2, int64_t nb, const float *x, int64_t n_in, const int T,
+                               float *out) {
+    ACC_DECLARE(T);
+    const __m256 table = _mm256_loadu_ps(E2M1);
+    for (int64_t b = 0; b < nb; b++) {         /* 16 elements, 8 bytes, one scale */
+        const v8i raw = widen_u8(row + 8 * b);
+        const v8i lo = raw & 0xF, hi = raw >> 4;
+        const v8f vlo = (v8f)((v8i)_mm256_permutevar8x32_ps(table, (__m256i)(lo & 7)) | ((lo & 8) << 28));
+        const v8f vhi = (v8f)((v8i)_mm256_permutevar8x32_ps(table, (__m256i)(hi & 7)) | ((hi & 8) << 28));
+        const __m256 a = _mm256_unpacklo_ps((__m256)vlo, (__m256)vhi);  /* 0-3 | 8-11 */
+        const __m256 c = _mm256_unpackhi_ps((__m256)vlo, (__m256)vhi);  /* 4-7 | 12-15 */
+        const v8f s = splat(lut[crow[b]] * s2);
+        const v8f w0 = s * (v8f)_mm256_permute2f128_ps(a, c, 0x20);
+        const v8f w1 = s * (v8f)_mm256_permute2f128_ps(a, c, 0x31);
+        FMA_TOKENS(w0, 16 * b, 2 * (b & 1));
+        FMA_TOKENS(w1, 16 * b + 8, 2 * (b & 1) + 1);
+    }
+    ACC_FINISH(T)
+}
+#undef FMA_TOKENS
+#undef ACC_DECLARE
+#undef ACC_FINISH
+#undef CHAINS
+#endif
+
+#define FMA_TOKENS(w, off)                                                   \
+    for (int t = 0; t < T; t++) acc[t] += (w) * load8(x + t * n_in + (off))
+
+/* Every other type: decode CHUNK elements into an L1 scratch, then dot. */
+ROW_KERNEL void row_generic(const kind_t *k, const uint8_t *row, const uint8_t *crow,
+                            const float *lut, float s2, const float *x, int64_t n_in, const int T,
+                            float *out) {
+    float w[CHUNK] __attribute__((aligned(64)));
+    v8f acc[TOKEN_GROUP];
+    for (int t = 0; t < T; t++) acc[t] = splat(0.0f);
+    const int64_t ch = chunk_elems(k);
+    for (int64_t c0 = 0; c0 < n_in; c0 += ch) {
+        const int64_t n = n_in - c0 < ch ? n_in - c0 : ch;   /* a multiple of 16 */
+        decode_span(k, row, crow, lut, s2, c0, n, w);
+        for (int64_t i = 0; i < n; i += 8) FMA_TOKENS(load8(w + i), c0 + i);
+    }
+    for (int t = 0; t < T; t++) out[t] = hsum(acc[t]);
+}
+
+/* One row for a compile-time T (muser_matmul instantiates 1..TOKEN_GROUP). */
+ROW_KERNEL void row_dot(const kind_t *k, const uint8_t *row, const uint8_t *crow, const float *lut,
+                        float s2, const float *x, int64_t n_in, const int T, float *out) {
+    switch (k->type) {
+#ifdef HAVE_FUSED
+    case 12: row_q45_k(row, 0, n_in / 256, x, n_in, T, out); return;
+    case 13: row_q45_k(row, 1, n_in / 256, x, n_in, T, out); return;
+    case 14: row_q6_k(row, n_in / 256, x, n_in, T, out); return;
+    case 1000: row_nvfp4_e2m1(row, crow, lut, s2, n_in / 16, x, n_in, T, out); return;
+#endif
+    default: row_generic(k, row, crow, lut, s2, x, n_in, T, out);
+    }
+}
+
+typedef struct {
+    const kind_t *k;
+    const uint8_t *packed, *scales;
+    const float *lut;
+    float s2;
+    int64_t n_out, n_in, row_bytes, T;
+    const float *x;
+    float *y;
+} matmul_job;
+
+static void matmul_task(const void *ctx, int64_t r0, int64_t r1) {
+    const matmul_job *j = ctx;
+    const kind_t *k = j->k;
+    const int64_t n_in = j->n_in, T = j->T, spr = n_in / 16;
+    const float *lut = j->lut;
+    const float s2 = j->s2;
+    for (int64_t r = r0; r < r1; r++) {
+        const uint8_t *row = j->packed + r * j->row_bytes;
+        const uint8_t *crow = j->scales ? j->scales + r * spr : 0;
+        float out[MAX_TOKENS];
+        for (int64_t t0 = 0; t0 < T; t0 += TOKEN_GROUP) {  /* the row stays in L1 across groups */
+            const float *xg = j->x + t0 * n_in;
+            float *og = out + t0;
+            switch (T - t0 < TOKEN_GROUP ? T - t0 : TOKEN_GROUP) {
+            case 1: row_dot(k, row, crow, lut, s2, xg, n_in, 1, og); break;
+            case 2: row_dot(k, row, crow, lut, s2, xg, n_in, 2, og); break;
+            case 3: row_dot(k, row, crow, lut, s2, xg, n_in, 3, og); break;
+            case 4: row_dot(k, row, crow, lut, s2, xg, n_in, 4, og); break;
+            case 5: row_dot(k, row, crow, lut, s2, xg, n_in, 5, og); break;
+            case 6: row_dot(k, row, crow, lut, s2, xg, n_in, 6, og); break;
+            case 7: row_dot(k, row, crow, lut, s2, xg, n_in, 7, og); break;
+            default: row_dot(k, row, crow, lut, s2, xg, n_in, 8, og); break;
+            }
+        }
+        for (int64_t t = 0; t < T; t++) j->y[t * j->n_out + r] = out[t];
+    }
+}
+
+int muser_matmul(int type, const uint8_t *packed, const uint8_t *scales, const float *lut,
+                 float s2, int64_t n_out, int64_t n_in, const float *x, int64_t T, float *y,
+                 int nthreads) {
+    const kind_t *k = kind_for(type);
+    if (!k || n_in % k->elems || n_in % 16 || T < 1 || T > MAX_TOKENS) return -1;
+    const matmul_job j = {k, packed, scales, lut, s2, n_out, n_in, n_in / k->elems * k->bytes, T,
+                          x, y};
+    parallel_for(matmul_task, &j, n_out, nthreads);
+    return 0;
+}

@@ -1,0 +1,58 @@
+"""Shared helpers for the op tests: fresh random packed weights each run (the
+seed goes into every assertion message) and the float64 reference."""
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from muser_torch.bench.ops import random_packed
+from muser_torch.formats import dequantize as ref_dequantize
+from muser_torch.formats.types import GGMLType
+
+# Every type the format registry computes.
+ALL_TYPES = [t for t in GGMLType]
+# The types the native CPU library decodes (the rest always take the torch path).
+NATIVE_TYPES = [GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0,
+                GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K, GGMLType.NVFP4, GGMLType.NVFP4_E2M1]
+
+
+class Case:
+    """A random weight of one type: ``args`` are the op's weight arguments."""
+
+    def __init__(self, qtype: GGMLType, n_out: int, blocks: int, seed: int | None = None):
+        self.seed = random.randrange(1 << 31) if seed is None else seed
+        self.gen = torch.Generator().manual_seed(self.seed)
+        self.qtype, self.n_out = qtype, n_out
+        self.n_in = blocks * max(qtype.block_elems, 16)
+        self.packed, self.scales, self.scale_2 = random_packed(qtype, n_out, self.n_in, self.gen)
+
+    @property
+    def args(self):
+        return (self.packed, int(self.qtype), self.n_out, self.n_in, self.scales, self.scale_2)
+
+    def weight64(self) -> torch.Tensor:
+        w = ref_dequantize(self.packed, self.qtype, self.n_in, scales=self.scales,
+                           scale_2=self.scale_2)
+        return w.double()
+
+    def randn(self, *shape, dtype=torch.float32) -> torch.Tensor:
+        return torch.randn(*shape, generator=self.gen).to(dtype)
+
+    def __str__(self) -> str:
+        return f"{self.qtype.name} [{self.n_out}, {self.n_in}] seed {self.seed}"
+
+
+def rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((y.double() - ref).norm() / ref.norm())
+
+
+@pytest.fixture(params=["native", "torch"])
+def cpu_path(request):
+    """Run a test under each CPU path (the native one must be available here)."""
+    from muser_torch.ops import cpu
+    if request.param == "native":
+        assert cpu.native_available(), "the native CPU kernels failed to build"
+    with cpu.use_native(request.param == "native"):
+        yield request.param

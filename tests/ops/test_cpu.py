@@ -1,0 +1,114 @@
+"""The native CPU library itself: it builds, decodes the types it claims with
+the geometry of formats/types.py, and every token-group remainder of the fused
+row kernels matches the float64 reference."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import muser_torch.ops as ops
+from muser_torch.formats.types import GGMLType
+from muser_torch.ops import cpu
+
+from .conftest import NATIVE_TYPES, Case, rel_err
+
+
+def test_native_builds_and_claims_its_types():
+    assert cpu.native_available(), "the native CPU kernels failed to build"
+    for qtype in GGMLType:
+        assert cpu._native_decodes(qtype) == (qtype in NATIVE_TYPES), qtype.name
+
+
+@pytest.mark.parametrize("qtype", NATIVE_TYPES, ids=lambda t: t.name)
+def test_every_token_group_remainder(qtype):
+    """Rows are dotted with groups of up to 8 tokens (compile-time counts
+    1..8): sweep 1..17 so every remainder and two full groups run."""
+    case = Case(qtype, 13, blocks=2)
+    with cpu.use_native(True):
+        for tokens in range(1, 18):
+            x = case.randn(tokens, case.n_in)
+            err = rel_err(ops.qmatmul(x, *case.args), x.double() @ case.weight64().T)
+            assert err < 1e-5, f"{case} tokens={tokens}: relative error {err:.3g}"
+
+
+def test_native_and_torch_paths_agree_closely():
+    """The two CPU paths sum in different orders; both sit within 1e-5 of the
+    reference, so within 2e-5 of each other."""
+    case = Case(GGMLType.Q5_K, 29, blocks=4)
+    x = case.randn(3, case.n_in)
+    with cpu.use_native(True):
+        a = ops.qmatmul(x, *case.args)
+    with cpu.use_native(False):
+        b = ops.qmatmul(x, *case.args)
+    assert rel_err(a, b.double()) < 2e-5, str(case)
+    assert not torch.equal(a, torch.zeros_like(a))
+
+
+def _forked_child(args, x, conn):
+    conn.send(ops.qmatmul(x, *args).tolist())   # plain data: no shared-memory handles
+
+
+def test_thread_pool_concurrent_callers_and_fork():
+    """Python threads calling at once (one runs the pool, others run inline)
+    and a forked child (no helpers) all get the reference result."""
+    import multiprocessing as mp
+    import threading
+
+    case = Case(GGMLType.Q4_K, 301, blocks=4)
+    x = case.randn(2, case.n_in)
+    ref = x.double() @ case.weight64().T
+    threads_before = torch.get_num_threads()
+    torch.set_num_threads(max(2, threads_before))
+    old_min = cpu.THREAD_MIN_BYTES
+    cpu.THREAD_MIN_BYTES = 1          # use every thread even on this small matrix
+    try:
+        with cpu.use_native(True):
+            errors: list[str] = []
+
+            def work():
+                for _ in range(20):
+                    err = rel_err(ops.qmatmul(x, *case.args), ref)
+                    if not err < 1e-5:
+                        errors.append(f"{err:.3g}")
+
+            ts = [threading.Thread(target=work) for _ in range(3)]
+            for t in ts:
+                t.start()
+            for t in ts:
+                t.join(timeout=120)
+            assert not any(t.is_alive() for t in ts), f"{case}: a caller hung"
+            assert not errors, f"{case}: concurrent callers got relative errors {errors}"
+
+            ctx = mp.get_context("fork")
+            parent, child = ctx.Pipe()
+            p = ctx.Process(target=_forked_child, args=(case.args, x, child))
+            p.start()
+            assert parent.poll(120), f"{case}: the forked child hung"
+            y = torch.tensor(parent.recv())
+            p.join(timeout=30)
+            assert rel_err(y, ref) < 1e-5, f"{case}: forked child got a wrong result"
+    finally:
+        cpu.THREAD_MIN_BYTES = old_min
+        torch.set_num_threads(threads_before)
+
+
+@pytest.mark.parametrize("tokens", [1, 2, 5, 8, 13])
+def test_bits_do_not_depend_on_threads(tokens):
+    """Each output row is summed by one thread in a fixed order, so the bits
+    depend on the token count only, never on the thread count or the call."""
+    case = Case(GGMLType.Q6_K, 97, blocks=2)
+    x = case.randn(tokens, case.n_in)
+    threads_before, old_min = torch.get_num_threads(), cpu.THREAD_MIN_BYTES
+    try:
+        cpu.THREAD_MIN_BYTES = 1
+        with cpu.use_native(True):
+            torch.set_num_threads(1)
+            one = ops.qmatmul(x, *case.args)
+            torch.set_num_threads(3)
+            many = [ops.qmatmul(x, *case.args) for _ in range(3)]
+    finally:
+        cpu.THREAD_MIN_BYTES = old_min
+        torch.set_num_threads(threads_before)
+    for y in many:
+        assert torch.equal(y, one), f"{case} tokens={tokens}: bits changed with the thread count"
+    assert rel_err(one, x.double() @ case.weight64().T) < 1e-5, str(case)
