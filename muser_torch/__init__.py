@@ -1,5 +1,10 @@
 """muser-torch: GGUF K-quant and NVFP4 weights, kept packed, as PyTorch ops."""
 from .formats import GGMLType, dequantize, quantize
+from .errors import GGUFError
+from .gguf_io import GGUFFile, load_gguf, save_gguf
+from .nn import QEmbedding, QLinear
+from .glimmer import Glimmer, GlimmerConfig
 
-__all__ = ["GGMLType", "dequantize", "quantize"]
+__all__ = ["GGMLType", "dequantize", "quantize", "GGUFError", "GGUFFile", "load_gguf", "save_gguf",
+           "QLinear", "QEmbedding", "Glimmer", "GlimmerConfig"]
 __version__ = "0.1.0"

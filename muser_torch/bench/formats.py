@@ -3,8 +3,10 @@
 For one matrix per type (4096 x 6656 by default) it prints MB/s of packed
 bytes for our two CPU dequantizers -- the vectorized-torch reference
 ``muser_torch.dequantize`` (portable, traceable) and the ``muser::dequantize``
-op's native CPU kernel -- and for quantize, gguf's numpy dequantize of the
-same bytes in the same run, and the ratio of each dequantizer to gguf. Then
+op's native CPU kernel, with a fresh output ("op") and into a reused buffer
+("reuse", which leaves out the page faults of a new ~100 MB allocation) --
+and for quantize, gguf's numpy dequantize of the same bytes in the same run,
+and the ratio of each dequantizer to gguf. Then
 it times quantizing a 6656 x 19968 matrix to Q4_K (the issue's target: under
 30 s on 2 cores). Numbers are reported, never asserted.
 
@@ -21,6 +23,7 @@ import numpy as np
 import torch
 
 from .. import ops
+from ..ops import cpu as cpu_ops
 from ..formats import GGMLType, dequantize, quantize
 
 TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K",
@@ -75,13 +78,17 @@ def bench_type(qtype: GGMLType, x: torch.Tensor, repeat: int) -> dict:
         nbytes = packed.numel()
     deq = lambda: dequantize(packed, qtype, n_in, scales=scales, scale_2=scale_2)  # noqa: E731
     op = lambda: ops.dequantize(packed, qtype, packed.shape[0], n_in, scales, scale_2)  # noqa: E731
-    deq(), op()                                         # warm up (tables, allocator, native build)
+    out_buf = torch.empty(packed.shape[0], n_in)
+    into = lambda: cpu_ops.dequantize_into(out_buf, packed, qtype, n_in, scales, scale_2)  # noqa: E731
+    deq(), op(), into()                                 # warm up (tables, allocator, native build)
     t_deq = _best(deq, repeat)
     t_op = _best(op, repeat)
+    t_into = _best(into, repeat)
     ref = _gguf_dequantize(packed.numpy(), qtype)
     t_ref = _best(ref, repeat) if ref is not None else None
     return {"type": qtype.name, "bytes": nbytes, "deq": nbytes / t_deq / 1e6,
-            "op": nbytes / t_op / 1e6,
+            "op": nbytes / t_op / 1e6, "into": nbytes / t_into / 1e6,
+            "into_ratio": None if t_ref is None else t_ref / t_into,
             "op_ratio": None if t_ref is None else t_ref / t_op,
             "quant": nbytes / t_quant / 1e6, "quant_s": t_quant,
             "gguf": None if t_ref is None else nbytes / t_ref / 1e6,
@@ -98,14 +105,17 @@ def main(args: argparse.Namespace) -> int:
     print(f"muser-torch bench formats: {args.rows}x{args.cols} float32, CPU, "
           f"torch {torch.__version__}, {torch.get_num_threads()} threads")
     print(f"{'type':<11} {'packed MB':>9} {'gguf MB/s':>9} {'torch MB/s':>10} {'vs gguf':>8} "
-          f"{'op MB/s':>8} {'vs gguf':>8} {'quant MB/s':>10} {'quant s':>8}")
+          f"{'op MB/s':>8} {'vs gguf':>8} {'reuse MB/s':>10} {'vs gguf':>8} "
+          f"{'quant MB/s':>10} {'quant s':>8}")
     for qtype in qtypes:
         r = bench_type(qtype, x, args.repeat)
         gguf_rate = "-" if r["gguf"] is None else f"{r['gguf']:.0f}"
         ratio = "-" if r["ratio"] is None else f"{r['ratio']:.1f}x"
         op_ratio = "-" if r["op_ratio"] is None else f"{r['op_ratio']:.1f}x"
+        into_ratio = "-" if r["into_ratio"] is None else f"{r['into_ratio']:.1f}x"
         print(f"{r['type']:<11} {r['bytes'] / 1e6:>9.1f} {gguf_rate:>9} {r['deq']:>10.0f} {ratio:>8} "
-              f"{r['op']:>8.0f} {op_ratio:>8} {r['quant']:>10.1f} {r['quant_s']:>8.2f}", flush=True)
+              f"{r['op']:>8.0f} {op_ratio:>8} {r['into']:>10.0f} {into_ratio:>8} "
+              f"{r['quant']:>10.1f} {r['quant_s']:>8.2f}", flush=True)
     if args.big != "none":
         rows, cols = (int(v) for v in args.big.lower().split("x"))
         big = torch.randn(rows, cols, generator=gen)

@@ -216,11 +216,21 @@ def _row_slice(packed, scales, r0: int, r1: int):
 
 def dequantize(packed: torch.Tensor, qtype: int, n_out: int, n_in: int,
                scales: torch.Tensor | None = None, scale_2: torch.Tensor | None = None) -> torch.Tensor:
-    qtype = GGMLType(qtype)
     out = torch.empty(n_out, n_in, dtype=torch.float32)
+    return dequantize_into(out, packed, GGMLType(qtype), n_in, scales, scale_2)
+
+
+def dequantize_into(out: torch.Tensor, packed: torch.Tensor, qtype: GGMLType, n_in: int,
+                    scales: torch.Tensor | None = None,
+                    scale_2: torch.Tensor | None = None) -> torch.Tensor:
+    """Dequantize into the caller's contiguous float32 ``out`` [rows, n_in].
+
+    A fresh output of ~100 MB costs more in page faults than the decode
+    itself, so callers that dequantize repeatedly (the formats bench) reuse
+    one buffer."""
     step = _tile_rows(n_in)
-    for r0 in range(0, n_out, step):
-        r1 = min(n_out, r0 + step)
+    for r0 in range(0, out.shape[0], step):
+        r1 = min(out.shape[0], r0 + step)
         p, s = _row_slice(packed, scales, r0, r1)
         _dequant_tile(p, qtype, n_in, s, scale_2, out=out[r0:r1])
     return out

@@ -1,0 +1,103 @@
+"""``muser-torch bench model [MODEL]``: prefill and decode throughput of a whole
+Glimmer, with the weight bytes each decode token reads and the bandwidth that
+implies.
+
+MODEL is a GGUF file, ``demo`` (the bundled demo, default) or ``seed``: random
+packed weights in the seed's full geometry (``Glimmer.random``, made on the
+device, no file), with ``--layers`` of the 52 so it fits the machine at hand.
+Numbers are measured in this run and printed, never asserted.
+"""
+from __future__ import annotations
+
+import argparse
+import time
+from dataclasses import replace
+
+import torch
+
+from ..run import add_dtype_arg, add_threads_arg
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("model", help="whole-model prefill / decode tok/s and GB/s")
+    p.add_argument("model", nargs="?", default="demo",
+                   help="a GGUF path, 'demo' (bundled demo, default) or 'seed' (random seed-geometry layers)")
+    p.add_argument("--lane", choices=("q4_k_xl", "nvfp4"), default="q4_k_xl")
+    p.add_argument("--layers", type=int, default=2, help="layers of the seed geometry (with 'seed')")
+    p.add_argument("--device", default="cpu")
+    add_dtype_arg(p)
+    p.add_argument("--prompt-len", type=int, default=128)
+    p.add_argument("--decode", type=int, default=32, help="decode steps to time")
+    p.add_argument("--batch", type=int, default=1, help="sequences (cache slots) decoded together")
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--compile", action="store_true", help="torch.compile the decode step (fullgraph)")
+    add_threads_arg(p)
+    p.set_defaults(func=main)
+
+
+def build(args: argparse.Namespace, device: torch.device, dtype: torch.dtype):
+    from ..glimmer import Glimmer
+    from ..run import DEMO
+    from ..tiny import SEED_CONFIG
+    from pathlib import Path
+
+    if args.model == "seed":
+        if args.layers < 1:
+            raise ValueError(f"bench model: --layers must be >= 1, got {args.layers}")
+        config = replace(SEED_CONFIG, n_layers=args.layers, weight_precision=args.lane)
+        return Glimmer.random(config, device=device, dtype=dtype, seed=0), f"seed geometry x{args.layers} layers ({args.lane})"
+    path = DEMO[args.lane] if args.model == "demo" else Path(args.model)
+    if not path.exists():
+        raise ValueError(f"bench model: {path} does not exist")
+    return Glimmer.from_gguf(path, device=device, dtype=dtype), path.name
+
+
+def main(args: argparse.Namespace) -> int:
+    from ..run import apply_threads, resolve_device, resolve_dtype, synchronize
+
+    device = resolve_device(args.device)
+    apply_threads(args.threads)
+    dtype = resolve_dtype(args.dtype, device)
+    for what, v in (("--prompt-len", args.prompt_len), ("--decode", args.decode), ("--batch", args.batch)):
+        if v < 1:
+            raise ValueError(f"bench model: {what} must be >= 1, got {v}")
+    model, label = build(args, device, dtype)
+    c = model.config
+    total = args.prompt_len + args.warmup + args.decode
+    if total > c.context_length:
+        raise ValueError(f"bench model: prompt + steps = {total} exceeds context_length {c.context_length}")
+    model.setup_cache(args.batch, total)
+    slots = torch.arange(args.batch, device=device)
+    gen = torch.Generator().manual_seed(0)
+    prompt = torch.randint(0, c.vocab_size, (args.batch, args.prompt_len), generator=gen).to(device)
+    step = torch.compile(model.forward, fullgraph=True) if args.compile else model.forward
+
+    with torch.no_grad():
+        synchronize(device)
+        t0 = time.perf_counter()
+        logits = model(prompt, slots)
+        synchronize(device)
+        prefill_s = time.perf_counter() - t0
+        tok = logits[:, -1].argmax(-1, keepdim=True)
+        for _ in range(args.warmup):  # first calls compile / page weights in
+            tok = step(tok, slots)[:, -1].argmax(-1, keepdim=True)
+        synchronize(device)
+        t0 = time.perf_counter()
+        for _ in range(args.decode):
+            tok = step(tok, slots)[:, -1].argmax(-1, keepdim=True)
+        synchronize(device)
+        decode_s = time.perf_counter() - t0
+
+    per_token = model.weight_bytes_per_token()
+    prefill_tps = args.batch * args.prompt_len / prefill_s
+    steps_per_s = args.decode / decode_s
+    print(f"bench model: {label} on {device} ({str(dtype).removeprefix('torch.')}), {c.n_layers} layers, hidden {c.hidden}, "
+          f"batch {args.batch}{', compiled' if args.compile else ''}")
+    print(f"  prefill  {args.prompt_len:>5} tokens x {args.batch}: {prefill_tps:10.1f} tok/s")
+    print(f"  decode   {args.decode:>5} steps  x {args.batch}: {steps_per_s * args.batch:10.1f} tok/s "
+          f"({1e3 / steps_per_s:.2f} ms/step)")
+    kv = model.kv_bytes_per_token() * args.batch
+    print(f"  weights read per decode step: {per_token / 1e6:.2f} MB "
+          f"-> {per_token * steps_per_s / 1e9:.2f} GB/s implied; "
+          f"plus {kv / 1e6:.2f} MB of KV cache ({(per_token + kv) * steps_per_s / 1e9:.2f} GB/s in all)")
+    return 0

@@ -1,0 +1,124 @@
+"""``muser-torch run [MODEL]``: stream a Glimmer's continuation of a prompt.
+
+With no MODEL it runs the bundled demo (``models/glimmer-demo-q4_k_xl.gguf``,
+a byte-level model trained on Python's standard library).
+"""
+from __future__ import annotations
+
+import argparse
+import codecs
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+MODELS_DIR = Path(__file__).resolve().parents[1] / "models"
+DEMO = {"q4_k_xl": MODELS_DIR / "glimmer-demo-q4_k_xl.gguf",
+        "nvfp4": MODELS_DIR / "glimmer-demo-nvfp4.gguf"}
+DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("run", help="generate text with a Glimmer GGUF (default: the bundled demo)")
+    p.add_argument("model", nargs="?", type=Path, default=None,
+                   help="GGUF file (default: the bundled demo, models/glimmer-demo-<lane>.gguf)")
+    p.add_argument("--lane", choices=tuple(DEMO), default="q4_k_xl",
+                   help="which bundled demo to run when MODEL is not given")
+    p.add_argument("--prompt", default="def ")
+    p.add_argument("--max-new-tokens", type=int, default=200)
+    p.add_argument("--device", default="cpu", help="cpu, mps or cuda")
+    add_dtype_arg(p)
+    p.add_argument("--temperature", type=float, default=0.8)
+    p.add_argument("--top-k", type=int, default=None)
+    p.add_argument("--top-p", type=float, default=0.95)
+    p.add_argument("--seed", type=int, default=0)
+    add_threads_arg(p)
+    p.set_defaults(func=main)
+
+
+def add_dtype_arg(p) -> None:
+    p.add_argument("--dtype", choices=("auto", *DTYPES), default="auto",
+                   help="activation dtype; auto = float32 on CPU (torch's CPU float16 "
+                        "matmul is ~30x slower), float16 on an accelerator")
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        return torch.float32 if device.type == "cpu" else torch.float16
+    return DTYPES[name]
+
+
+def add_threads_arg(p) -> None:
+    p.add_argument("--threads", type=int, default=None,
+                   help="CPU threads for torch (default: torch's choice). A small model "
+                        "decodes fastest on 1: its ops are too short to amortize waking a pool.")
+
+
+def apply_threads(n: int | None) -> None:
+    if n is not None:
+        if n < 1:
+            raise ValueError(f"--threads must be >= 1, got {n}")
+        torch.set_num_threads(n)
+
+
+def resolve_device(name: str) -> torch.device:
+    dev = torch.device(name)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: no CUDA device is available")
+    if dev.type == "mps" and not torch.backends.mps.is_available():
+        raise ValueError("--device mps: MPS is not available on this machine")
+    if dev.type not in ("cpu", "cuda", "mps"):
+        raise ValueError(f"--device must be cpu, mps or cuda, got {name!r}")
+    return dev
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
+
+
+def main(args: argparse.Namespace) -> int:
+    from .glimmer import Glimmer
+
+    path = args.model or DEMO[args.lane]
+    if not path.exists():
+        raise ValueError(f"model file {path} does not exist"
+                         + ("" if args.model else " (the bundled demo ships in the repository's models/)"))
+    device = resolve_device(args.device)
+    apply_threads(args.threads)
+    model = Glimmer.from_gguf(path, device=device, dtype=resolve_dtype(args.dtype, device),
+                              progress=path.stat().st_size > 256 << 20)
+    tok = model.tokenizer
+    if tok is None:
+        raise ValueError(f"{path} carries no tokenizer.ggml.* keys; run needs the byte tokenizer")
+    ids = torch.tensor(tok.encode(args.prompt, bos=True), device=device)
+    out = sys.stdout
+    out.write(args.prompt)
+    out.flush()
+    text = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    n = 0
+    synchronize(device)
+    start = time.perf_counter()
+    first = None
+    for token in model.stream(ids, args.max_new_tokens, temperature=args.temperature,
+                              top_k=args.top_k, top_p=args.top_p, seed=args.seed):
+        t = int(token[0])
+        if first is None:
+            first = time.perf_counter()  # prefill done (and its token sampled)
+        n += 1
+        if t == tok.eos_id:
+            break
+        out.write(text.decode(tok.decode_bytes([t])))
+        out.flush()
+    out.write(text.decode(b"", final=True) + "\n")
+    end = time.perf_counter()
+    decode_s = end - (first or end)
+    per_token = model.weight_bytes_per_token()
+    rate = (n - 1) / decode_s if n > 1 and decode_s > 0 else float("nan")
+    print(f"[{path.name} on {device}: prompt {ids.numel()} tokens in {(first or end) - start:.3f} s; "
+          f"{n} new tokens, decode {rate:.1f} tok/s; {per_token / 1e6:.2f} MB of weights read "
+          f"per token ({per_token * rate / 1e9:.2f} GB/s)]", file=sys.stderr)
+    return 0

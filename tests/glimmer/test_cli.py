@@ -1,0 +1,28 @@
+"""`muser-torch run` and `muser-torch bench model` end to end on a tiny file."""
+from __future__ import annotations
+
+from muser_torch.cli import main as cli
+
+from .conftest import SEED
+
+
+def test_run_streams_text_and_reports_speed(tiny_files, capsys):
+    rc = cli(["run", tiny_files["q4_k_xl"], "--prompt", "abc", "--max-new-tokens", "8",
+              "--seed", str(SEED), "--dtype", "float32"])
+    out = capsys.readouterr()
+    assert rc == 0
+    assert out.out.startswith("abc")
+    assert "tok/s" in out.err and "MB of weights read per token" in out.err
+
+
+def test_run_refuses_missing_file(tmp_path, capsys):
+    assert cli(["run", str(tmp_path / "nope.gguf")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+
+
+def test_bench_model_prints_throughput(tiny_files, capsys):
+    rc = cli(["bench", "model", tiny_files["nvfp4"], "--prompt-len", "8", "--decode", "3",
+              "--batch", "2", "--warmup", "1", "--dtype", "float32"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "prefill" in out and "decode" in out and "GB/s" in out

@@ -1,0 +1,189 @@
+"""Glimmer's forward, KV cache, batching, generation and compilation, on small
+synthetic GGUFs of both lanes."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from muser_torch import Glimmer
+from muser_torch.gguf_io import load_gguf
+
+from .conftest import LANES, SEED, rel_err
+from .reference import reference_logits
+
+
+def _tokens(n: int, batch: int | None = None, salt: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(SEED * 7 + salt)
+    shape = (n,) if batch is None else (batch, n)
+    return torch.randint(0, 258, shape, generator=g)
+
+
+@pytest.mark.parametrize("lane", LANES)
+def test_logits_match_float64_reference(tiny_files, lane):
+    """The packed model's logits equal an independent float64 forward over the
+    dequantized tensors (tests/glimmer/reference.py), past the SWA window."""
+    path = tiny_files[lane]
+    model = Glimmer.from_gguf(path, dtype=torch.float32)
+    gguf = load_gguf(path)
+    weights = {n: gguf.dequantize(n).double() for n in gguf.tensors if "_scale" not in n}
+    tokens = _tokens(29)
+    got = model(tokens[None])[0]
+    want = reference_logits(weights, model.config, tokens)
+    err = rel_err(got, want)
+    assert err < 1e-4, f"{lane}: relative error {err:.2e} vs float64 reference (seed {SEED})"
+    assert float(want.std()) > 0.1, f"degenerate reference logits (seed {SEED})"
+
+
+@pytest.mark.parametrize("lane", LANES)
+def test_incremental_decode_matches_full_forward(tiny_files, lane):
+    """Prefill in uneven chunks (one longer than the window), then decode one
+    token at a time to 5x the window: every position equals the full forward."""
+    model = Glimmer.from_gguf(tiny_files[lane], dtype=torch.float32)
+    T = 5 * model.config.sliding_window
+    tokens = _tokens(T, batch=1, salt=1)
+    full = model(tokens)[0]
+    model.setup_cache(slots=2, max_seq_len=T)
+    slot = torch.tensor([1])
+    cuts = [0, 3, 3 + 11] + list(range(15, T + 1))
+    pieces = [model(tokens[:, a:b], slot)[0] for a, b in zip(cuts, cuts[1:])]
+    inc = torch.cat(pieces)
+    assert int(model.lengths[1]) == T and int(model.lengths[0]) == 0
+    for t in range(T):
+        err = rel_err(inc[t], full[t])
+        assert err < 1e-5, f"{lane}: position {t}: relative error {err:.2e} (seed {SEED})"
+
+
+def test_f16_cache_and_activations_stay_close(tiny_files):
+    """The default f16 model with its f16 cache tracks the float32 model."""
+    path = tiny_files["q4_k_xl"]
+    ref = Glimmer.from_gguf(path, dtype=torch.float32)
+    half = Glimmer.from_gguf(path)  # float16 activations, f16 KV cache
+    tokens = _tokens(24, batch=1, salt=2)
+    want = ref(tokens)[0]
+    half.setup_cache(1, 24)
+    assert half.layers[0].attention.kv_cache.k.dtype == torch.float16
+    slot = torch.tensor([0])
+    got = torch.cat([half(tokens[:, :10], slot)[0]] + [half(tokens[:, t:t + 1], slot)[0]
+                                                       for t in range(10, 24)])
+    err = rel_err(got.float(), want)
+    assert err < 2e-2, f"f16 decode relative error {err:.2e} (seed {SEED})"
+
+
+@pytest.mark.parametrize("lane", LANES)
+def test_batch_of_slots_equals_each_slot_alone(tiny_files, lane):
+    model = Glimmer.from_gguf(tiny_files[lane], dtype=torch.float32)
+    g = torch.Generator().manual_seed(SEED + 3)
+    lengths = torch.randint(1, 20, (3,), generator=g).tolist()
+    steps = 12
+    seqs = [_tokens(n + steps, salt=10 + i) for i, n in enumerate(lengths)]
+    # together: slots 2, 0, 3 of a 4-slot cache, prompts prefilled one by one
+    model.setup_cache(slots=4, max_seq_len=64)
+    slots = [2, 0, 3]
+    for s, seq, n in zip(slots, seqs, lengths):
+        model(seq[None, :n], torch.tensor([s]))
+    together = []
+    for t in range(steps):
+        step = torch.stack([seq[n + t] for seq, n in zip(seqs, lengths)])[:, None]
+        together.append(model(step, torch.tensor(slots))[:, 0])
+    together = torch.stack(together, dim=1)                       # [3, steps, V]
+    for i, (seq, n) in enumerate(zip(seqs, lengths)):
+        model.setup_cache(slots=1, max_seq_len=64)
+        model(seq[None, :n], torch.tensor([0]))
+        alone = torch.cat([model(seq[None, n + t:n + t + 1], torch.tensor([0]))[0]
+                           for t in range(steps)])
+        err = rel_err(together[i], alone)
+        assert err < 1e-5, f"{lane}: slot {slots[i]} (prompt {n}) differs by {err:.2e} (seed {SEED})"
+
+
+def test_greedy_generate_is_argmax_of_full_forward(tiny_files):
+    model = Glimmer.from_gguf(tiny_files["nvfp4"], dtype=torch.float32)
+    prompt = _tokens(6, salt=4)
+    out = model.generate(prompt, 14, temperature=0, stop=[])
+    assert out.shape == (20,) and torch.equal(out[:6], prompt)
+    logits = model(out[None])[0]
+    assert torch.equal(out[6:], logits[5:-1].argmax(-1)), f"greedy tokens differ (seed {SEED})"
+
+
+def test_generate_deterministic_under_seed(tiny_files):
+    model = Glimmer.from_gguf(tiny_files["q4_k_xl"], dtype=torch.float32)
+    prompt = _tokens(5, batch=2, salt=5)
+    kw = dict(temperature=1.5, top_k=100, top_p=0.95, stop=[])
+    a = model.generate(prompt, 16, seed=SEED, **kw)
+    b = model.generate(prompt, 16, seed=SEED, **kw)
+    assert torch.equal(a, b), f"same seed, different tokens (seed {SEED})"
+    others = [model.generate(prompt, 16, seed=SEED + k, **kw) for k in range(1, 4)]
+    assert any(not torch.equal(a, o) for o in others), f"seed has no effect (seed {SEED})"
+    streamed = torch.stack(list(model.stream(prompt, 16, seed=SEED, **kw)), dim=-1)
+    assert torch.equal(streamed, a[:, 5:]), f"stream differs from generate (seed {SEED})"
+
+
+def test_generate_stops_at_stop_token(tiny_files):
+    model = Glimmer.from_gguf(tiny_files["q4_k_xl"], dtype=torch.float32)
+    prompt = _tokens(4, salt=6)
+    free = model.generate(prompt, 10, stop=[])
+    stop = int(free[4 + 3])
+    first = int((free[4:] == stop).nonzero()[0])
+    stopped = model.generate(prompt, 10, stop=[stop])
+    assert torch.equal(stopped, free[:4 + first + 1]), f"stop token ignored (seed {SEED})"
+
+
+def test_sampling_filters():
+    from muser_torch.glimmer import sample
+    g = torch.Generator().manual_seed(SEED)
+    logits = torch.randn(4, 50, generator=g)
+    top3 = logits.topk(3, dim=-1).indices
+    draws = torch.stack([sample(logits, 1.0, top_k=3, generator=g) for _ in range(200)], dim=1)
+    assert all(set(draws[b].tolist()) <= set(top3[b].tolist()) for b in range(4)), f"seed {SEED}"
+    # top_p tiny -> only the argmax survives
+    p = sample(logits, 1.0, top_p=1e-6, generator=g)
+    assert torch.equal(p, logits.argmax(-1)), f"seed {SEED}"
+
+
+def test_compiled_decode_step_matches_eager(tiny_files):
+    model = Glimmer.from_gguf(tiny_files["q4_k_xl"], dtype=torch.float32)
+    tokens = _tokens(20, batch=2, salt=7)
+    step = torch.compile(model.forward, fullgraph=True, backend="inductor")
+    slots = torch.tensor([0, 1])
+    results = []
+    for fn in (model.forward, step):
+        model.setup_cache(2, 32)
+        fn_out = [model(tokens[:, :12], slots)[:, -1]]
+        for t in range(12, 20):
+            fn_out.append(fn(tokens[:, t:t + 1], slots)[:, 0])
+        results.append(torch.stack(fn_out, 1))
+    err = rel_err(results[1], results[0])
+    assert err < 1e-5, f"compiled decode differs from eager by {err:.2e} (seed {SEED})"
+
+
+def test_cache_and_generate_refuse_bad_arguments(tiny_files):
+    model = Glimmer.from_gguf(tiny_files["q4_k_xl"], dtype=torch.float32)
+    with pytest.raises(ValueError, match="context_length"):
+        model.generate(_tokens(90), 10)                  # 100 > context 96
+    with pytest.raises(ValueError, match="token ids"):
+        model.generate(torch.tensor([1, 258]), 2)
+    with pytest.raises(ValueError, match="top_p"):
+        model.generate(torch.tensor([1, 2]), 2, temperature=1.0, top_p=1.5)
+    model.setup_cache(2, 16)
+    with pytest.raises(ValueError, match="distinct"):
+        model.check_room(torch.tensor([1, 1]), 1)
+    with pytest.raises(ValueError, match="exceeds"):
+        model.check_room(torch.tensor([0]), 17)
+
+
+@pytest.mark.parametrize("lane", LANES)
+def test_random_model_has_sane_packed_weights(lane):
+    from dataclasses import replace
+    from muser_torch.formats import dequantize
+    from muser_torch.tiny import recipe_type
+    from .conftest import TINY
+    cfg = replace(TINY, weight_precision=lane, n_layers=2)
+    model = Glimmer.random(cfg, dtype=torch.float32, seed=SEED)
+    assert not any(p.is_floating_point() and p.numel() > cfg.hidden * 4
+                   for n, p in model.named_parameters()), "random() made float weights"
+    wd = model.layers[0].feed_forward.w_down
+    assert wd.qtype == recipe_type(cfg, "blk.0.ffn_down.weight")
+    w = dequantize(wd.packed, wd.qtype, wd.n_in, scales=getattr(wd, "scales", None),
+                   scale_2=getattr(wd, "scale_2", None))
+    assert abs(float(w.std()) * cfg.ffn ** 0.5 - 1) < 0.2, f"std {float(w.std())} (seed {SEED})"
+    logits = model(_tokens(10, batch=1, salt=8))
+    assert torch.isfinite(logits).all() and float(logits.std()) > 0.1, f"seed {SEED}"

@@ -1,0 +1,71 @@
+"""make-tiny: the seed's recipe, exact byte accounting, determinism, and the
+random packed weights' scales."""
+from __future__ import annotations
+
+import hashlib
+from collections import Counter
+
+import pytest
+import torch
+
+from muser_torch.cli import main as cli
+from muser_torch.formats import GGMLType, dequantize
+from muser_torch.gguf_io import load_gguf
+from muser_torch.tiny import SEED_CONFIG, plan, planned_bytes, random_rows
+
+from .conftest import SEED
+
+
+def test_seed_geometry_matches_the_seed_numbers():
+    """Figure 6.6 / GLIMMER.md: 27,853,389,824 parameters; the recipe's tensor
+    bytes are the artifact's 16,756,681,056 less its header (tokenizer
+    strings etc., which this count leaves out): 16,737,949,696 bytes of
+    projections and embedding plus 2,795,520 bytes of F32 norms."""
+    data, params = planned_bytes(SEED_CONFIG)
+    assert params == 27_853_389_824
+    assert data == 16_737_949_696 + 2_795_520
+    assert 0 < 16_756_681_056 - data < 16_000_000
+    counts = Counter((name.split(".")[-2], qtype) for name, qtype, _, _ in plan(SEED_CONFIG))
+    assert counts[("attn_v", GGMLType.Q6_K)] == 26 and counts[("attn_v", GGMLType.Q4_K)] == 26
+    assert counts[("ffn_down", GGMLType.Q6_K)] == 26 and counts[("ffn_down", GGMLType.Q4_K)] == 26
+    assert counts[("output", GGMLType.Q5_K)] == 1 and counts[("token_embd", GGMLType.Q4_K)] == 1
+    assert counts[("ffn_gate", GGMLType.Q4_K)] == 52 and counts[("attn_q", GGMLType.Q4_K)] == 52
+
+
+def test_make_tiny_writes_the_recipe_deterministically(tmp_path, capsys):
+    args = ["make-tiny", "--layers", "2", "--ffn", "512", "--window", "4", "--seed", str(SEED)]
+    a, b = tmp_path / "a.gguf", tmp_path / "b.gguf"
+    assert cli(args[:1] + [str(a)] + args[1:]) == 0
+    assert cli(args[:1] + [str(b)] + args[1:]) == 0
+    assert "bits/weight" in capsys.readouterr().out
+    assert hashlib.sha256(a.read_bytes()).digest() == hashlib.sha256(b.read_bytes()).digest(), \
+        f"make-tiny is not deterministic (seed {SEED})"
+    g = load_gguf(a)
+    assert g.metadata["muser.weight_precision"] == "q4_k_xl"
+    types = {n: t.qtype for n, t in g.tensors.items()}
+    assert types["blk.0.ffn_down.weight"] == GGMLType.Q6_K and types["blk.1.ffn_down.weight"] == GGMLType.Q4_K
+    assert types["blk.1.attn_v.weight"] == GGMLType.Q6_K and types["blk.0.attn_v.weight"] == GGMLType.Q4_K
+    assert types["output.weight"] == GGMLType.Q5_K and types["token_embd.weight"] == GGMLType.Q4_K
+    c = cli(["make-tiny", str(tmp_path / "c.gguf"), "--lane", "nvfp4", "--layers", "1",
+             "--seed", str(SEED + 1)])
+    assert c == 0
+    g = load_gguf(tmp_path / "c.gguf")
+    assert g.tensors["output.weight"].qtype == GGMLType.NVFP4_E2M1
+    assert g.tensors["token_embd.weight"].qtype == GGMLType.Q4_K
+
+
+def test_make_tiny_refuses_unpackable_shapes(tmp_path, capsys):
+    assert cli(["make-tiny", str(tmp_path / "x.gguf"), "--hidden", "200"]) == 2
+    assert "hidden=200" in capsys.readouterr().err
+    assert not (tmp_path / "x.gguf").exists()
+
+
+@pytest.mark.parametrize("qtype", [GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K, GGMLType.NVFP4_E2M1])
+def test_random_rows_have_the_asked_std(qtype):
+    g = torch.Generator().manual_seed(SEED)
+    std = 0.05
+    packed, extra = random_rows(qtype, 48, 512, g, "cpu", std)
+    w = dequantize(packed, qtype, 512, **extra)
+    assert torch.isfinite(w).all(), f"{qtype.name}: non-finite values (seed {SEED})"
+    assert abs(float(w.std()) / std - 1) < 0.15, f"{qtype.name}: std {float(w.std()):.4f} (seed {SEED})"
+    assert abs(float(w.mean())) < 0.2 * std, f"{qtype.name}: mean {float(w.mean()):.4f} (seed {SEED})"
