@@ -216,8 +216,39 @@ def _row_slice(packed, scales, r0: int, r1: int):
 
 def dequantize(packed: torch.Tensor, qtype: int, n_out: int, n_in: int,
                scales: torch.Tensor | None = None, scale_2: torch.Tensor | None = None) -> torch.Tensor:
-    out = torch.empty(n_out, n_in, dtype=torch.float32)
+    out = _empty_huge(n_out, n_in)
     return dequantize_into(out, packed, GGMLType(qtype), n_in, scales, scale_2)
+
+
+_MADV_HUGEPAGE = 14  # Linux <sys/mman.h>
+
+
+@functools.lru_cache(maxsize=None)
+def _madvise():
+    if sys.platform != "linux":
+        return None
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).madvise
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes, fn.restype = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int], ctypes.c_int
+    return fn
+
+
+def _empty_huge(rows: int, cols: int) -> torch.Tensor:
+    """An uninitialized float32 ``[rows, cols]`` whose pages the kernel may back
+    with 2 MB huge pages. A fresh ~100 MB output otherwise costs ~25,000 page
+    faults, which take several times longer than decoding into it. Advisory
+    only: where it is refused, the plain pages are used."""
+    out = torch.empty(rows, cols, dtype=torch.float32)
+    nbytes = out.numel() * 4
+    madvise = _madvise()
+    if madvise is not None and nbytes >= (4 << 20):
+        page = 4096
+        start = (out.data_ptr() + page - 1) & ~(page - 1)
+        end = (out.data_ptr() + nbytes) & ~(page - 1)
+        madvise(start, end - start, _MADV_HUGEPAGE)
+    return out
 
 
 def dequantize_into(out: torch.Tensor, packed: torch.Tensor, qtype: GGMLType, n_in: int,
