@@ -17,6 +17,7 @@ import json
 import math
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -26,8 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from muser_torch import Glimmer  # noqa: E402
 from muser_torch.formats import GGMLType, quantize  # noqa: E402
 from muser_torch.glimmer import gguf_names, module_name  # noqa: E402
-from muser_torch.gguf_io import save_gguf  # noqa: E402
-from muser_torch.tiny import recipe_type  # noqa: E402
+from muser_torch.gguf_io import SCALE2_SUFFIX, SCALE_SUFFIX, save_gguf  # noqa: E402
+from muser_torch.tiny import gguf_metadata, plan  # noqa: E402
 from muser_torch.tokenizer import ByteTokenizer  # noqa: E402
 from train_demo import HERE, stdlib_files, token_stream  # noqa: E402
 
@@ -53,23 +54,21 @@ def importance(model: Glimmer, stream: torch.Tensor, windows: int, seq: int) -> 
 
 
 def export(model: Glimmer, lane: str, path: Path, imatrix: dict[str, torch.Tensor]) -> None:
-    config = type(model.config)(**{**model.config.__dict__, "weight_precision": lane})
+    config = replace(model.config, weight_precision=lane)
     state = model.state_dict()
     tensors: dict = {}
-    for name in gguf_names(config):
+    for name, qtype, _, _ in plan(config):
         w = state[module_name(name)].detach().float()
-        qtype = recipe_type(config, name)
         if qtype == GGMLType.F32:
             tensors[name] = (qtype, w.contiguous())
         elif qtype == GGMLType.NVFP4_E2M1:
             payload, scales, scale_2 = quantize(w, qtype)
             tensors[name] = (qtype, payload)
-            tensors[name + "_scale"] = (GGMLType.F8_E4M3FN, scales.view(torch.uint8))
-            tensors[name + "_scale_2"] = (GGMLType.F32, torch.as_tensor(scale_2, dtype=torch.float32).reshape(1))
+            tensors[name + SCALE_SUFFIX] = (GGMLType.F8_E4M3FN, scales.view(torch.uint8))
+            tensors[name + SCALE2_SUFFIX] = (GGMLType.F32, torch.as_tensor(scale_2, dtype=torch.float32).reshape(1))
         else:
             tensors[name] = (qtype, quantize(w, qtype, imatrix=imatrix.get(name)))
-    md = config.to_metadata() | ByteTokenizer().to_metadata()
-    md["general.name"] = f"glimmer-demo-{lane}"
+    md = gguf_metadata(config, f"glimmer-demo-{lane}")
     md["general.description"] = ("byte-level Glimmer trained on the Python standard library's "
                                  "source (models/train_demo.py)")
     save_gguf(path, md, tensors)

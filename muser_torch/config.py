@@ -6,6 +6,7 @@ from typing import Any
 
 ARCH = "glimmer"
 LANES = ("q4_k_xl", "nvfp4")
+LANE_KEY = "muser.weight_precision"   # metadata key naming the lane, one of LANES
 
 # dataclass field -> GGUF key under the "glimmer." prefix
 _KEYS = {
@@ -79,14 +80,13 @@ class GlimmerConfig:
             if key not in md:
                 raise KeyError(key)
             values[f.name] = _number(key, md[key], f.type == "float")
-        if "muser.weight_precision" not in md:
-            raise KeyError("muser.weight_precision")
-        values["weight_precision"] = str(md["muser.weight_precision"])
+        if LANE_KEY not in md:
+            raise KeyError(LANE_KEY)
+        values["weight_precision"] = str(md[LANE_KEY])
         return cls(**values)
 
     def to_metadata(self) -> dict[str, Any]:
-        md: dict[str, Any] = {"general.architecture": ARCH,
-                              "muser.weight_precision": self.weight_precision}
+        md: dict[str, Any] = {"general.architecture": ARCH, LANE_KEY: self.weight_precision}
         for name, key in _KEYS.items():
             md[f"{ARCH}.{key}"] = getattr(self, name)
         return md

@@ -44,6 +44,7 @@ from tqdm import tqdm
 from .errors import (CompanionError, GGUFFormatError, GGUFTruncatedError,
                      UnsupportedTypeError, UnsupportedVersionError)
 from .formats import GGMLType, dequantize
+from .formats.floats import TORCH_DTYPES
 from .formats.types import NEEDS_COMPANIONS, NVFP4_GROUP
 
 __all__ = ["GGUFFile", "GGUFTensor", "GGUFValueType", "load_gguf", "save_gguf",
@@ -92,11 +93,9 @@ def block_geometry(type_id: int) -> tuple[int, int] | None:
     GGMLType is the source for every type this package computes; ids it does
     not know (Q2_K, IQ*, I32, ...) take their geometry from gguf's table, so
     their tensors can still be sized, bounds-checked, listed and copied."""
-    try:
-        t = GGMLType(type_id)
+    t = _ggml_type(type_id)
+    if t is not None:
         return t.block_elems, t.block_bytes
-    except ValueError:
-        pass
     if type_id in _GGUF_PY_STALE:
         return _GGUF_PY_STALE[type_id]
     try:
@@ -112,10 +111,9 @@ _GGUF_PY_STALE = {9: (32, 36)}
 
 def type_name(type_id: int) -> str:
     """The type's name (GGMLType first, then gguf's), or ``type<id>`` if unknown."""
-    try:
-        return GGMLType(type_id).name
-    except ValueError:
-        pass
+    t = _ggml_type(type_id)
+    if t is not None:
+        return t.name
     try:
         return GGMLQuantizationType(type_id).name
     except ValueError:
@@ -508,9 +506,6 @@ def _check_tensors(infos, alignment: int, data_offset: int, size: int,
 # (qtype, data) or (qtype, data, ne); see save_gguf.
 TensorSpec = Union[GGUFTensor, tuple]
 
-_FLOAT_DTYPES = {GGMLType.F32: torch.float32, GGMLType.F16: torch.float16,
-                 GGMLType.BF16: torch.bfloat16, GGMLType.F8_E4M3FN: torch.float8_e4m3fn}
-
 
 def save_gguf(path: "str | os.PathLike[str]", metadata: Mapping[str, Any],
               tensors: Mapping[str, TensorSpec], *,
@@ -728,14 +723,14 @@ def _type_id(name: str, qtype: Any) -> int:
 
 def _default_ne(name: str, type_id: int, data: Any) -> tuple[int, ...]:
     qtype = _ggml_type(type_id)
-    if isinstance(data, torch.Tensor) and qtype in _FLOAT_DTYPES and data.dtype == _FLOAT_DTYPES[qtype]:
+    if isinstance(data, torch.Tensor) and qtype in TORCH_DTYPES and data.dtype == TORCH_DTYPES[qtype]:
         return tuple(reversed(data.shape)) or (1,)
     is_u8 = ((isinstance(data, torch.Tensor) and data.dtype == torch.uint8)
              or (isinstance(data, np.ndarray) and data.dtype == np.uint8))
     shape = getattr(data, "shape", None)
     if not is_u8 or len(shape) != 2:
         raise ValueError(f"tensor {name!r}: without ne, data must be uint8 [n_out, row_bytes]"
-                         + (f" or a {_FLOAT_DTYPES[qtype]} tensor" if qtype in _FLOAT_DTYPES else ""))
+                         + (f" or a {TORCH_DTYPES[qtype]} tensor" if qtype in TORCH_DTYPES else ""))
     elems, block_bytes = block_geometry(type_id)
     n_out, row_bytes = int(shape[0]), int(shape[1])
     if row_bytes == 0 or row_bytes % block_bytes:

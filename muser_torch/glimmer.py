@@ -53,8 +53,6 @@ _GLOBAL_NAMES = {
     "output_norm.weight": "norm.weight",
     "output.weight": "output.weight",
 }
-PROJECTIONS = ("attn_q", "attn_k", "attn_v", "attn_gate", "attn_output",
-               "ffn_gate", "ffn_up", "ffn_down")
 
 
 def gguf_names(config: GlimmerConfig, qk_norm: bool = False) -> dict[str, tuple[int, int]]:
@@ -102,10 +100,21 @@ class RMSNorm(nn.Module):
         return (xf * self.weight.float()).to(x.dtype)
 
 
-def rope(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
-    """NeoX (rotate-half) RoPE. x ``[B, T, H, D]``, positions ``[B, T]``."""
+def rope_inv_freq(config: GlimmerConfig) -> torch.Tensor:
+    """``rope_base ** (-2i / head_dim)`` for i < head_dim/2 (float64 math, float32 out)."""
+    half = torch.arange(0, config.head_dim, 2, dtype=torch.float64) / config.head_dim
+    return (config.rope_base ** -half).float()
+
+
+def rope_angles(positions: torch.Tensor, inv_freq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(cos, sin) ``[B, T, 1, D/2]`` for positions ``[B, T]``: made once per
+    forward and shared by every layer."""
     angles = positions.unsqueeze(-1).float() * inv_freq            # [B, T, D/2]
-    cos, sin = angles.cos().unsqueeze(2), angles.sin().unsqueeze(2)
+    return angles.cos().unsqueeze(2), angles.sin().unsqueeze(2)
+
+
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """NeoX (rotate-half) RoPE. x ``[B, T, H, D]``; cos, sin from ``rope_angles``."""
     x1, x2 = x.float().chunk(2, dim=-1)
     return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
 
@@ -154,21 +163,34 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(c.head_dim, c.rms_eps) if qk_norm else None
         self.kv_cache: KVCache | None = None
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor,
-                slots: torch.Tensor | None, lengths: torch.Tensor | None) -> torch.Tensor:
+    def make_mask(self, positions: torch.Tensor, lengths: torch.Tensor | None) -> torch.Tensor:
+        """``[B, 1, group*T, S]``: which keys (the cached entries when ``lengths``
+        is given, then the T new ones) each query row may see. It depends only
+        on the layer's kind, so ``Glimmer.forward`` makes one per kind."""
+        key_pos = positions
+        if self.kv_cache is not None and lengths is not None:
+            key_pos = torch.cat((self.kv_cache.entry_positions(lengths), positions), dim=1)
+        # Causal, within the window, and never an empty entry (position -1).
+        qp, kp = positions.unsqueeze(-1), key_pos.unsqueeze(1)              # [B,T,1], [B,1,S]
+        mask = (kp <= qp) & (kp >= 0)
+        if self.window is not None:
+            mask = mask & (qp - kp < self.window)
+        (B, T), S, group = positions.shape, key_pos.shape[1], self.n_heads // self.n_kv
+        return mask.unsqueeze(1).expand(B, group, T, S).reshape(B, 1, group * T, S)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor,
+                rot: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor,
+                slots: torch.Tensor | None) -> torch.Tensor:
         B, T, _ = x.shape
         q = self.wq(x).view(B, T, self.n_heads, self.head_dim)
         k = self.wk(x).view(B, T, self.n_kv, self.head_dim)
         v = self.wv(x).view(B, T, self.n_kv, self.head_dim)
         if self.q_norm is not None:  # per-head norms come before RoPE (as in Qwen3/Gemma)
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = rope(q, positions, inv_freq), rope(k, positions, inv_freq)
+        q, k = rope(q, *rot), rope(k, *rot)
 
-        key_pos = positions
         if self.kv_cache is not None and slots is not None:
             cache = self.kv_cache
-            cached_pos = cache.entry_positions(lengths)                    # [B, C]
-            key_pos = torch.cat((cached_pos, positions), dim=1)
             # index_select, not cache.k[slots]: advanced indexing on CPU takes a
             # parallel path that costs milliseconds on a busy machine.
             keys = torch.cat((cache.k.index_select(0, slots).to(k.dtype), k), dim=1)
@@ -176,17 +198,10 @@ class Attention(nn.Module):
             cache.update(slots, positions, k, v)
         else:
             keys, values = k, v
-        # Causal, within the window, and never an empty entry (position -1).
-        qp, kp = positions.unsqueeze(-1), key_pos.unsqueeze(1)              # [B,T,1], [B,1,S]
-        mask = (kp <= qp) & (kp >= 0)
-        if self.window is not None:
-            mask = mask & (qp - kp < self.window)
         # GQA without copying K/V: query head h uses KV head h // group, so the
         # group's heads become extra query rows of their KV head.
         group, D = self.n_heads // self.n_kv, self.head_dim
         q = q.view(B, T, self.n_kv, group, D).permute(0, 2, 3, 1, 4).reshape(B, self.n_kv, group * T, D)
-        S = keys.shape[1]
-        mask = mask.unsqueeze(1).expand(B, group, T, S).reshape(B, 1, group * T, S)
         o = F.scaled_dot_product_attention(q, keys.transpose(1, 2), values.transpose(1, 2),
                                            attn_mask=mask)                  # [B, KV, G*T, D]
         o = o.view(B, self.n_kv, group, T, D).permute(0, 3, 1, 2, 4).reshape(B, T, -1)
@@ -213,8 +228,8 @@ class TransformerBlock(nn.Module):
         self.ffn_norm = RMSNorm(config.hidden, config.rms_eps)
         self.feed_forward = FeedForward(config)
 
-    def forward(self, x, positions, inv_freq, slots, lengths):
-        h = x + self.attention(self.attention_norm(x), positions, inv_freq, slots, lengths)
+    def forward(self, x, positions, rot, mask, slots):
+        h = x + self.attention(self.attention_norm(x), positions, rot, mask, slots)
         return h + self.feed_forward(self.ffn_norm(h))
 
 
@@ -227,8 +242,7 @@ class Glimmer(nn.Module):
                                     for il in range(config.n_layers))
         self.norm = RMSNorm(config.hidden, config.rms_eps)
         self.output = nn.Linear(config.hidden, config.vocab_size, bias=False)
-        half = torch.arange(0, config.head_dim, 2, dtype=torch.float64) / config.head_dim
-        self.register_buffer("inv_freq", (config.rope_base ** -half).float(), persistent=False)
+        self.register_buffer("inv_freq", rope_inv_freq(config), persistent=False)
         self.register_buffer("lengths", torch.zeros(0, dtype=torch.long), persistent=False)
         self.tokenizer = None  # set by from_gguf when the file carries one
         self.act_dtype: torch.dtype | None = None  # set for packed models
@@ -263,8 +277,10 @@ class Glimmer(nn.Module):
 
     # -- forward ----------------------------------------------------------------
 
-    def forward(self, tokens: torch.Tensor, slots: torch.Tensor | None = None) -> torch.Tensor:
-        """Logits ``[B, T, vocab]`` for token ids ``[B, T]``.
+    def forward(self, tokens: torch.Tensor, slots: torch.Tensor | None = None,
+                last_only: bool = False) -> torch.Tensor:
+        """Logits ``[B, T, vocab]`` for token ids ``[B, T]`` (``[B, 1, vocab]``,
+        the last position's, with ``last_only``: a prefill needs no more).
 
         Without ``slots`` the tokens are one self-contained sequence per row
         (positions 0..T-1, no cache). With ``slots`` (``[B]`` long, distinct),
@@ -278,11 +294,17 @@ class Glimmer(nn.Module):
         else:
             lengths = self.lengths.index_select(0, slots)
             positions = lengths.unsqueeze(-1) + steps
+        rot = rope_angles(positions, self.inv_freq)
+        # one mask per kind of layer (global, sliding window), shared by its layers
+        kinds = {layer.attention.window: layer.attention for layer in self.layers}
+        masks = {window: att.make_mask(positions, lengths) for window, att in kinds.items()}
         x = self.tok_embeddings(tokens).to(self.activation_dtype)
         for layer in self.layers:
-            x = layer(x, positions, self.inv_freq, slots, lengths)
+            x = layer(x, positions, rot, masks[layer.attention.window], slots)
         if slots is not None:
             self.lengths.index_put_((slots,), lengths + T)
+        if last_only:
+            x = x[:, -1:]
         return self.output(self.norm(x))
 
     def check_room(self, slots: torch.Tensor, n_new: int) -> None:
@@ -345,8 +367,9 @@ class Glimmer(nn.Module):
             raise ValueError(f"generate: need temperature >= 0, top_k >= 1, 0 < top_p <= 1; "
                              f"got {temperature}, {top_k}, {top_p}")
         B, T = ids.shape
-        if self.lengths.numel() < B or self.max_seq_len < T + max_new_tokens:
-            self.setup_cache(B, min(T + max_new_tokens, self.config.context_length))
+        need = min(T + max_new_tokens, self.config.context_length)  # check_room refuses more
+        if self.lengths.numel() < B or self.max_seq_len < need:
+            self.setup_cache(B, need)
         slots = torch.arange(B, device=ids.device)
         self.reset(slots)
         self.check_room(slots, T + max_new_tokens)
@@ -357,11 +380,11 @@ class Glimmer(nn.Module):
         if seed is not None:
             gen = torch.Generator(device=ids.device).manual_seed(seed)
         step = decode_step or self
-        logits = self(ids, slots)[:, -1]
+        logits = self(ids, slots, last_only=True)[:, -1]
         done = torch.zeros(B, dtype=torch.bool, device=ids.device)
+        tok = torch.zeros(B, dtype=torch.long, device=ids.device)
         for i in range(max_new_tokens):
-            tok = sample(logits, temperature, top_k, top_p, gen)
-            tok = torch.where(done, stop_t[0] if stop_t.numel() else tok, tok)
+            tok = torch.where(done, tok, sample(logits, temperature, top_k, top_p, gen))
             done = done | torch.isin(tok, stop_t)
             yield tok
             if bool(done.all()) or i + 1 == max_new_tokens:
@@ -411,17 +434,12 @@ class Glimmer(nn.Module):
             from .errors import MetadataError
             raise MetadataError(f"{path}: {e}") from None
         qk_norm = "blk.0.attn_q_norm.weight" in gguf.tensors
-        names = list(gguf_names(config, qk_norm))
-        if progress:
-            from tqdm import tqdm
-            names = tqdm(names, desc=f"loading {os.path.basename(str(path))}", unit="tensor")
 
-        def get(name):
-            w = packed_weight(gguf, name)  # companions bound by name (admitted above)
-            extra = {} if w.scales is None else {"scales": w.scales, "scale_2": w.scale_2}
-            return w.packed, w.qtype, extra
+        def get(name, n_out, n_in):  # shapes and companions were admitted above
+            return packed_weight(gguf, name)
 
-        return cls._assemble(config, qk_norm, names, get, device, dtype, tokenizer)
+        label = f"loading {os.path.basename(str(path))}" if progress else None
+        return cls._assemble(config, qk_norm, get, device, dtype, tokenizer, label)
 
     @classmethod
     def random(cls, config: GlimmerConfig, device: torch.device | str | None = None,
@@ -431,46 +449,51 @@ class Glimmer(nn.Module):
         (``config.weight_precision`` picks the lane), at any shape including the
         full 52-layer geometry: random bytes with sane scale fields, no file and
         no float copy of any weight."""
-        from .tiny import random_tensor
+        from .loader import PackedWeight
+        from .tiny import random_rows, recipe_type, tensor_std
 
         device = torch.device(device if device is not None else "cpu")
         gen = torch.Generator(device=device).manual_seed(seed)
 
-        def get(name):
-            return random_tensor(config, name, gen, device)
+        def get(name, n_out, n_in):
+            qtype = recipe_type(config, name)
+            packed, extra = random_rows(qtype, n_out, n_in, gen, device, tensor_std(name, n_in))
+            return PackedWeight(name, qtype, n_out, n_in, packed, **extra)
 
-        return cls._assemble(config, qk_norm, list(gguf_names(config, qk_norm)), get,
-                             device, dtype, None)
+        return cls._assemble(config, qk_norm, get, device, dtype, None)
 
     @classmethod
-    def _assemble(cls, config, qk_norm, names, get, device, dtype, tokenizer) -> "Glimmer":
+    def _assemble(cls, config, qk_norm, get, device, dtype, tokenizer,
+                  progress: str | None = None) -> "Glimmer":
         """Build the module tree on the meta device (no float weights), then put
-        a packed module or a float norm at every GGUF name."""
-        from .formats import GGMLType, dequantize
+        a packed module or a float norm at every GGUF name; ``get(name, n_out,
+        n_in)`` returns its ``loader.PackedWeight``."""
         from .nn import QEmbedding, QLinear
 
         device = torch.device(device if device is not None else "cpu")
         with torch.device("meta"):
             model = cls(config, qk_norm)
         shapes = gguf_names(config, qk_norm)
+        names = shapes
+        if progress is not None:
+            from tqdm import tqdm
+            names = tqdm(shapes, desc=progress, unit="tensor")
         for name in names:
-            packed, qtype, extra = get(name)
-            qtype = GGMLType.parse(qtype)
+            n_out, n_in = shapes[name]
+            w = get(name, n_out, n_in)
             path = module_name(name).rsplit(".", 1)[0]            # drop ".weight"
             parent, _, leaf = path.rpartition(".")
             owner = model.get_submodule(parent) if parent else model
-            n_out, n_in = shapes[name]
             if name.endswith("norm.weight"):
-                w = dequantize(packed, qtype, n_in).reshape(n_in)
-                getattr(owner, leaf).weight = nn.Parameter(w.to(device, torch.float32),
-                                                           requires_grad=False)
+                norm = w.dequantize().reshape(n_in).to(device, torch.float32)
+                getattr(owner, leaf).weight = nn.Parameter(norm, requires_grad=False)
                 continue
-            packed = packed.to(device)
-            extra = {k: v.to(device) for k, v in extra.items()}
+            packed, scales, scale_2 = (None if t is None else t.to(device)
+                                       for t in (w.packed, w.scales, w.scale_2))
             if name == "token_embd.weight":
-                module = QEmbedding(packed, qtype, n_out, n_in, **extra, dtype=dtype)
+                module = QEmbedding(packed, w.qtype, n_out, n_in, scales, scale_2, dtype=dtype)
             else:
-                module = QLinear(packed, qtype, n_out, n_in, **extra)
+                module = QLinear(packed, w.qtype, n_out, n_in, scales, scale_2)
             setattr(owner, leaf, module)
         model._finish(device, dtype)
         left = [n for n, t in (*model.named_parameters(), *model.named_buffers()) if t.is_meta]
@@ -481,9 +504,7 @@ class Glimmer(nn.Module):
 
     def _finish(self, device: torch.device, dtype: torch.dtype) -> None:
         """Recreate the non-persistent buffers that the meta build left empty."""
-        c = self.config
-        half = torch.arange(0, c.head_dim, 2, dtype=torch.float64) / c.head_dim
-        self.inv_freq = (c.rope_base ** -half).float().to(device)
+        self.inv_freq = rope_inv_freq(self.config).to(device)
         self.lengths = torch.zeros(0, dtype=torch.long, device=device)
         self.act_dtype = dtype
 
@@ -496,15 +517,20 @@ def sample(logits: torch.Tensor, temperature: float = 0.0, top_k: int | None = N
     draw from the temperature-scaled distribution cut to top-k, then top-p."""
     if temperature == 0:
         return logits.argmax(-1)
-    logits = logits.float() / temperature
+    # Scale with the max shifted to 0 and the divisor kept a normal float32, so a
+    # tiny temperature drives the others toward -inf and never the max to +inf
+    # (inf - inf is NaN in softmax).
+    logits = logits.float()
+    t = max(temperature, torch.finfo(torch.float32).tiny)
+    logits = (logits - logits.amax(-1, keepdim=True)) / t
     if top_k is not None and top_k < logits.shape[-1]:
         kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
     if top_p is not None and top_p < 1:
         sorted_logits, order = logits.sort(dim=-1, descending=True)
-        cum = sorted_logits.softmax(-1).cumsum(-1)
+        probs = sorted_logits.softmax(-1)
         # drop a token when the mass before it already reaches top_p (keeps >= 1)
-        drop = (cum - sorted_logits.softmax(-1)) >= top_p
+        drop = (probs.cumsum(-1) - probs) >= top_p
         sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
         logits = torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
     probs = logits.softmax(-1)

@@ -17,13 +17,13 @@ import re
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from .config import LANE_KEY
 from .gguf_io import GGUFFile, load_gguf
 
 __all__ = ["TensorClass", "Summary", "summarize", "register", "main"]
 
 _LAYER_PREFIX = re.compile(r"^blk\.\d+\.")
 EMBEDDING = "token_embd.weight"
-LANE_KEY = "muser.weight_precision"
 
 
 @dataclass

@@ -24,7 +24,7 @@ from enum import Enum
 
 import torch
 
-from .config import ARCH, LANES, GlimmerConfig
+from .config import ARCH, LANE_KEY, LANES, GlimmerConfig
 from .errors import (CompanionError, DtypeFenceError, LaneError, MetadataError,
                      ShapeMismatchError, TensorSetError)
 from .formats import GGMLType, dequantize
@@ -32,8 +32,6 @@ from .formats.types import NEEDS_COMPANIONS
 from .gguf_io import SCALE2_SUFFIX, SCALE_SUFFIX, GGUFFile, GGUFTensor
 
 __all__ = ["admit", "expected_tensors", "Role", "PackedWeight", "packed_weight", "bind_weights"]
-
-LANE_KEY = "muser.weight_precision"
 
 
 class Role(Enum):

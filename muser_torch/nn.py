@@ -28,16 +28,11 @@ class _Packed(nn.Module):
                  scales: Tensor | None = None, scale_2=None) -> None:
         super().__init__()
         op = type(self).__name__
-        try:
-            qtype = GGMLType.parse(qtype)
-        except ValueError as e:
-            raise ValueError(f"{op}: qtype: {e}") from None
-        if isinstance(scales, Tensor) and scales.dtype == torch.float8_e4m3fn:
-            scales = scales.view(torch.uint8)
+        device = packed.device if isinstance(packed, Tensor) else None
+        qtype, scales, _ = ops._normalize(op, qtype, scales, None, device)
+        qtype = GGMLType(qtype)
         if scale_2 is not None:
-            scale_2 = torch.as_tensor(scale_2, dtype=torch.float32,
-                                      device=packed.device if isinstance(packed, Tensor) else None)
-            scale_2 = scale_2.reshape(1)
+            scale_2 = torch.as_tensor(scale_2, dtype=torch.float32, device=device).reshape(1)
         ops.check_args("qmatmul", packed, qtype, n_out, n_in, scales, scale_2, where=op)
         self.qtype, self.n_out, self.n_in = qtype, n_out, n_in
         self.register_buffer("packed", packed)
@@ -58,6 +53,20 @@ class _Packed(nn.Module):
             raise ValueError(f"{cls.__name__}.from_gguf: tensor {getattr(tensor, 'name', '?')!r} "
                              f"has a type muser-torch cannot compute")
         return cls(tensor.packed, qtype, tensor.n_out, tensor.n_in, scales, scale_2, **kw)
+
+    @classmethod
+    def _quantized(cls, weight: Tensor, qtype, imatrix: Tensor | None = None, **kw):
+        """Quantize a float ``[n_out, n_in]`` weight (on the CPU, ggml's reference
+        quantizers) into a module whose buffers sit on the weight's device."""
+        from .formats import quantize
+        qtype = GGMLType.parse(qtype)
+        w = weight.detach()
+        q = quantize(w.cpu(), qtype, imatrix=imatrix)
+        packed, scales, scale_2 = q if isinstance(q, tuple) else (q, None, None)
+        dev = w.device
+        return cls(packed.to(dev), qtype, w.shape[0], w.shape[1],
+                   None if scales is None else scales.to(dev),
+                   None if scale_2 is None else scale_2.to(dev), **kw)
 
     def _weight_args(self):
         return (self.packed, int(self.qtype), self.n_out, self.n_in, self.scales, self.scale_2)
@@ -113,19 +122,11 @@ class QLinear(_Packed):
     def from_linear(cls, linear: nn.Linear, qtype, imatrix: Tensor | None = None) -> "QLinear":
         """Quantize an ``nn.Linear``'s weight to ``qtype`` (ggml's reference
         quantizers, optional importance matrix); the bias stays float."""
-        from .formats import quantize
         if not isinstance(linear, nn.Linear):
             raise ValueError(f"QLinear.from_linear: linear must be an nn.Linear, got "
                              f"{type(linear).__name__}")
-        qtype = GGMLType.parse(qtype)
-        w = linear.weight.detach()
-        q = quantize(w.cpu(), qtype, imatrix=imatrix)
-        packed, scales, scale_2 = q if isinstance(q, tuple) else (q, None, None)
-        dev = w.device
         bias = None if linear.bias is None else linear.bias.detach()
-        return cls(packed.to(dev), qtype, w.shape[0], w.shape[1],
-                   None if scales is None else scales.to(dev),
-                   None if scale_2 is None else torch.as_tensor(scale_2).to(dev), bias=bias)
+        return cls._quantized(linear.weight, qtype, imatrix, bias=bias)
 
     def forward(self, x: Tensor) -> Tensor:
         y = torch.ops.muser.qmatmul(x, *self._weight_args())
@@ -158,15 +159,10 @@ class QEmbedding(_Packed):
     @classmethod
     def from_embedding(cls, emb: nn.Embedding, qtype, dtype: torch.dtype = torch.float32):
         """Quantize an ``nn.Embedding``'s table to ``qtype``."""
-        from .formats import quantize
-        qtype = GGMLType.parse(qtype)
-        w = emb.weight.detach()
-        q = quantize(w.cpu(), qtype)
-        packed, scales, scale_2 = q if isinstance(q, tuple) else (q, None, None)
-        dev = w.device
-        return cls(packed.to(dev), qtype, w.shape[0], w.shape[1],
-                   None if scales is None else scales.to(dev),
-                   None if scale_2 is None else torch.as_tensor(scale_2).to(dev), dtype=dtype)
+        if not isinstance(emb, nn.Embedding):
+            raise ValueError(f"QEmbedding.from_embedding: emb must be an nn.Embedding, got "
+                             f"{type(emb).__name__}")
+        return cls._quantized(emb.weight, qtype, dtype=dtype)
 
     def forward(self, ids: Tensor) -> Tensor:
         return torch.ops.muser.embedding(ids, *self._weight_args()).to(self.dtype)

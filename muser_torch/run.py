@@ -63,7 +63,10 @@ def apply_threads(n: int | None) -> None:
 
 
 def resolve_device(name: str) -> torch.device:
-    dev = torch.device(name)
+    try:
+        dev = torch.device(name)
+    except RuntimeError:  # not a device string at all
+        raise ValueError(f"--device must be cpu, mps or cuda, got {name!r}") from None
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda: no CUDA device is available")
     if dev.type == "mps" and not torch.backends.mps.is_available():
@@ -80,13 +83,19 @@ def synchronize(device: torch.device) -> None:
         torch.mps.synchronize()
 
 
+def model_path(model: Path | None, lane: str) -> Path:
+    """``model``, or the bundled demo of ``lane`` when it is None; it must exist."""
+    path = model or DEMO[lane]
+    if not path.exists():
+        raise ValueError(f"model file {path} does not exist"
+                         + ("" if model else " (the bundled demo ships in the repository's models/)"))
+    return path
+
+
 def main(args: argparse.Namespace) -> int:
     from .glimmer import Glimmer
 
-    path = args.model or DEMO[args.lane]
-    if not path.exists():
-        raise ValueError(f"model file {path} does not exist"
-                         + ("" if args.model else " (the bundled demo ships in the repository's models/)"))
+    path = model_path(args.model, args.lane)
     device = resolve_device(args.device)
     apply_threads(args.threads)
     model = Glimmer.from_gguf(path, device=device, dtype=resolve_dtype(args.dtype, device),

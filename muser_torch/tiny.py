@@ -31,6 +31,7 @@ import torch
 
 from .config import GlimmerConfig
 from .formats import GGMLType, dequantize
+from .formats.types import NVFP4_GROUP, QK_K
 from .glimmer import gguf_names
 from .tokenizer import ByteTokenizer
 
@@ -63,8 +64,10 @@ def recipe_type(config: GlimmerConfig, name: str) -> GGMLType:
 # ---- random packed bytes with sane scales --------------------------------------
 
 # Where each format keeps its f16 super-scale (and super-min), and the min that
-# centres uniform codes on zero: Q4_K codes average 7.5, Q5_K 15.5.
-_KQUANT_FIELDS = {GGMLType.Q4_K: (0, 2, 7.5), GGMLType.Q5_K: (0, 2, 15.5), GGMLType.Q6_K: (208, None, 0.0)}
+# centres uniform codes on zero: Q4_K codes average 7.5, Q5_K 15.5. Q4_K and
+# Q5_K open with d, dmin; Q6_K ends with d (formats/types.py spells the blocks).
+_KQUANT_FIELDS = {GGMLType.Q4_K: (0, 2, 7.5), GGMLType.Q5_K: (0, 2, 15.5),
+                  GGMLType.Q6_K: (GGMLType.Q6_K.block_bytes - 2, None, 0.0)}
 
 
 def _set_f16(blocks: torch.Tensor, offset: int, value: float) -> None:
@@ -74,7 +77,7 @@ def _set_f16(blocks: torch.Tensor, offset: int, value: float) -> None:
 
 def _nvfp4_scales(rows: int, n_in: int, gen: torch.Generator, device) -> torch.Tensor:
     # E4M3FN bytes with exponent field 6 or 7 (values 0.5 .. 1.875), never NaN.
-    g = n_in // 16
+    g = n_in // NVFP4_GROUP
     exp = torch.randint(6, 8, (rows, g), dtype=torch.uint8, device=device, generator=gen)
     man = torch.randint(0, 8, (rows, g), dtype=torch.uint8, device=device, generator=gen)
     return (exp << 3) | man
@@ -122,15 +125,6 @@ def tensor_std(name: str, n_in: int) -> float:
     return 1.0 if name == "token_embd.weight" else n_in ** -0.5
 
 
-def random_tensor(config: GlimmerConfig, name: str, gen: torch.Generator, device,
-                  qk_norm: bool = False) -> tuple[torch.Tensor, GGMLType, dict]:
-    """(packed, qtype, companions) of one whole random tensor, made on ``device``."""
-    n_out, n_in = gguf_names(config, qk_norm or "attn_q_norm" in name)[name]
-    qtype = recipe_type(config, name)
-    packed, extra = random_rows(qtype, n_out, n_in, gen, device, tensor_std(name, n_in))
-    return packed, qtype, extra
-
-
 # ---- the file ------------------------------------------------------------------
 
 def plan(config: GlimmerConfig, qk_norm: bool = False) -> list[tuple[str, GGMLType, int, int]]:
@@ -146,10 +140,20 @@ def planned_bytes(config: GlimmerConfig, qk_norm: bool = False) -> tuple[int, in
     for name, qtype, n_out, n_in in plan(config, qk_norm):
         total += n_out * qtype.row_bytes(n_in)
         if qtype == GGMLType.NVFP4_E2M1:
-            total += n_out * n_in // 16 + 4
+            total += n_out * (n_in // NVFP4_GROUP) + 4    # E4M3 scales, f32 scale_2
         if qtype != GGMLType.F32:
             params += n_out * n_in
     return total, params
+
+
+def gguf_metadata(config: GlimmerConfig, name: str) -> dict:
+    """A synthetic or demo file's metadata: the config, the byte tokenizer when
+    the vocabulary is bytes, and ``general.name``."""
+    metadata = config.to_metadata()
+    if config.vocab_size == ByteTokenizer.VOCAB_SIZE:
+        metadata |= ByteTokenizer().to_metadata()
+    metadata["general.name"] = name
+    return metadata
 
 
 def write_tiny(path: str | os.PathLike, config: GlimmerConfig, seed: int = 0,
@@ -159,22 +163,19 @@ def write_tiny(path: str | os.PathLike, config: GlimmerConfig, seed: int = 0,
     (a sparse file), then each tensor is drawn in row chunks of about
     ``chunk_bytes`` and written at its offset. The file appears under ``path``
     only once complete."""
-    from .gguf_io import load_gguf, save_gguf
+    from .gguf_io import SCALE2_SUFFIX, SCALE_SUFFIX, load_gguf, save_gguf
 
     path = Path(path)
-    metadata = config.to_metadata()
-    if config.vocab_size == ByteTokenizer.VOCAB_SIZE:  # byte vocabulary: ship the tokenizer
-        metadata |= ByteTokenizer().to_metadata()
-    metadata["general.name"] = f"glimmer-tiny-seed{seed}"
+    tensors = plan(config, qk_norm)
     layout: dict = {}
-    for name, qtype, n_out, n_in in plan(config, qk_norm):
+    for name, qtype, n_out, n_in in tensors:
         ne = (n_in,) if n_out == 1 else (n_in, n_out)
         layout[name] = (qtype, None, ne)
         if qtype == GGMLType.NVFP4_E2M1:
-            layout[name + "_scale"] = (GGMLType.F8_E4M3FN, None, (n_in // 16, n_out))
-            layout[name + "_scale_2"] = (GGMLType.F32, None, (1,))
+            layout[name + SCALE_SUFFIX] = (GGMLType.F8_E4M3FN, None, (n_in // NVFP4_GROUP, n_out))
+            layout[name + SCALE2_SUFFIX] = (GGMLType.F32, None, (1,))
     tmp = path.with_name(path.name + ".filling")
-    save_gguf(tmp, metadata, layout, progress=False)
+    save_gguf(tmp, gguf_metadata(config, f"glimmer-tiny-seed{seed}"), layout, progress=False)
     try:
         offsets = {n: t.offset for n, t in load_gguf(tmp).tensors.items()}
         bar = None
@@ -184,7 +185,7 @@ def write_tiny(path: str | os.PathLike, config: GlimmerConfig, seed: int = 0,
                        desc=f"writing {path.name}")
         gen = torch.Generator().manual_seed(seed)
         with open(tmp, "r+b") as f:
-            for name, qtype, n_out, n_in in plan(config, qk_norm):
+            for name, qtype, n_out, n_in in tensors:
                 std = tensor_std(name, n_in)
                 row_bytes = qtype.row_bytes(n_in)
                 step = max(1, chunk_bytes // row_bytes)
@@ -194,9 +195,9 @@ def write_tiny(path: str | os.PathLike, config: GlimmerConfig, seed: int = 0,
                     f.seek(offsets[name] + r * row_bytes)
                     f.write(packed.numpy().tobytes())
                     if extra:  # NVFP4 companions, row-aligned with the payload
-                        f.seek(offsets[name + "_scale"] + r * (n_in // 16))
+                        f.seek(offsets[name + SCALE_SUFFIX] + r * (n_in // NVFP4_GROUP))
                         f.write(extra["scales"].numpy().tobytes())
-                        f.seek(offsets[name + "_scale_2"])
+                        f.seek(offsets[name + SCALE2_SUFFIX])
                         f.write(extra["scale_2"].numpy().tobytes())
                     if bar is not None:
                         bar.update(packed.numel() + (extra["scales"].numel() + 4 * (r == 0) if extra else 0))
@@ -256,9 +257,9 @@ def main(args: argparse.Namespace) -> int:
 def check_config(c: GlimmerConfig) -> None:
     """Refuse shapes the recipe cannot pack, naming the argument."""
     for what, v in (("hidden", c.hidden), ("ffn", c.ffn), ("heads*head-dim", c.q_dim)):
-        if v <= 0 or v % 256:
-            raise ValueError(f"make-tiny: {what}={v} must be a positive multiple of 256 "
-                             f"(K-quant rows are 256-element super-blocks)")
+        if v <= 0 or v % QK_K:
+            raise ValueError(f"make-tiny: {what}={v} must be a positive multiple of {QK_K} "
+                             f"(K-quant rows are {QK_K}-element super-blocks)")
     if c.n_heads % max(c.n_kv_heads, 1) or c.n_kv_heads < 1:
         raise ValueError(f"make-tiny: heads={c.n_heads} must be a multiple of kv-heads={c.n_kv_heads}")
     if c.head_dim % 2:

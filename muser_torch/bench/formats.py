@@ -70,12 +70,9 @@ def bench_type(qtype: GGMLType, x: torch.Tensor, repeat: int) -> dict:
     t0 = time.perf_counter()
     out = quantize(x, qtype)
     t_quant = time.perf_counter() - t0
-    if qtype == GGMLType.NVFP4_E2M1:
-        packed, scales, scale_2 = out
-        nbytes = packed.numel() + scales.numel()       # the companion scales are part of the weight
-    else:
-        packed, scales, scale_2 = out, None, None
-        nbytes = packed.numel()
+    packed, scales, scale_2 = out if isinstance(out, tuple) else (out, None, None)
+    # the companion scales (NVFP4_E2M1) are part of the weight
+    nbytes = packed.numel() + (0 if scales is None else scales.numel())
     deq = lambda: dequantize(packed, qtype, n_in, scales=scales, scale_2=scale_2)  # noqa: E731
     op = lambda: ops.dequantize(packed, qtype, packed.shape[0], n_in, scales, scale_2)  # noqa: E731
     out_buf = torch.empty(packed.shape[0], n_in)
@@ -95,6 +92,10 @@ def bench_type(qtype: GGMLType, x: torch.Tensor, repeat: int) -> dict:
             "ratio": None if t_ref is None else t_ref / t_deq}
 
 
+def _times(ratio: float | None) -> str:
+    return "-" if ratio is None else f"{ratio:.1f}x"
+
+
 def main(args: argparse.Namespace) -> int:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
@@ -110,9 +111,7 @@ def main(args: argparse.Namespace) -> int:
     for qtype in qtypes:
         r = bench_type(qtype, x, args.repeat)
         gguf_rate = "-" if r["gguf"] is None else f"{r['gguf']:.0f}"
-        ratio = "-" if r["ratio"] is None else f"{r['ratio']:.1f}x"
-        op_ratio = "-" if r["op_ratio"] is None else f"{r['op_ratio']:.1f}x"
-        into_ratio = "-" if r["into_ratio"] is None else f"{r['into_ratio']:.1f}x"
+        ratio, op_ratio, into_ratio = (_times(r[k]) for k in ("ratio", "op_ratio", "into_ratio"))
         print(f"{r['type']:<11} {r['bytes'] / 1e6:>9.1f} {gguf_rate:>9} {r['deq']:>10.0f} {ratio:>8} "
               f"{r['op']:>8.0f} {op_ratio:>8} {r['into']:>10.0f} {into_ratio:>8} "
               f"{r['quant']:>10.1f} {r['quant_s']:>8.2f}", flush=True)

@@ -12,17 +12,19 @@ from __future__ import annotations
 import argparse
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import torch
 
-from ..run import add_dtype_arg, add_threads_arg
+from ..run import (DEMO, add_dtype_arg, add_threads_arg, apply_threads, model_path,
+                   resolve_device, resolve_dtype, synchronize)
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("model", help="whole-model prefill / decode tok/s and GB/s")
     p.add_argument("model", nargs="?", default="demo",
                    help="a GGUF path, 'demo' (bundled demo, default) or 'seed' (random seed-geometry layers)")
-    p.add_argument("--lane", choices=("q4_k_xl", "nvfp4"), default="q4_k_xl")
+    p.add_argument("--lane", choices=tuple(DEMO), default="q4_k_xl")
     p.add_argument("--layers", type=int, default=2, help="layers of the seed geometry (with 'seed')")
     p.add_argument("--device", default="cpu")
     add_dtype_arg(p)
@@ -37,24 +39,18 @@ def register(subparsers) -> None:
 
 def build(args: argparse.Namespace, device: torch.device, dtype: torch.dtype):
     from ..glimmer import Glimmer
-    from ..run import DEMO
     from ..tiny import SEED_CONFIG
-    from pathlib import Path
 
     if args.model == "seed":
         if args.layers < 1:
             raise ValueError(f"bench model: --layers must be >= 1, got {args.layers}")
         config = replace(SEED_CONFIG, n_layers=args.layers, weight_precision=args.lane)
         return Glimmer.random(config, device=device, dtype=dtype, seed=0), f"seed geometry x{args.layers} layers ({args.lane})"
-    path = DEMO[args.lane] if args.model == "demo" else Path(args.model)
-    if not path.exists():
-        raise ValueError(f"bench model: {path} does not exist")
+    path = model_path(None if args.model == "demo" else Path(args.model), args.lane)
     return Glimmer.from_gguf(path, device=device, dtype=dtype), path.name
 
 
 def main(args: argparse.Namespace) -> int:
-    from ..run import apply_threads, resolve_device, resolve_dtype, synchronize
-
     device = resolve_device(args.device)
     apply_threads(args.threads)
     dtype = resolve_dtype(args.dtype, device)

@@ -21,7 +21,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..formats.types import NEEDS_COMPANIONS, GGMLType
+from ..formats.floats import TORCH_DTYPES
+from ..formats.registry import f16_bytes
+from ..formats.types import NEEDS_COMPANIONS, NVFP4_GROUP, GGMLType
 
 
 @dataclass(frozen=True)
@@ -63,24 +65,22 @@ def random_packed(qtype: GGMLType, n_out: int, n_in: int, generator: torch.Gener
     g = generator
     row_bytes = qtype.row_bytes(n_in)
     scales = scale_2 = None
-    if qtype in (GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.F8_E4M3FN):
-        dtype = {GGMLType.F32: torch.float32, GGMLType.F16: torch.float16,
-                 GGMLType.BF16: torch.bfloat16, GGMLType.F8_E4M3FN: torch.float8_e4m3fn}[qtype]
+    if qtype in TORCH_DTYPES:
         w = torch.randn(n_out, n_in, generator=g, device=device) * 0.05
-        return w.to(dtype).view(torch.uint8).reshape(n_out, row_bytes), None, None
+        return w.to(TORCH_DTYPES[qtype]).view(torch.uint8).reshape(n_out, row_bytes), None, None
     packed = torch.randint(0, 256, (n_out, row_bytes), dtype=torch.uint8, generator=g,
                            device=device)
     blocks = packed.view(-1, qtype.block_bytes)
     for off in _F16_FIELDS.get(qtype, ()):
         mag = torch.exp2(torch.empty(blocks.shape[0], device=device).uniform_(-10, -4, generator=g))
         sign = torch.randint(0, 2, (blocks.shape[0],), generator=g, device=device) * 2 - 1
-        blocks[:, off:off + 2] = (mag * sign).to(torch.float16).view(torch.uint8).reshape(-1, 2)
+        blocks[:, off:off + 2] = f16_bytes(mag * sign)
     if qtype == GGMLType.NVFP4:
         blocks[:, :4] = torch.randint(_E4M3_LO, _E4M3_HI, (blocks.shape[0], 4), dtype=torch.uint8,
                                       generator=g, device=device)
     if qtype in NEEDS_COMPANIONS:
-        scales = torch.randint(_E4M3_LO, _E4M3_HI, (n_out, n_in // 16), dtype=torch.uint8,
-                               generator=g, device=device)
+        scales = torch.randint(_E4M3_LO, _E4M3_HI, (n_out, n_in // NVFP4_GROUP),
+                               dtype=torch.uint8, generator=g, device=device)
         scale_2 = torch.empty(1, device=device).uniform_(0.005, 0.02, generator=g)
     return packed, scales, scale_2
 

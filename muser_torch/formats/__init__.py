@@ -16,7 +16,8 @@ from .types import NEEDS_COMPANIONS, NVFP4_GROUP, QK_K, GGMLType
 
 __all__ = ["GGMLType", "QK_K", "dequantize", "quantize", "can_quantize", "check_packed"]
 
-_FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+# Activation dtypes the quantizers and the ops accept.
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 def check_packed(packed: torch.Tensor, qtype: GGMLType, n_in: int, what: str = "packed",
@@ -40,9 +41,11 @@ def check_packed(packed: torch.Tensor, qtype: GGMLType, n_in: int, what: str = "
 
 
 def check_companions(scales, scale_2, rows: int, n_in: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Validate NVFP4_E2M1 companions; return (uint8 scales, float32 scale_2)."""
+    """Validate NVFP4_E2M1 companions for ``rows`` packed rows; return (uint8
+    scales, float32 scale_2 on ``device``)."""
     if scales is None or scale_2 is None:
-        raise ValueError("NVFP4_E2M1 needs both companions: scales and scale_2")
+        raise ValueError(f"NVFP4_E2M1 needs both companions: scales (uint8 "
+                         f"[{rows}, {n_in // NVFP4_GROUP}]) and scale_2 (float32 [1])")
     if not isinstance(scales, torch.Tensor):
         raise ValueError(f"scales must be a torch.Tensor, got {type(scales).__name__}")
     if scales.dtype == torch.float8_e4m3fn:
@@ -87,7 +90,7 @@ def quantize(x: torch.Tensor, qtype: "GGMLType | int", *, imatrix: torch.Tensor 
     qtype = GGMLType.parse(qtype)
     if not isinstance(x, torch.Tensor):
         raise ValueError(f"x must be a torch.Tensor, got {type(x).__name__}")
-    if x.dtype not in _FLOAT_DTYPES:
+    if x.dtype not in FLOAT_DTYPES:
         raise ValueError(f"x must be float32, float16 or bfloat16, got {x.dtype}")
     if x.dim() != 2:
         raise ValueError(f"x must be 2-D [rows, n_in], got shape {tuple(x.shape)}")
@@ -107,4 +110,6 @@ def quantize(x: torch.Tensor, qtype: "GGMLType | int", *, imatrix: torch.Tensor 
         return nvfp4.quantize_nvfp4_e2m1(x)
     if not can_quantize(qtype):
         raise ValueError(f"quantize to {qtype.name} is not supported")
+    if rows == 0:   # the block paths cannot reshape or concatenate nothing
+        return x.new_empty((0, qtype.row_bytes(n_in)), dtype=torch.uint8)
     return format_for(qtype).quantize_rows(x, imatrix)

@@ -9,47 +9,45 @@ from .registry import BlockFormat
 from .types import GGMLType
 
 
-class F32(BlockFormat, qtype=GGMLType.F32):
+# The torch dtype whose bytes are exactly one element of each plain float type.
+TORCH_DTYPES: dict[GGMLType, torch.dtype] = {
+    GGMLType.F32: torch.float32, GGMLType.F16: torch.float16,
+    GGMLType.BF16: torch.bfloat16, GGMLType.F8_E4M3FN: torch.float8_e4m3fn,
+}
+
+
+class _Plain(BlockFormat):
+    """Blocks of one element stored as that element's own bytes."""
+
     @classmethod
     def dequantize_blocks(cls, blocks):
-        return blocks.contiguous().view(torch.float32)
+        return blocks.contiguous().view(TORCH_DTYPES[cls.qtype]).to(torch.float32)
 
     @classmethod
     def quantize_blocks(cls, blocks, weights):
-        return blocks.to(torch.float32).contiguous().view(torch.uint8)
+        # torch rounds to nearest even, as ggml's fp32 -> f16 / bf16 conversions do.
+        return blocks.to(TORCH_DTYPES[cls.qtype]).contiguous().view(torch.uint8)
 
 
-class F16(BlockFormat, qtype=GGMLType.F16):
-    @classmethod
-    def dequantize_blocks(cls, blocks):
-        return blocks.contiguous().view(torch.float16).to(torch.float32)
-
-    @classmethod
-    def quantize_blocks(cls, blocks, weights):
-        return blocks.to(torch.float16).contiguous().view(torch.uint8)
+class F32(_Plain, qtype=GGMLType.F32):
+    pass
 
 
-class BF16(BlockFormat, qtype=GGMLType.BF16):
-    @classmethod
-    def dequantize_blocks(cls, blocks):
-        return blocks.contiguous().view(torch.bfloat16).to(torch.float32)
+class F16(_Plain, qtype=GGMLType.F16):
+    pass
 
-    @classmethod
-    def quantize_blocks(cls, blocks, weights):
-        # torch rounds to nearest even, as ggml_compute_fp32_to_bf16 does.
-        return blocks.to(torch.bfloat16).contiguous().view(torch.uint8)
+
+class BF16(_Plain, qtype=GGMLType.BF16):
+    pass
 
 
 @functools.lru_cache(maxsize=None)
-def _e4m3fn_table_cpu() -> torch.Tensor:
-    return torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).to(torch.float32)
-
-
 def e4m3fn_table(device: torch.device | str = "cpu") -> torch.Tensor:
     """float32 ``[256]``: the value of every E4M3FN byte (0x7F and 0xFF are NaN).
+    Built once per device (read it, never write it).
 
     A table gather works on every device, including MPS, which has no float8."""
-    return _e4m3fn_table_cpu().to(device)
+    return torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).to(torch.float32).to(device)
 
 
 class F8_E4M3FN(BlockFormat, qtype=GGMLType.F8_E4M3FN):

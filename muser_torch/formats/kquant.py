@@ -39,7 +39,7 @@ import torch
 
 from .kquant_search import (make_qkx_quants, make_qp_quants, make_qx_quants, nearest_int, rdiv,
                             run_chunks, seq_sum, sqrt_rn)
-from .registry import BlockFormat, f16_field, fifth_bits
+from .registry import BlockFormat, f16_bytes, f16_field, fifth_bits, join_nibbles, split_nibbles
 from .types import K_SCALE_SIZE, QK_K, GGMLType
 
 # Super-blocks quantized at once. The Q4_K/Q5_K search holds a few
@@ -86,14 +86,12 @@ def _asymmetric(blocks: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     return q.to(torch.float32).mul_(scale).sub_(shift).reshape(n, QK_K)
 
 
-def _nibble_codes(qs: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    """qs ``[n, 128]`` to codes in uint8 ``out`` ``[n, 8, 32]``: in 64-element
-    group g, sub-block 2g takes the low nibbles of qs[32g : 32g+32], 2g+1 the high."""
-    qs = qs.unflatten(1, (4, 1, 32))
-    pairs = out.view(-1, 4, 2, 32)
-    torch.bitwise_and(qs, 0x0F, out=pairs[:, :, :1])
-    torch.bitwise_right_shift(qs, 4, out=pairs[:, :, 1:])
-    return out
+def _nibble_codes(qs: torch.Tensor) -> torch.Tensor:
+    """qs ``[n, 128]`` to uint8 codes ``[n, 8, 32]``: in 64-element group g,
+    sub-block 2g takes the low nibbles of qs[32g : 32g+32], 2g+1 the high."""
+    codes = torch.empty((qs.shape[0], 8, _SUB), dtype=torch.uint8, device=qs.device)
+    split_nibbles(qs.unflatten(1, (4, _SUB)), codes.view(-1, 4, 2, _SUB))
+    return codes
 
 
 # ggml's make_qkx2_quants arguments (rmin, rdelta, nstep) in the ref paths.
@@ -140,8 +138,7 @@ def _search_asymmetric(x: torch.Tensor, qw: torch.Tensor | None, nmax: int):
     final = nearest_int((x.view(n, 8, _SUB) + dm) / dd).clamp_(0, nmax)
     # Where d*sc is zero ggml keeps the codes of the search.
     codes = torch.where(dd != 0, final, codes.view(n, 8, _SUB).to(torch.float32)).to(torch.uint8)
-    head = torch.cat((d16.contiguous().view(torch.uint8), dmin16.contiguous().view(torch.uint8),
-                      scale_bytes), dim=1)
+    head = torch.cat((f16_bytes(d16), f16_bytes(dmin16), scale_bytes), dim=1)
     return codes, head
 
 
@@ -159,19 +156,21 @@ def _six_bit(top: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
 
 def _low_nibbles(codes: torch.Tensor) -> torch.Tensor:
     """Codes [n, 8, 32] to qs [n, 128]: sub-block 2g low nibble, 2g + 1 high."""
-    q = (codes & 0x0F).view(-1, 4, 2, _SUB)
-    return (q[:, :, 0] | (q[:, :, 1] << 4)).reshape(-1, QK_K // 2)
+    return join_nibbles(codes.reshape(-1, 4, 2, _SUB)).reshape(-1, QK_K // 2)
 
 
-class Q4_K(BlockFormat, qtype=GGMLType.Q4_K):
-    @classmethod
-    def dequantize_blocks(cls, blocks):
-        codes = torch.empty((blocks.shape[0], 8, _SUB), dtype=torch.uint8, device=blocks.device)
-        return _asymmetric(blocks, _nibble_codes(blocks[:, 16:], codes))
+class _KQuant(BlockFormat):
+    """Quantizes super-blocks in chunks through the subclass's ``_quantize(x, qw)``."""
 
     @classmethod
     def quantize_blocks(cls, blocks, weights):
         return _chunked(cls._quantize, blocks, weights)
+
+
+class Q4_K(_KQuant, qtype=GGMLType.Q4_K):
+    @classmethod
+    def dequantize_blocks(cls, blocks):
+        return _asymmetric(blocks, _nibble_codes(blocks[:, 16:]))
 
     @staticmethod
     def _quantize(x, qw):
@@ -179,19 +178,12 @@ class Q4_K(BlockFormat, qtype=GGMLType.Q4_K):
         return torch.cat((head, _low_nibbles(codes)), dim=1)
 
 
-class Q5_K(BlockFormat, qtype=GGMLType.Q5_K):
+class Q5_K(_KQuant, qtype=GGMLType.Q5_K):
     @classmethod
     def dequantize_blocks(cls, blocks):
-        n = blocks.shape[0]
         # qh byte l, bit j is the fifth bit of element 32j + l.
         fifth = fifth_bits(blocks[:, 16:48]).transpose(1, 2)      # [n, j, l]
-        codes = _nibble_codes(blocks[:, 48:], torch.empty((n, 8, _SUB), dtype=torch.uint8,
-                                                           device=blocks.device))
-        return _asymmetric(blocks, codes.bitwise_or_(fifth))
-
-    @classmethod
-    def quantize_blocks(cls, blocks, weights):
-        return _chunked(cls._quantize, blocks, weights)
+        return _asymmetric(blocks, _nibble_codes(blocks[:, 48:]).bitwise_or_(fifth))
 
     @staticmethod
     def _quantize(x, qw):
@@ -215,7 +207,7 @@ def q6_k_codes(blocks: torch.Tensor) -> torch.Tensor:
     return codes.view(n, QK_K)
 
 
-class Q6_K(BlockFormat, qtype=GGMLType.Q6_K):
+class Q6_K(_KQuant, qtype=GGMLType.Q6_K):
     @classmethod
     def dequantize_blocks(cls, blocks):
         n = blocks.shape[0]
@@ -223,10 +215,6 @@ class Q6_K(BlockFormat, qtype=GGMLType.Q6_K):
         sc = blocks[:, 192:208].view(torch.int8).to(torch.float32)
         q = q6_k_codes(blocks).view(torch.int8).sub_(32).to(torch.float32)
         return q.view(n, 16, 16).mul_((d * sc).unsqueeze(-1)).reshape(n, QK_K)
-
-    @classmethod
-    def quantize_blocks(cls, blocks, weights):
-        return _chunked(cls._quantize, blocks, weights)
 
     @staticmethod
     def _quantize(x, qw):
@@ -249,7 +237,7 @@ class Q6_K(BlockFormat, qtype=GGMLType.Q6_K):
         shifts = torch.tensor([0, 2, 4, 6], dtype=torch.uint8, device=x.device).view(1, 1, 4, 1)
         qh = ((codes >> 4) << shifts).sum(2, dtype=torch.uint8)  # [n, half, 32]
         out = torch.cat((ql.reshape(n, 128), qh.reshape(n, 64),
-                         sc.to(torch.int8).view(torch.uint8), d16.contiguous().view(torch.uint8)),
+                         sc.to(torch.int8).view(torch.uint8), f16_bytes(d16)),
                         dim=1)
         # An all-zero super-block (every scale below ggml's epsilon) is all zero bytes.
         return torch.where(zero, torch.zeros_like(out), out)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from .kquant_search import make_qkx_quants, make_qx_quants, rdiv, seq_sum, sqrt_rn
-from .registry import BlockFormat, f16_bytes, f16_field, fifth_bits
+from .registry import BlockFormat, f16_bytes, f16_field, fifth_bits, join_nibbles, split_nibbles
 from .types import QK_LEGACY, GGMLType
 
 _HALF = QK_LEGACY // 2    # qs byte j holds elements j and j + _HALF
@@ -30,16 +30,12 @@ _CHUNK_BLOCKS = 1 << 14
 # over the float output costs), then scales in place. The arithmetic is
 # gguf's: d * (q - 8) with q - 8 exact, d * q + m.
 
-def _nibbles_into(out: torch.Tensor, qs: torch.Tensor) -> torch.Tensor:
-    """Write the codes of qs ``[n, 16]`` into uint8 ``out`` ``[n, 32]``:
-    element j from the low nibble of byte j, element j + 16 from the high."""
-    torch.bitwise_and(qs, 0x0F, out=out[:, :_HALF])
-    torch.bitwise_right_shift(qs, 4, out=out[:, _HALF:])
+def _nibble_codes(qs: torch.Tensor) -> torch.Tensor:
+    """The codes of qs ``[n, 16]`` as uint8 ``[n, 32]``: element j from the
+    low nibble of byte j, element j + 16 from the high."""
+    out = torch.empty((qs.shape[0], QK_LEGACY), dtype=torch.uint8, device=qs.device)
+    split_nibbles(qs, out.view(-1, 2, _HALF))
     return out
-
-
-def _codes_buffer(blocks: torch.Tensor) -> torch.Tensor:
-    return torch.empty((blocks.shape[0], QK_LEGACY), dtype=torch.uint8, device=blocks.device)
 
 
 def _fifth_bits(qh: torch.Tensor) -> torch.Tensor:
@@ -53,8 +49,7 @@ def _to_float(codes: torch.Tensor) -> torch.Tensor:
 
 def _pack_nibbles(q: torch.Tensor) -> torch.Tensor:
     """Codes ``[n, 32]`` (low 4 bits used) to qs ``[n, 16]``: element j low, j + 16 high."""
-    q = q.to(torch.uint8) & 0x0F
-    return q[:, :_HALF] | (q[:, _HALF:] << 4)
+    return join_nibbles(q.reshape(-1, 2, _HALF))
 
 
 def _pack_high_bits(q: torch.Tensor) -> torch.Tensor:
@@ -124,7 +119,7 @@ class _Legacy(BlockFormat):
 class Q4_0(_Legacy, qtype=GGMLType.Q4_0):
     @classmethod
     def dequantize_blocks(cls, blocks):
-        codes = _nibbles_into(_codes_buffer(blocks), blocks[:, 2:])
+        codes = _nibble_codes(blocks[:, 2:])
         return _to_float(codes.view(torch.int8).sub_(8)).mul_(f16_field(blocks, 0))
 
     @classmethod
@@ -142,7 +137,7 @@ class Q4_0(_Legacy, qtype=GGMLType.Q4_0):
 class Q4_1(_Legacy, qtype=GGMLType.Q4_1):
     @classmethod
     def dequantize_blocks(cls, blocks):
-        codes = _nibbles_into(_codes_buffer(blocks), blocks[:, 4:])
+        codes = _nibble_codes(blocks[:, 4:])
         return _to_float(codes).mul_(f16_field(blocks, 0)).add_(f16_field(blocks, 2))
 
     @classmethod
@@ -162,9 +157,7 @@ class Q4_1(_Legacy, qtype=GGMLType.Q4_1):
 class Q5_0(_Legacy, qtype=GGMLType.Q5_0):
     @classmethod
     def dequantize_blocks(cls, blocks):
-        codes = _fifth_bits(blocks[:, 2:6])
-        codes[:, :_HALF] |= blocks[:, 6:] & 0x0F
-        codes[:, _HALF:] |= blocks[:, 6:] >> 4
+        codes = _nibble_codes(blocks[:, 6:]).bitwise_or_(_fifth_bits(blocks[:, 2:6]))
         return _to_float(codes.view(torch.int8).sub_(16)).mul_(f16_field(blocks, 0))
 
     @classmethod
@@ -186,9 +179,7 @@ class Q5_0(_Legacy, qtype=GGMLType.Q5_0):
 class Q5_1(_Legacy, qtype=GGMLType.Q5_1):
     @classmethod
     def dequantize_blocks(cls, blocks):
-        codes = _fifth_bits(blocks[:, 4:8])
-        codes[:, :_HALF] |= blocks[:, 8:] & 0x0F
-        codes[:, _HALF:] |= blocks[:, 8:] >> 4
+        codes = _nibble_codes(blocks[:, 8:]).bitwise_or_(_fifth_bits(blocks[:, 4:8]))
         return _to_float(codes).mul_(f16_field(blocks, 0)).add_(f16_field(blocks, 2))
 
     @classmethod

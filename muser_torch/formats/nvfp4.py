@@ -25,10 +25,11 @@ import functools
 import torch
 
 from .floats import e4m3fn_table
-from .registry import BlockFormat
+from .registry import BlockFormat, join_nibbles
 from .types import NVFP4_GROUP, QK_NVFP4, GGMLType
 
 _CHUNK_ELEMS = 1 << 20  # elements quantized at once: bounds the temporaries
+_SUBS = QK_NVFP4 // NVFP4_GROUP   # scale groups (and leading UE4M3 bytes) per type-40 block
 E2M1_MAX = 6.0      # largest E2M1 magnitude
 E4M3_MAX = 448.0    # largest finite E4M3FN (and UE4M3) value
 
@@ -41,20 +42,26 @@ def e2m1_table(device: torch.device | str = "cpu") -> torch.Tensor:
 
 
 @functools.lru_cache(maxsize=None)
-def _ue4m3_half_cpu() -> torch.Tensor:
-    """Half the value of every UE4M3 byte (bias 7, sign bit ignored, 0x7F -> 0)."""
+def ue4m3_half_table(device: torch.device | str = "cpu") -> torch.Tensor:
+    """float32 ``[256]``: half the value of every UE4M3 byte (bias 7, sign bit
+    ignored, 0x7F -> 0), as ggml's ``ggml_ue4m3_to_fp32(x) / 2``. Built once
+    per device (read it, never write it)."""
     vals = []
     for x in range(256):
         exp, man = (x >> 3) & 0xF, x & 7
         v = man * 2.0 ** -9 if exp == 0 else (1 + man / 8) * 2.0 ** (exp - 7)
         vals.append(0.0 if x in (0, 0x7F) else v * 0.5)
-    return torch.tensor(vals, dtype=torch.float32)
+    return torch.tensor(vals, dtype=torch.float32, device=device)
 
 
 # ggml's NVFP4 codes are doubled E2M1 values stored as integers (so code 8 is +0).
 _GGML_DOUBLED_VALUES = (0.0, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0,
                         0.0, -1.0, -2.0, -3.0, -4.0, -6.0, -8.0, -12.0)
-_GGML_DOUBLED = torch.tensor(_GGML_DOUBLED_VALUES, dtype=torch.float32)
+
+
+@functools.lru_cache(maxsize=None)
+def _doubled_magnitudes(device: torch.device) -> torch.Tensor:
+    return torch.tensor(_GGML_DOUBLED_VALUES[:8], dtype=torch.float32, device=device)
 
 
 @functools.lru_cache(maxsize=None)
@@ -93,7 +100,7 @@ def ue4m3_bytes(x: torch.Tensor) -> torch.Tensor:
 def _nearest_magnitude(a: torch.Tensor, step: torch.Tensor) -> torch.Tensor:
     """Index 0..7 of the doubled E2M1 magnitude k with the least ``|k*step - a|``,
     the first (smallest) on ties: ggml's best_index_mxfp4 on ``|x|``."""
-    mags = _GGML_DOUBLED[:8].to(a.device)
+    mags = _doubled_magnitudes(a.device)
     err = (mags * step.unsqueeze(-1) - a.unsqueeze(-1)).abs()
     return err.argmin(-1)
 
@@ -102,10 +109,11 @@ class NVFP4(BlockFormat, qtype=GGMLType.NVFP4):
     @classmethod
     def dequantize_blocks(cls, blocks):
         n = blocks.shape[0]
-        d = _ue4m3_half_cpu().to(blocks.device)[blocks[:, :4].long()].unsqueeze(-1)
-        pairs = _decode_pairs(blocks[:, 4:].reshape(n, 4, 8), _GGML_DOUBLED_VALUES)
+        d = ue4m3_half_table(blocks.device)[blocks[:, :_SUBS].long()].unsqueeze(-1)
+        pairs = _decode_pairs(blocks[:, _SUBS:].reshape(n, _SUBS, NVFP4_GROUP // 2),
+                              _GGML_DOUBLED_VALUES)
         # low nibbles are elements 0..7 of the sub-block, high nibbles 8..15
-        return pairs.transpose(2, 3).reshape(n, 4, 16).mul_(d).reshape(n, 64)
+        return pairs.transpose(2, 3).reshape(n, _SUBS, NVFP4_GROUP).mul_(d).reshape(n, QK_NVFP4)
 
     @classmethod
     def quantize_blocks(cls, blocks, weights):
@@ -116,17 +124,16 @@ class NVFP4(BlockFormat, qtype=GGMLType.NVFP4):
     @staticmethod
     def _quantize(blocks):
         n = blocks.shape[0]
-        groups = QK_NVFP4 // NVFP4_GROUP
-        x = blocks.reshape(n, groups, NVFP4_GROUP)
-        scale = ue4m3_bytes(x.abs().amax(-1) / 6.0)                      # [n, 4]
-        step = _ue4m3_half_cpu().to(x.device)[scale.long()].unsqueeze(-1)
+        x = blocks.reshape(n, _SUBS, NVFP4_GROUP)
+        scale = ue4m3_bytes(x.abs().amax(-1) / E2M1_MAX)                 # [n, 4]
+        step = ue4m3_half_table(x.device)[scale.long()].unsqueeze(-1)
         # ggml scans the 16 signed codes in order: +0 wins ties with -0, and
         # a smaller magnitude wins ties with a larger one, so the code is the
         # nearest magnitude with the sign bit set only for negative nonzero.
         mag = _nearest_magnitude(x.abs(), step.expand_as(x))
         codes = (mag + torch.where((x < 0) & (mag > 0), 8, 0)).to(torch.uint8)
-        qs = codes[..., :8] | (codes[..., 8:] << 4)                      # [n, 4, 8]
-        return torch.cat((scale, qs.reshape(n, 32)), dim=1)
+        qs = join_nibbles(codes.view(n, _SUBS, 2, NVFP4_GROUP // 2))     # [n, 4, 8]
+        return torch.cat((scale, qs.reshape(n, QK_NVFP4 // 2)), dim=1)
 
 
 class NVFP4_E2M1(BlockFormat, qtype=GGMLType.NVFP4_E2M1):
@@ -158,10 +165,15 @@ def quantize_nvfp4_e2m1(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, to
     the range the error is at most half the widest E2M1 step (1 * S), and a
     saturated element loses at most amax(group) - 6 * S.
     """
+    rows, n_in = x.shape
+    if rows == 0:
+        return (x.new_empty((0, n_in // 2), dtype=torch.uint8),
+                x.new_empty((0, n_in // NVFP4_GROUP), dtype=torch.uint8),
+                x.new_zeros((), dtype=torch.float32))
     scale_2 = x.abs().amax() / (E2M1_MAX * E4M3_MAX)
     inv_2 = torch.where(scale_2 > 0, 1.0 / scale_2, torch.zeros_like(scale_2))
-    step = max(1, _CHUNK_ELEMS // x.shape[1])
-    parts = [_e2m1_rows(x[s:s + step], scale_2, inv_2) for s in range(0, x.shape[0], step)]
+    step = max(1, _CHUNK_ELEMS // n_in)
+    parts = [_e2m1_rows(x[s:s + step], scale_2, inv_2) for s in range(0, rows, step)]
     payload = torch.cat([p for p, _ in parts])
     scales = torch.cat([s for _, s in parts])
     return payload, scales, scale_2.to(torch.float32)
@@ -200,8 +212,8 @@ def dequantize_nvfp4_e2m1(payload: torch.Tensor, scales: torch.Tensor,
                           scale_2: torch.Tensor) -> torch.Tensor:
     """payload uint8 ``[rows, n_in/2]``, scales uint8 ``[rows, n_in/16]``,
     scale_2 float32 (one element) to float32 ``[rows, n_in]``."""
-    rows = payload.shape[0]
+    rows, n_in = payload.shape[0], payload.shape[1] * 2
     values = _decode_pairs(payload, E2M1_VALUES)                      # element 2i low nibble
     s = e4m3fn_table(payload.device)[scales.long()]                   # [rows, n_in/16]
-    w = values.view(rows, -1, NVFP4_GROUP).mul_(s.unsqueeze(-1))
-    return w.mul_(scale_2.to(torch.float32).reshape(())).reshape(rows, -1)
+    w = values.view(rows, n_in // NVFP4_GROUP, NVFP4_GROUP).mul_(s.unsqueeze(-1))
+    return w.mul_(scale_2.to(torch.float32).reshape(())).reshape(rows, n_in)

@@ -77,15 +77,20 @@ def f16_bytes(x: torch.Tensor) -> torch.Tensor:
     return x.to(torch.float16).contiguous().view(torch.uint8).reshape(-1, 2)
 
 
-def nibbles(qs: torch.Tensor) -> torch.Tensor:
-    """uint8 ``[..., k]`` to ``[..., 2, k]``: the low nibbles, then the high nibbles."""
-    return torch.stack((qs & 0x0F, qs >> 4), dim=-2)
+def split_nibbles(qs: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """Unpack uint8 ``qs`` ``[..., k]`` into uint8 ``out`` ``[..., 2, k]`` (often a
+    view of a bigger buffer): the low nibbles, then the high nibbles."""
+    qs = qs.unsqueeze(-2)
+    torch.bitwise_and(qs, 0x0F, out=out[..., :1, :])
+    torch.bitwise_right_shift(qs, 4, out=out[..., 1:, :])
+    return out
 
 
-def bits(x: torch.Tensor, count: int, width: int = 1) -> torch.Tensor:
-    """uint8 ``[..., k]`` to ``[..., count, k]``: field i is ``(x >> i*width) & mask``."""
-    shifts = torch.arange(0, count * width, width, dtype=torch.uint8, device=x.device)
-    return (x.unsqueeze(-2) >> shifts.view(count, 1)) & ((1 << width) - 1)
+def join_nibbles(codes: torch.Tensor) -> torch.Tensor:
+    """Inverse of :func:`split_nibbles`: codes ``[..., 2, k]`` (their low 4 bits;
+    any dtype that converts to uint8 exactly) to uint8 ``[..., k]``."""
+    q = codes.to(torch.uint8) & 0x0F
+    return q[..., 0, :] | (q[..., 1, :] << 4)
 
 
 @functools.lru_cache(maxsize=None)

@@ -6,6 +6,7 @@ block's fields in struct order, so the layout can be checked at a glance.
 """
 from __future__ import annotations
 
+import operator
 from enum import IntEnum
 
 QK_K = 256          # elements in a K-quant super-block
@@ -64,7 +65,9 @@ class GGMLType(IntEnum):
             except KeyError:
                 raise ValueError(f"unknown GGML type name {qtype!r}") from None
         try:
-            return cls(int(qtype))
+            if isinstance(qtype, bool):   # an int subclass, but never a type id
+                raise TypeError
+            return cls(operator.index(qtype))   # ints only: 12.7 is not Q4_K
         except (ValueError, TypeError):
             raise ValueError(f"unknown GGML type id {qtype!r}") from None
 

@@ -52,12 +52,11 @@ import warnings
 import torch
 from torch import Tensor
 
-from ..formats import check_companions, check_packed
-from ..formats.types import NEEDS_COMPANIONS, NVFP4_GROUP, GGMLType
+from ..formats import FLOAT_DTYPES, check_companions, check_packed
+from ..formats.types import NEEDS_COMPANIONS, GGMLType
 
 __all__ = ["qmatmul", "qmatmul_t", "dequantize", "embedding", "check_args"]
 
-_FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _INDEX_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
 _COMPANIONS = "Tensor? scales=None, Tensor? scale_2=None"
 _WEIGHT = f"Tensor packed, int qtype, int n_out, int n_in, {_COMPANIONS}"
@@ -82,9 +81,6 @@ def check_args(op: str, packed: Tensor, qtype: int, n_out: int, n_in: int,
                 raise ValueError(f"{name} must be a positive int, got {v!r}")
         check_packed(packed, qt, n_in, "packed", n_out=n_out)
         if qt in NEEDS_COMPANIONS:
-            if scales is None or scale_2 is None:
-                raise ValueError(f"{qt.name} needs both companions: scales "
-                                 f"(uint8 [{n_out}, {n_in // NVFP4_GROUP}]) and scale_2 (float32 [1])")
             check_companions(scales, scale_2, n_out, n_in, packed.device)
             if scales.device != packed.device:
                 raise ValueError(f"scales is on {scales.device} but packed is on {packed.device}")
@@ -96,7 +92,7 @@ def check_args(op: str, packed: Tensor, qtype: int, n_out: int, n_in: int,
         if x is not None:
             if not isinstance(x, Tensor):
                 raise ValueError(f"{x_name} must be a torch.Tensor, got {type(x).__name__}")
-            if x.dtype not in _FLOAT_DTYPES:
+            if x.dtype not in FLOAT_DTYPES:
                 raise ValueError(f"{x_name} must be float32, float16 or bfloat16, got {x.dtype}")
             if x.dim() < 1 or x.shape[-1] != x_width:
                 raise ValueError(f"{x_name} must have shape [..., {x_width}], got {tuple(x.shape)}")
@@ -114,13 +110,22 @@ def check_args(op: str, packed: Tensor, qtype: int, n_out: int, n_in: int,
     return qt
 
 
-def _normalize(op, qtype, scales, scale_2, device):
+def check_ids_in_range(op: str, ids: Tensor, n_out: int) -> None:
+    """Raise ValueError unless every id indexes a row (reads the ids: not for fakes)."""
+    if ids.numel():
+        lo, hi = int(ids.min()), int(ids.max())
+        if lo < 0 or hi >= n_out:
+            raise ValueError(f"muser.{op}: ids must lie in [0, {n_out}), got values "
+                             f"from {lo} to {hi}")
+
+
+def _normalize(where, qtype, scales, scale_2, device):
     """Wrapper-side conveniences: a GGMLType or its name for qtype, float8
-    scales, a Python float for scale_2."""
+    scales, a Python float for scale_2. Errors are prefixed with ``where``."""
     try:
         qtype = int(GGMLType.parse(qtype))
     except ValueError as e:
-        raise ValueError(f"muser.{op}: qtype: {e}") from None
+        raise ValueError(f"{where}: qtype: {e}") from None
     if isinstance(scales, Tensor) and scales.dtype == torch.float8_e4m3fn:
         scales = scales.view(torch.uint8)
     if scale_2 is not None and not isinstance(scale_2, Tensor):
@@ -162,7 +167,8 @@ def _(x, packed, qtype, n_out, n_in, scales=None, scale_2=None):
     return x.new_empty(*x.shape[:-1], n_out)
 
 
-def _qmatmul_setup(ctx, inputs, output):
+def _save_weight(ctx, inputs, output):
+    """setup_context of qmatmul and qmatmul_t: keep the weight for the other op."""
     _, packed, qtype, n_out, n_in, scales, scale_2 = inputs
     ctx.save_for_backward(packed, scales, scale_2)
     ctx.meta = (qtype, n_out, n_in)
@@ -174,7 +180,7 @@ def _qmatmul_backward(ctx, grad):
     return grad_x, None, None, None, None, None, None
 
 
-_qmatmul.register_autograd(_qmatmul_backward, setup_context=_qmatmul_setup)
+_qmatmul.register_autograd(_qmatmul_backward, setup_context=_save_weight)
 
 
 # ---- qmatmul_t (the gradient for x) -------------------------------------------------------
@@ -213,19 +219,13 @@ def _(g, packed, qtype, n_out, n_in, scales=None, scale_2=None):
     return g.new_empty(*g.shape[:-1], n_in)
 
 
-def _qmatmul_t_setup(ctx, inputs, output):
-    _, packed, qtype, n_out, n_in, scales, scale_2 = inputs
-    ctx.save_for_backward(packed, scales, scale_2)
-    ctx.meta = (qtype, n_out, n_in)
-
-
 def _qmatmul_t_backward(ctx, grad):
     packed, scales, scale_2 = ctx.saved_tensors
     grad_g = torch.ops.muser.qmatmul(grad, packed, *ctx.meta, scales, scale_2)
     return grad_g, None, None, None, None, None, None
 
 
-_qmatmul_t.register_autograd(_qmatmul_t_backward, setup_context=_qmatmul_t_setup)
+_qmatmul_t.register_autograd(_qmatmul_t_backward, setup_context=_save_weight)
 
 
 # ---- dequantize ------------------------------------------------------------------------------
@@ -254,11 +254,7 @@ def _embedding(ids: Tensor, packed: Tensor, qtype: int, n_out: int, n_in: int,
                scales: Tensor | None = None, scale_2: Tensor | None = None) -> Tensor:
     """Rows ``ids`` of W as float32 ``[*ids.shape, n_in]``; default implementation (CPU)."""
     check_args("embedding", packed, qtype, n_out, n_in, scales, scale_2, ids=ids)
-    if ids.numel():
-        lo, hi = int(ids.min()), int(ids.max())
-        if lo < 0 or hi >= n_out:
-            raise ValueError(f"muser.embedding: ids must lie in [0, {n_out}), got values "
-                             f"from {lo} to {hi}")
+    check_ids_in_range("embedding", ids, n_out)
     scales = None if scales is None else scales.view(torch.uint8)
     return _backend_for("embedding", ids.device).embedding(ids, packed, qtype, n_out, n_in,
                                                            scales, scale_2)
@@ -277,28 +273,28 @@ def qmatmul(x: Tensor, packed: Tensor, qtype, n_out: int, n_in: int,
     """``x[..., n_in] @ W.T`` with W packed as ``qtype``; output in x's dtype.
     ``qtype`` may be a GGMLType, its id or its name; ``scales`` may be
     float8_e4m3fn and ``scale_2`` a Python float (NVFP4_E2M1)."""
-    qtype, scales, scale_2 = _normalize("qmatmul", qtype, scales, scale_2, packed.device)
+    qtype, scales, scale_2 = _normalize("muser.qmatmul", qtype, scales, scale_2, packed.device)
     return torch.ops.muser.qmatmul(x, packed, qtype, n_out, n_in, scales, scale_2)
 
 
 def qmatmul_t(g: Tensor, packed: Tensor, qtype, n_out: int, n_in: int,
               scales: Tensor | None = None, scale_2=None) -> Tensor:
     """``g[..., n_out] @ W`` (the gradient of :func:`qmatmul` for x)."""
-    qtype, scales, scale_2 = _normalize("qmatmul_t", qtype, scales, scale_2, packed.device)
+    qtype, scales, scale_2 = _normalize("muser.qmatmul_t", qtype, scales, scale_2, packed.device)
     return torch.ops.muser.qmatmul_t(g, packed, qtype, n_out, n_in, scales, scale_2)
 
 
 def dequantize(packed: Tensor, qtype, n_out: int, n_in: int,
                scales: Tensor | None = None, scale_2=None) -> Tensor:
     """W as float32 ``[n_out, n_in]`` (bit-exact with gguf)."""
-    qtype, scales, scale_2 = _normalize("dequantize", qtype, scales, scale_2, packed.device)
+    qtype, scales, scale_2 = _normalize("muser.dequantize", qtype, scales, scale_2, packed.device)
     return torch.ops.muser.dequantize(packed, qtype, n_out, n_in, scales, scale_2)
 
 
 def embedding(ids: Tensor, packed: Tensor, qtype, n_out: int, n_in: int,
               scales: Tensor | None = None, scale_2=None) -> Tensor:
     """Rows ``ids`` of W as float32 ``[*ids.shape, n_in]``."""
-    qtype, scales, scale_2 = _normalize("embedding", qtype, scales, scale_2, packed.device)
+    qtype, scales, scale_2 = _normalize("muser.embedding", qtype, scales, scale_2, packed.device)
     return torch.ops.muser.embedding(ids, packed, qtype, n_out, n_in, scales, scale_2)
 
 

@@ -45,7 +45,7 @@ import torch
 
 from ..formats import dequantize as _ref_dequantize
 from ..formats.floats import e4m3fn_table
-from ..formats.nvfp4 import _ue4m3_half_cpu
+from ..formats.nvfp4 import ue4m3_half_table
 from ..formats.types import GGMLType
 
 NATIVE_MAX_TOKENS = 64         # must match MAX_TOKENS in cpu_kernels.c
@@ -162,12 +162,18 @@ def _lut(qtype: GGMLType) -> torch.Tensor | None:
     if qtype == GGMLType.NVFP4_E2M1:
         return e4m3fn_table()
     if qtype == GGMLType.NVFP4:
-        return _ue4m3_half_cpu()
+        return ue4m3_half_table()
     return None
 
 
 def _ptr(t: torch.Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
+
+
+def _weight_ptrs(qtype: GGMLType, packed: torch.Tensor, scales, scale_2) -> tuple:
+    """The leading (type, packed, scales, lut, s2) arguments of both library calls."""
+    s2 = float(scale_2) if scale_2 is not None else 0.0
+    return int(qtype), _ptr(packed), _ptr(scales), _ptr(_lut(qtype)), s2
 
 
 def _threads(nbytes: int) -> int:
@@ -198,9 +204,7 @@ def _dequant_tile(packed: torch.Tensor, qtype: GGMLType, n_in: int, scales, scal
         return w
     if out is None:
         out = torch.empty(packed.shape[0], n_in, dtype=torch.float32)
-    lut = _lut(qtype)
-    s2 = float(scale_2) if scale_2 is not None else 0.0
-    rc = lib.muser_dequant_rows(int(qtype), _ptr(packed), _ptr(scales), _ptr(lut), s2,
+    rc = lib.muser_dequant_rows(*_weight_ptrs(qtype, packed, scales, scale_2),
                                 packed.shape[0], n_in, _ptr(out),
                                 threads or _threads(out.numel() * 4))
     if rc:
@@ -210,6 +214,18 @@ def _dequant_tile(packed: torch.Tensor, qtype: GGMLType, n_in: int, scales, scal
 
 def _row_slice(packed, scales, r0: int, r1: int):
     return packed[r0:r1], (None if scales is None else scales[r0:r1])
+
+
+def _weight_tiles(packed: torch.Tensor, qtype: GGMLType, n_in: int, scales, scale_2):
+    """``(r0, r1, W[r0:r1])`` in float32 for successive row tiles of W; every
+    tile reuses one scratch buffer, so use each before taking the next."""
+    n_out = packed.shape[0]
+    step = _tile_rows(n_in)
+    scratch = torch.empty(min(step, n_out), n_in, dtype=torch.float32)
+    for r0 in range(0, n_out, step):
+        r1 = min(n_out, r0 + step)
+        p, s = _row_slice(packed, scales, r0, r1)
+        yield r0, r1, _dequant_tile(p, qtype, n_in, s, scale_2, out=scratch[:r1 - r0], threads=1)
 
 
 # ---- the ops (signatures follow the schemas in muser_torch.ops) --------------------------
@@ -290,9 +306,7 @@ def qmatmul(x: torch.Tensor, packed: torch.Tensor, qtype: int, n_out: int, n_in:
     lib = _native_for(qtype)
     if lib is not None and tokens <= FUSED_MAX_TOKENS:
         y = torch.empty(tokens, n_out, dtype=torch.float32)
-        lut = _lut(qtype)
-        s2 = float(scale_2) if scale_2 is not None else 0.0
-        rc = lib.muser_matmul(int(qtype), _ptr(packed), _ptr(scales), _ptr(lut), s2, n_out, n_in,
+        rc = lib.muser_matmul(*_weight_ptrs(qtype, packed, scales, scale_2), n_out, n_in,
                               _ptr(x2), tokens, _ptr(y), _threads(packed.numel()))
         if rc:
             raise RuntimeError(f"native qmatmul rejected {qtype.name} n_in={n_in}")
@@ -300,12 +314,7 @@ def qmatmul(x: torch.Tensor, packed: torch.Tensor, qtype: int, n_out: int, n_in:
         # y.T in row tiles: each tile of W rows gives a contiguous slice of y.T.
         yt = torch.empty(n_out, tokens, dtype=torch.float32)
         xt = x2.t()
-        step = _tile_rows(n_in)
-        scratch = torch.empty(min(step, n_out), n_in, dtype=torch.float32)
-        for r0 in range(0, n_out, step):
-            r1 = min(n_out, r0 + step)
-            p, s = _row_slice(packed, scales, r0, r1)
-            w = _dequant_tile(p, qtype, n_in, s, scale_2, out=scratch[:r1 - r0], threads=1)
+        for r0, r1, w in _weight_tiles(packed, qtype, n_in, scales, scale_2):
             torch.mm(w, xt, out=yt[r0:r1])
         y = yt.t().contiguous()
     return y.reshape(*lead, n_out).to(x.dtype)
@@ -318,11 +327,6 @@ def qmatmul_t(g: torch.Tensor, packed: torch.Tensor, qtype: int, n_out: int, n_i
     lead = g.shape[:-1]
     g2 = g.reshape(-1, n_out).to(torch.float32)
     out = torch.zeros(g2.shape[0], n_in, dtype=torch.float32)
-    step = _tile_rows(n_in)
-    scratch = torch.empty(min(step, n_out), n_in, dtype=torch.float32)
-    for r0 in range(0, n_out, step):
-        r1 = min(n_out, r0 + step)
-        p, s = _row_slice(packed, scales, r0, r1)
-        w = _dequant_tile(p, qtype, n_in, s, scale_2, out=scratch[:r1 - r0], threads=1)
+    for r0, r1, w in _weight_tiles(packed, qtype, n_in, scales, scale_2):
         out.addmm_(g2[:, r0:r1], w)
     return out.reshape(*lead, n_in).to(g.dtype)

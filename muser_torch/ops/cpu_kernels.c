@@ -25,6 +25,19 @@
 #include <string.h>
 #include <unistd.h>
 
+/* GGMLType ids and block geometry, as in muser_torch/formats/types.py: every
+ * KINDS entry below is checked against that table by muser_geometry() when
+ * cpu.py loads the library, and the fused row kernels use the same names. */
+enum { T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q5_1 = 7, T_Q8_0 = 8, T_Q4_K = 12, T_Q5_K = 13,
+       T_Q6_K = 14, T_NVFP4 = 40, T_NVFP4_E2M1 = 1000 };
+#define QK_K 256        /* elements of a K-quant super-block */
+#define QK_LEGACY 32    /* elements of a Q4_0 .. Q8_0 block */
+#define QK_NVFP4 64     /* elements of a llama.cpp NVFP4 block */
+#define NVFP4_GROUP 16  /* elements per E4M3 scale (NVFP4_E2M1: one block) */
+#define Q4_K_BYTES 144
+#define Q5_K_BYTES 176
+#define Q6_K_BYTES 210
+
 #define CHUNK 256       /* elements decoded at a time into an L1 scratch */
 #define MAX_TOKENS 64   /* activation rows per call (cpu.py: NATIVE_MAX_TOKENS) */
 #define TOKEN_GROUP 8   /* rows dotted per decode of a weight row (a compile-time count) */
@@ -214,10 +227,11 @@ static void dec_nvfp4(const uint8_t *b, const uint8_t *cmp, const float *lut, fl
 typedef struct { int type, elems, bytes; decode_fn dec; } kind_t;
 
 static const kind_t KINDS[] = {
-    {2, 32, 18, dec_q4_0},   {3, 32, 20, dec_q4_1},   {6, 32, 22, dec_q5_0},
-    {7, 32, 24, dec_q5_1},   {8, 32, 34, dec_q8_0},   {12, 256, 144, dec_q4_k},
-    {13, 256, 176, dec_q5_k}, {14, 256, 210, dec_q6_k}, {40, 64, 36, dec_nvfp4},
-    {1000, 16, 8, dec_nvfp4_e2m1},
+    {T_Q4_0, QK_LEGACY, 18, dec_q4_0},    {T_Q4_1, QK_LEGACY, 20, dec_q4_1},
+    {T_Q5_0, QK_LEGACY, 22, dec_q5_0},    {T_Q5_1, QK_LEGACY, 24, dec_q5_1},
+    {T_Q8_0, QK_LEGACY, 34, dec_q8_0},    {T_Q4_K, QK_K, Q4_K_BYTES, dec_q4_k},
+    {T_Q5_K, QK_K, Q5_K_BYTES, dec_q5_k}, {T_Q6_K, QK_K, Q6_K_BYTES, dec_q6_k},
+    {T_NVFP4, QK_NVFP4, 36, dec_nvfp4},   {T_NVFP4_E2M1, NVFP4_GROUP, 8, dec_nvfp4_e2m1},
 };
 
 static const kind_t *kind_for(int type) {
@@ -387,7 +401,7 @@ typedef struct {
 
 static void dequant_task(const void *ctx, int64_t r0, int64_t r1) {
     const dequant_job *j = ctx;
-    const int64_t spr = j->n_in / 16;
+    const int64_t spr = j->n_in / NVFP4_GROUP;
     for (int64_t r = r0; r < r1; r++)
         decode_span(j->k, j->packed + r * j->row_bytes, j->scales ? j->scales + r * spr : 0,
                     j->lut, j->s2, 0, j->n_in, j->out + r * j->n_in);
@@ -467,12 +481,12 @@ static inline v8f fms8(v8f a, v8f b, v8f c) {
 ROW_KERNEL void row_q45_k(const uint8_t *row, const int five, int64_t nb, const float *x,
                           int64_t n_in, const int T, float *out) {
     ACC_DECLARE(T);
-    const int bytes = five ? 176 : 144;
+    const int bytes = five ? Q5_K_BYTES : Q4_K_BYTES;
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *blk = row + b * bytes;
         const uint8_t *qh = blk + 16, *qs = blk + (five ? 48 : 16);
         const float d = f16(blk), dmin = f16(blk + 2);
-        const int64_t base = b * 256;
+        const int64_t base = b * QK_K;
         for (int g = 0; g < 4; g++) {
             float sc0, m0, sc1, m1;
             scale_min_k4(blk + 4, 2 * g, &sc0, &m0);
@@ -501,12 +515,12 @@ ROW_KERNEL void row_q6_k(const uint8_t *row, int64_t nb, const float *x, int64_t
                          const int T, float *out) {
     ACC_DECLARE(T);
     for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *blk = row + b * 210;
+        const uint8_t *blk = row + b * Q6_K_BYTES;
         const float d = f16(blk + 208);
         const int8_t *sc = (const int8_t *)(blk + 192);
         for (int h = 0; h < 2; h++) {
             const uint8_t *ql = blk + 64 * h, *qh = blk + 128 + 32 * h;
-            const int64_t base = b * 256 + 128 * h;
+            const int64_t base = b * QK_K + 128 * h;
             for (int k = 0; k < 4; k++) {           /* l = 8k .. 8k+7: sub-block 8h + k/2 (+2, +4, +6) */
                 const int j = 8 * h + k / 2;
                 const v8i l0 = widen_u8(ql + 8 * k), l1 = widen_u8(ql + 32 + 8 * k);
@@ -581,10 +595,12 @@ ROW_KERNEL void row_dot(const kind_t *k, const uint8_t *row, const uint8_t *crow
                         float s2, const float *x, int64_t n_in, const int T, float *out) {
     switch (k->type) {
 #ifdef HAVE_FUSED
-    case 12: row_q45_k(row, 0, n_in / 256, x, n_in, T, out); return;
-    case 13: row_q45_k(row, 1, n_in / 256, x, n_in, T, out); return;
-    case 14: row_q6_k(row, n_in / 256, x, n_in, T, out); return;
-    case 1000: row_nvfp4_e2m1(row, crow, lut, s2, n_in / 16, x, n_in, T, out); return;
+    case T_Q4_K: row_q45_k(row, 0, n_in / QK_K, x, n_in, T, out); return;
+    case T_Q5_K: row_q45_k(row, 1, n_in / QK_K, x, n_in, T, out); return;
+    case T_Q6_K: row_q6_k(row, n_in / QK_K, x, n_in, T, out); return;
+    case T_NVFP4_E2M1:
+        row_nvfp4_e2m1(row, crow, lut, s2, n_in / NVFP4_GROUP, x, n_in, T, out);
+        return;
 #endif
     default: row_generic(k, row, crow, lut, s2, x, n_in, T, out);
     }
@@ -603,7 +619,7 @@ typedef struct {
 static void matmul_task(const void *ctx, int64_t r0, int64_t r1) {
     const matmul_job *j = ctx;
     const kind_t *k = j->k;
-    const int64_t n_in = j->n_in, T = j->T, spr = n_in / 16;
+    const int64_t n_in = j->n_in, T = j->T, spr = n_in / NVFP4_GROUP;
     const float *lut = j->lut;
     const float s2 = j->s2;
     for (int64_t r = r0; r < r1; r++) {

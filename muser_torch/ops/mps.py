@@ -37,6 +37,7 @@ MV_SIMDGROUPS = 2      # mv/ext threadgroup: 2 simdgroups x 32 lanes
 MV_LANES = 32
 MV_ROWS = 2            # output rows per simdgroup
 MV_ROWS_PER_GROUP = MV_SIMDGROUPS * MV_ROWS
+MV_THREADS = MV_SIMDGROUPS * MV_LANES
 MAX_EXT_TOKENS = 8     # the ext rung covers 2..8 tokens
 MM_BM, MM_BN, MM_BK, MM_THREADS = 32, 32, 64, 128
 FLAT_GROUP = 256       # dequant / embed: one thread per chunk
@@ -75,7 +76,7 @@ def _prelude() -> str:
         "MUSER_MV_SIMDGROUPS": MV_SIMDGROUPS,
         "MUSER_MV_LANES": MV_LANES,
         "MUSER_MV_ROWS": MV_ROWS,
-        "MUSER_MV_THREADS": MV_SIMDGROUPS * MV_LANES,
+        "MUSER_MV_THREADS": MV_THREADS,
         "MUSER_MAX_EXT_TOKENS": MAX_EXT_TOKENS,
         "MUSER_MM_BM": MM_BM, "MUSER_MM_BN": MM_BN, "MUSER_MM_BK": MM_BK,
         "MUSER_MM_THREADS": MM_THREADS,
@@ -178,8 +179,8 @@ def qmatmul(x, packed, qtype, n_out, n_in, scales=None, scale_2=None):
               threads=(-(-n_tok // MM_BN) * MM_THREADS, -(-n_out // MM_BM)), group_size=(MM_THREADS, 1))
         else:
             groups = -(-n_out // MV_ROWS_PER_GROUP)
-            threads = MV_SIMDGROUPS * MV_LANES
-            k(W, S, S2, xf, y, n_out, n_in, n_tok, threads=groups * threads, group_size=threads)
+            k(W, S, S2, xf, y, n_out, n_in, n_tok, threads=groups * MV_THREADS,
+              group_size=MV_THREADS)
     return y.reshape(*lead, n_out).to(x.dtype)
 
 
@@ -199,9 +200,8 @@ def embedding(ids, packed, qtype, n_out, n_in, scales=None, scale_2=None):
     flat = ids.reshape(-1).to(torch.int64).contiguous()
     out = torch.empty(flat.numel(), n_in, dtype=torch.float32, device=packed.device)
     if flat.numel():
-        lo, hi = int(flat.min()), int(flat.max())
-        if lo < 0 or hi >= n_out:
-            raise ValueError(f"muser.embedding: ids must lie in [0, {n_out}), got values from {lo} to {hi}")
+        from . import check_ids_in_range
+        check_ids_in_range("embedding", flat, n_out)   # the kernel reads rows unchecked
         W, S, S2 = _weights(qt, packed, scales, scale_2)
         k = _kernel(packed.device, kernel_name(qt, "embed"), "embedding")
         k(W, S, S2, flat, out, flat.numel(), n_in, threads=flat.numel() * (n_in // CHUNK),

@@ -245,3 +245,20 @@ def test_bad_input_names_the_problem(make, qtype, message: str) -> None:
 def test_bad_imatrix(imatrix, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         quantize(torch.ones(2, 256), GGMLType.Q4_K, imatrix=imatrix)
+
+
+@pytest.mark.parametrize("qtype", list(GGMLType), ids=lambda t: t.name)
+def test_zero_rows_round_trip(qtype: GGMLType) -> None:
+    """A matrix with no rows quantizes to no rows and dequantizes back to [0, n_in]."""
+    n_in = max(qtype.block_elems, 16) * 2
+    out = quantize(torch.zeros(0, n_in), qtype)
+    packed, scales, scale_2 = out if isinstance(out, tuple) else (out, None, None)
+    assert packed.dtype == torch.uint8 and packed.shape == (0, qtype.row_bytes(n_in))
+    back = dequantize(packed, qtype, n_in, scales=scales, scale_2=scale_2)
+    assert back.dtype == torch.float32 and back.shape == (0, n_in)
+
+
+@pytest.mark.parametrize("qtype", [12.0, 12.5, True])
+def test_type_id_must_be_an_int(qtype) -> None:
+    with pytest.raises(ValueError, match="unknown GGML type id"):
+        quantize(torch.ones(2, 256), qtype)

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import importlib.util
 import os
 from dataclasses import dataclass
 
 import numpy as np
-import pytest
+
+from ..formats.ggml_ref import lib as ggml_lib
 
 GGML_MAX_DIMS = 4
 
@@ -21,11 +21,8 @@ class _InitParams(ctypes.Structure):
 
 
 @functools.lru_cache(maxsize=None)
-def _load() -> ctypes.CDLL | None:
-    spec = importlib.util.find_spec("libggml")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    dll = ctypes.CDLL(os.path.join(spec.submodule_search_locations[0], "lib64", "libggml-base.so"))
+def _typed(dll: ctypes.CDLL) -> ctypes.CDLL:
+    """Declare the gguf.cpp signatures on the library ggml_ref loads (once)."""
     sigs = {
         "gguf_init_from_file": (ctypes.c_void_p, [ctypes.c_char_p, _InitParams]),
         "gguf_free": (None, [ctypes.c_void_p]),
@@ -57,10 +54,9 @@ def _load() -> ctypes.CDLL | None:
 
 
 def lib() -> ctypes.CDLL:
-    dll = _load()
-    if dll is None:
-        pytest.skip("libggml-python is not installed (pip install libggml-python)")
-    return dll
+    """libggml-base.so with gguf.cpp's signatures; skips the calling test if
+    libggml-python is not installed."""
+    return _typed(ggml_lib())
 
 
 @dataclass

@@ -20,6 +20,11 @@ def test_run_refuses_missing_file(tmp_path, capsys):
     assert "does not exist" in capsys.readouterr().err
 
 
+def test_run_refuses_unknown_device(tiny_files, capsys):
+    assert cli(["run", tiny_files["q4_k_xl"], "--device", "foo"]) == 2
+    assert "--device must be cpu, mps or cuda" in capsys.readouterr().err
+
+
 def test_bench_model_prints_throughput(tiny_files, capsys):
     rc = cli(["bench", "model", tiny_files["nvfp4"], "--prompt-len", "8", "--decode", "3",
               "--batch", "2", "--warmup", "1", "--dtype", "float32"])

@@ -78,23 +78,18 @@ NVFP4_CASES = {
 }
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
-def test_refuses_q4_k_xl_case(tiny_files, tmp_path, case):
-    change, error, names = CASES[case]
-    path = _variant(tiny_files["q4_k_xl"], tmp_path / "bad.gguf", **change)
+BY_LANE = {"q4_k_xl": CASES, "nvfp4": NVFP4_CASES}
+
+
+@pytest.mark.parametrize("lane,case", [(lane, case) for lane, cases in BY_LANE.items()
+                                       for case in sorted(cases)])
+def test_refuses_bad_file(tiny_files, tmp_path, lane, case):
+    change, error, names = BY_LANE[lane][case]
+    path = _variant(tiny_files[lane], tmp_path / "bad.gguf", **change)
     with pytest.raises(error) as info:
         Glimmer.from_gguf(path)
     assert names in str(info.value), f"{case}: message does not name {names!r}: {info.value}"
     assert isinstance(info.value, GGUFError) and isinstance(info.value, ValueError)
-
-
-@pytest.mark.parametrize("case", sorted(NVFP4_CASES))
-def test_refuses_nvfp4_case(tiny_files, tmp_path, case):
-    change, error, names = NVFP4_CASES[case]
-    path = _variant(tiny_files["nvfp4"], tmp_path / "bad.gguf", **change)
-    with pytest.raises(error) as info:
-        Glimmer.from_gguf(path)
-    assert names in str(info.value), f"{case}: message does not name {names!r}: {info.value}"
 
 
 def test_unchanged_copy_loads(tiny_files, tmp_path):

@@ -127,6 +127,18 @@ def test_generate_stops_at_stop_token(tiny_files):
     assert torch.equal(stopped, free[:4 + first + 1]), f"stop token ignored (seed {SEED})"
 
 
+def test_stopped_rows_repeat_their_own_stop_token(tiny_files):
+    model = Glimmer.from_gguf(tiny_files["q4_k_xl"], dtype=torch.float32)
+    prompt = _tokens(4, batch=2, salt=9)
+    free = model.generate(prompt, 12, temperature=0, stop=[])[:, 4:]
+    stops = [int(free[1, 6]), int(free[0, 3])]
+    out = model.generate(prompt, 12, temperature=0, stop=stops)[:, 4:]
+    for row in range(2):
+        j = int(torch.isin(free[row], torch.tensor(stops)).nonzero()[0])
+        assert torch.equal(out[row, :j + 1], free[row, :j + 1]), f"row {row} (seed {SEED})"
+        assert (out[row, j:] == free[row, j]).all(), f"row {row}: {out[row].tolist()} (seed {SEED})"
+
+
 def test_sampling_filters():
     from muser_torch.glimmer import sample
     g = torch.Generator().manual_seed(SEED)
@@ -137,6 +149,10 @@ def test_sampling_filters():
     # top_p tiny -> only the argmax survives
     p = sample(logits, 1.0, top_p=1e-6, generator=g)
     assert torch.equal(p, logits.argmax(-1)), f"seed {SEED}"
+    # a temperature below float32's range is greedy, not NaN
+    for t in (1e-40, 1e-60):
+        p = sample(logits, t, top_k=5, top_p=0.9, generator=g)
+        assert torch.equal(p, logits.argmax(-1)), f"temperature {t} (seed {SEED})"
 
 
 def test_compiled_decode_step_matches_eager(tiny_files):
@@ -177,7 +193,8 @@ def test_random_model_has_sane_packed_weights(lane):
     from muser_torch.tiny import recipe_type
     from .conftest import TINY
     cfg = replace(TINY, weight_precision=lane, n_layers=2)
-    model = Glimmer.random(cfg, dtype=torch.float32, seed=SEED)
+    model = Glimmer.random(cfg, dtype=torch.float32, seed=SEED, qk_norm=(lane == "nvfp4"))
+    assert (model.layers[1].attention.k_norm is not None) == (lane == "nvfp4")
     assert not any(p.is_floating_point() and p.numel() > cfg.hidden * 4
                    for n, p in model.named_parameters()), "random() made float weights"
     wd = model.layers[0].feed_forward.w_down

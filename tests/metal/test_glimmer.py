@@ -4,16 +4,16 @@ with prompt lengths that take each qmatmul rung (1 -> mv, 5 -> ext, 12 -> mm).""
 from __future__ import annotations
 
 from dataclasses import replace
-from pathlib import Path
 
 import torch
 
 from muser_torch.glimmer import Glimmer
 from muser_torch.ops import mps
+from muser_torch.run import DEMO as DEMOS
 
 from .helpers import fresh_seed, rel_err
 
-DEMO = Path(__file__).resolve().parents[2] / "models" / "glimmer-demo-q4_k_xl.gguf"
+DEMO = DEMOS["q4_k_xl"]
 
 
 def _compare(model: Glimmer, vocab: int, seed: int, monkeypatch) -> None:
