@@ -41,7 +41,7 @@ import torch
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 from tqdm import tqdm
 
-from .errors import (CompanionError, GGUFFormatError, GGUFTruncatedError,
+from .errors import (CompanionError, GGUFError, GGUFFormatError, GGUFTruncatedError,
                      UnsupportedTypeError, UnsupportedVersionError)
 from .formats import GGMLType, dequantize
 from .formats.floats import TORCH_DTYPES
@@ -380,15 +380,24 @@ def load_gguf(path: "str | os.PathLike[str]", *, progress: bool = False) -> GGUF
         mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     try:
         return _parse(path, mm, size, progress)
-    except Exception:
-        # No view of the map has escaped yet, so it can be closed now rather
-        # than when the garbage collector finds it (the fuzz test opens
-        # thousands of bad files).
-        try:
-            mm.close()
-        except BufferError:
-            pass
+    except GGUFError as e:
+        if str(path) not in str(e):       # every refusal names the file it is about
+            e.args = (f"{path}: {e}",) + e.args[1:]
+        _close_quietly(mm)
         raise
+    except Exception:
+        _close_quietly(mm)
+        raise
+
+
+def _close_quietly(mm: mmap.mmap) -> None:
+    # No view of the map has escaped yet, so it can be closed now rather than
+    # when the garbage collector finds it (the fuzz test opens thousands of
+    # bad files).
+    try:
+        mm.close()
+    except BufferError:
+        pass
 
 
 def _parse(path: Path, mm: mmap.mmap, size: int, progress: bool) -> GGUFFile:
