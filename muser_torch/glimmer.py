@@ -12,11 +12,17 @@ entries per slot: ``context`` entries for global layers, ``sliding_window``
 for SWA layers; position p lives in entry ``p % capacity``. With ``L`` tokens
 already cached, entry i holds position ``i + capacity * floor((L-1-i)/capacity)``
 (none when ``i >= L``), which for a global layer (``L <= capacity``) is just i.
-A step of T new tokens attends over the cached entries *before* it writes its
-own keys (so a prefill longer than the window still sees every key it needs),
-then stores its last ``min(T, capacity)`` keys. One formula serves both kinds
-of layer and needs no data-dependent shapes, so the decode step compiles with
-``fullgraph=True``.
+A step of T new tokens writes its keys into the ring in place and attends
+over the cache as it sits, masked by that formula, when nothing it overwrites
+is still needed: a decode step (T = 1 overwrites only the position that fell
+out of the window) and any step of a global layer (its ring never wraps:
+``check_room`` keeps every length within it). A prefill chunk on an SWA layer
+may overwrite keys its own earlier queries need (it may even be longer than
+the ring), so it attends over the cached entries and its new keys together,
+then stores its last ``min(T, capacity)``. When a batch holds every slot,
+``Glimmer.forward`` runs its rows in slot order so that a layer reads its cache
+buffers directly, with no gather. Shapes decide every branch, so the decode
+step compiles with ``fullgraph=True``.
 """
 from __future__ import annotations
 
@@ -140,12 +146,23 @@ class KVCache(nn.Module):
 
     def update(self, slots: torch.Tensor, positions: torch.Tensor,
                k: torch.Tensor, v: torch.Tensor) -> None:
-        """Store the last ``min(T, capacity)`` of the new keys ``[B, T, n_kv, D]``."""
+        """Store the last ``min(T, capacity)`` of the new keys ``[B, T, n_kv, D]``
+        at their ring entries, in place."""
         m = min(k.shape[1], self.capacity)
         idx = positions[:, -m:] % self.capacity
         rows = slots.unsqueeze(-1).expand_as(idx)
         self.k.index_put_((rows, idx), k[:, -m:].to(self.k.dtype))
         self.v.index_put_((rows, idx), v[:, -m:].to(self.v.dtype))
+
+    def rows(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values ``[B, capacity, n_kv, D]`` of the batch's slots: the
+        buffers themselves when the batch holds every slot (``Glimmer.forward``
+        then passes them in slot order), else a gather of those slots."""
+        if slots.shape[0] == self.k.shape[0]:
+            return self.k, self.v
+        # index_select, not self.k[slots]: advanced indexing on CPU takes a
+        # parallel path that costs milliseconds on a busy machine.
+        return self.k.index_select(0, slots), self.v.index_select(0, slots)
 
 
 class Attention(nn.Module):
@@ -163,13 +180,25 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(c.head_dim, c.rms_eps) if qk_norm else None
         self.kv_cache: KVCache | None = None
 
+    def in_place(self, T: int) -> bool:
+        """Whether a step of T tokens writes its keys before attending over the
+        cache as it sits (see the module docstring): nothing it overwrites is
+        needed by its own queries."""
+        return T == 1 or self.window is None
+
     def make_mask(self, positions: torch.Tensor, lengths: torch.Tensor | None) -> torch.Tensor:
-        """``[B, 1, group*T, S]``: which keys (the cached entries when ``lengths``
-        is given, then the T new ones) each query row may see. It depends only
-        on the layer's kind, so ``Glimmer.forward`` makes one per kind."""
+        """``[B, 1, group*T, S]``: which keys each query row may see: the T new
+        ones without ``lengths``; with it the ring after this step's write, or
+        (an SWA prefill chunk) the ring before it and then the T new ones. It
+        depends only on the layer's kind and T, so ``Glimmer.forward`` makes
+        one per kind."""
         key_pos = positions
         if self.kv_cache is not None and lengths is not None:
-            key_pos = torch.cat((self.kv_cache.entry_positions(lengths), positions), dim=1)
+            T = positions.shape[1]
+            if self.in_place(T):  # the ring after this step's write
+                key_pos = self.kv_cache.entry_positions(lengths + T)
+            else:                 # the ring before it, then the new keys
+                key_pos = torch.cat((self.kv_cache.entry_positions(lengths), positions), dim=1)
         # Causal, within the window, and never an empty entry (position -1).
         qp, kp = positions.unsqueeze(-1), key_pos.unsqueeze(1)              # [B,T,1], [B,1,S]
         mask = (kp <= qp) & (kp >= 0)
@@ -191,19 +220,25 @@ class Attention(nn.Module):
 
         if self.kv_cache is not None and slots is not None:
             cache = self.kv_cache
-            # index_select, not cache.k[slots]: advanced indexing on CPU takes a
-            # parallel path that costs milliseconds on a busy machine.
-            keys = torch.cat((cache.k.index_select(0, slots).to(k.dtype), k), dim=1)
-            values = torch.cat((cache.v.index_select(0, slots).to(v.dtype), v), dim=1)
-            cache.update(slots, positions, k, v)
+            if self.in_place(T):
+                cache.update(slots, positions, k, v)
+                keys, values = cache.rows(slots)
+            else:  # an SWA prefill chunk: old ring and new keys, then keep the last window
+                old_k, old_v = cache.rows(slots)
+                keys = torch.cat((old_k.to(k.dtype), k), dim=1)
+                values = torch.cat((old_v.to(v.dtype), v), dim=1)
+                cache.update(slots, positions, k, v)
         else:
             keys, values = k, v
         # GQA without copying K/V: query head h uses KV head h // group, so the
         # group's heads become extra query rows of their KV head.
         group, D = self.n_heads // self.n_kv, self.head_dim
         q = q.view(B, T, self.n_kv, group, D).permute(0, 2, 3, 1, 4).reshape(B, self.n_kv, group * T, D)
+        # In the cache's dtype when attending over it as it sits (a bfloat16 model
+        # with its f16 cache), so the cache is never converted.
+        q = q.to(keys.dtype)
         o = F.scaled_dot_product_attention(q, keys.transpose(1, 2), values.transpose(1, 2),
-                                           attn_mask=mask)                  # [B, KV, G*T, D]
+                                           attn_mask=mask).to(x.dtype)      # [B, KV, G*T, D]
         o = o.view(B, self.n_kv, group, T, D).permute(0, 3, 1, 2, 4).reshape(B, T, -1)
         o = o * torch.sigmoid(self.wgate(x))   # gate from the normed input x, per feature
         return self.wo(o)
@@ -289,6 +324,12 @@ class Glimmer(nn.Module):
         and ``check_room`` check them on the host, outside the compiled step."""
         B, T = tokens.shape
         steps = torch.arange(T, device=tokens.device)
+        order = None
+        if slots is not None and B == self.lengths.numel():
+            # Every slot: run the rows in slot order (row s is slot s), so each
+            # layer attends over its cache buffers as they sit (KVCache.rows).
+            order, slots = slots, torch.arange(B, device=tokens.device)
+            tokens = tokens.index_copy(0, order, tokens)
         if slots is None:
             positions, lengths = steps.expand(B, T), None
         else:
@@ -305,6 +346,8 @@ class Glimmer(nn.Module):
             self.lengths.index_put_((slots,), lengths + T)
         if last_only:
             x = x[:, -1:]
+        if order is not None:  # back to the caller's row order
+            x = x.index_select(0, order)
         return self.output(self.norm(x))
 
     def check_room(self, slots: torch.Tensor, n_new: int) -> None:

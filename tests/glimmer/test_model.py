@@ -95,6 +95,54 @@ def test_batch_of_slots_equals_each_slot_alone(tiny_files, lane):
         assert err < 1e-5, f"{lane}: slot {slots[i]} (prompt {n}) differs by {err:.2e} (seed {SEED})"
 
 
+@pytest.mark.parametrize("compiled", [False, True])
+def test_whole_batch_in_any_slot_order_matches_full_forward(tiny_files, compiled):
+    """A batch holding every slot, in a shuffled order, runs in slot order over
+    the cache buffers as they sit (no gather): a chunk longer than the window,
+    then decode steps well past it (eager or compiled) equal each sequence's
+    full forward."""
+    model = Glimmer.from_gguf(tiny_files["nvfp4"], dtype=torch.float32)
+    g = torch.Generator().manual_seed(SEED + 11)
+    lengths = torch.randint(1, 20, (3,), generator=g).tolist()
+    slots = torch.randperm(3, generator=g)
+    if torch.equal(slots, torch.arange(3)):
+        slots = slots.flip(0)                                   # a real shuffle
+    W = model.config.sliding_window
+    chunk, steps = W + 3, 3 * W
+    seqs = [_tokens(n + chunk + steps, salt=20 + i) for i, n in enumerate(lengths)]
+    step_fn = torch.compile(model.forward, fullgraph=True) if compiled else model.forward
+    model.setup_cache(slots=3, max_seq_len=80)
+    for s, seq, n in zip(slots.tolist(), seqs, lengths):
+        model(seq[None, :n], torch.tensor([s]))
+    together = [model(torch.stack([seq[n:n + chunk] for seq, n in zip(seqs, lengths)]), slots)]
+    for t in range(chunk, chunk + steps):
+        step = torch.stack([seq[n + t] for seq, n in zip(seqs, lengths)])[:, None]
+        together.append(step_fn(step, slots))
+    together = torch.cat(together, dim=1)                         # [3, chunk + steps, V]
+    assert model.lengths[slots].tolist() == [n + chunk + steps for n in lengths], f"seed {SEED}"
+    for i, (seq, n) in enumerate(zip(seqs, lengths)):
+        full = model(seq[None])[0, n:]                             # no cache
+        err = rel_err(together[i], full)
+        assert err < 1e-5, (f"slot {int(slots[i])} of order {slots.tolist()} (prompt {n}) "
+                            f"differs by {err:.2e} (seed {SEED})")
+
+
+def test_bfloat16_model_attends_over_its_f16_cache(tiny_files):
+    """bfloat16 activations keep the default f16 cache: attention runs in the
+    cache's dtype over it as it sits, and decode tracks the float32 model."""
+    path = tiny_files["q4_k_xl"]
+    want = Glimmer.from_gguf(path, dtype=torch.float32)(_tokens(30, batch=1, salt=12))[0]
+    model = Glimmer.from_gguf(path, dtype=torch.bfloat16)
+    model.setup_cache(2, 30)
+    assert model.layers[0].attention.kv_cache.k.dtype == torch.float16
+    tokens, slot = _tokens(30, batch=1, salt=12), torch.tensor([1])
+    got = torch.cat([model(tokens[:, :12], slot)[0]] + [model(tokens[:, t:t + 1], slot)[0]
+                                                       for t in range(12, 30)])
+    assert got.dtype == torch.bfloat16
+    err = rel_err(got.float(), want)
+    assert err < 3e-2, f"bfloat16 decode relative error {err:.2e} (seed {SEED})"
+
+
 def test_greedy_generate_is_argmax_of_full_forward(tiny_files):
     model = Glimmer.from_gguf(tiny_files["nvfp4"], dtype=torch.float32)
     prompt = _tokens(6, salt=4)
