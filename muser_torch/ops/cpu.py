@@ -16,10 +16,13 @@ reference:
   compiler is available or ``MUSER_CPU_NATIVE=0``, and serves the types the
   native library does not decode (F32, F16, BF16, F8_E4M3FN).
 
-Above ``FUSED_MAX_TOKENS`` rows both paths dequantize a tile of weight rows
-(``TILE_BYTES`` of float32 scratch) and multiply it with torch's matmul, so the
-whole float matrix never exists. ``qmatmul_t`` (the gradient for x) and
-``dequantize`` use the same tiles; ``embedding`` decodes only the rows asked for.
+Above ``FUSED_MAX_TOKENS`` rows the native path runs ``muser_gemm``: a
+register-blocked GEMM that decodes each block of weight rows once, 256 columns
+at a time into an L1 tile, for all tokens (x packed into token panels); the
+torch path dequantizes a tile of weight rows (``TILE_BYTES`` of float32
+scratch) and multiplies it with torch's matmul. Either way the whole float
+matrix never exists. ``qmatmul_t`` (the gradient for x) and ``dequantize`` use
+the tiles; ``embedding`` decodes only the rows asked for.
 
 Threads: torch's intra-op count, but at least ``THREAD_MIN_BYTES`` of work per
 thread, run by the library's own pool, whose caller never waits for a helper
@@ -48,8 +51,29 @@ from ..formats.floats import e4m3fn_table
 from ..formats.nvfp4 import ue4m3_half_table
 from ..formats.types import GGMLType
 
-NATIVE_MAX_TOKENS = 64         # must match MAX_TOKENS in cpu_kernels.c
-FUSED_MAX_TOKENS = 64          # above this, the tiled dequantize + torch matmul path
+NATIVE_MAX_TOKENS = 64         # must match MAX_TOKENS in cpu_kernels.c (the fused kernel's cap)
+# Up to FUSED_MAX_TOKENS rows the fused kernel, above it the native gemm
+# (muser_gemm); the torch tiles only without the library. Chosen by measurement
+# on the 2-core AMD EPYC (AVX-512) dev box, 2026-11-30, best of 5, in ms, random
+# Q4_K / Q6_K / NVFP4_E2M1 at 6656->4096 and 4096->6656 (ranges over the six):
+#   threads tokens   tile (torch mm)   fused, 64-token chunks    gemm
+#   1        65         42-51              53-73                21-29
+#   1       128         66-79             100-137               31-37
+#   1       256        131-140            193-285               60-66
+#   1       512        259-277            404-592              118-127
+#   2        65         23-40              31-42                11-14
+#   2       128         36-52              59-80                16-20
+#   2       256         70-85             117-163               32-35
+#   2       512        138-173            241-327               61-68
+# (with the other core busy, the tiles' OpenMP barrier also stalled: 170-620 ms
+# where gemm took 25-130). At 8 tokens or fewer the fused kernel wins (one
+# weight decode per row); from 9 on gemm does, and the fused kernel's time
+# grows faster than linearly (x no longer fits in L2):
+#   1 thread, tokens    8         9-10       12        16        32        64
+#   fused            4.9-6.5   6.4-9.2   8.2-10.8  9.9-13.1  20.3-29.7  49.5-71.9
+#   gemm             5.7-7.6   5.7-7.9   5.7-7.7   5.8-7.6   9.4-12.5   17.4-23.0
+# and the same at the demo's 256x768 shapes (9 tokens: 48-76 us vs 48-55 us).
+FUSED_MAX_TOKENS = 8
 TILE_BYTES = 4 << 20           # float32 scratch of the tiled paths
 THREAD_MIN_BYTES = 2 << 20     # packed (or decoded) bytes per native thread, at least
 
@@ -114,6 +138,7 @@ def _build() -> ctypes.CDLL:
     lib.muser_max_tokens.argtypes = []
     lib.muser_dequant_rows.argtypes = [i, p, p, p, f, i64, i64, p, i]
     lib.muser_matmul.argtypes = [i, p, p, p, f, i64, i64, p, i64, p, i]
+    lib.muser_gemm.argtypes = [i, p, p, p, f, i64, i64, p, i64, p, i]
     if lib.muser_max_tokens() != NATIVE_MAX_TOKENS:
         raise OSError("cpu_kernels.c MAX_TOKENS does not match cpu.NATIVE_MAX_TOKENS")
     return lib
@@ -310,6 +335,13 @@ def qmatmul(x: torch.Tensor, packed: torch.Tensor, qtype: int, n_out: int, n_in:
                               _ptr(x2), tokens, _ptr(y), _threads(packed.numel()))
         if rc:
             raise RuntimeError(f"native qmatmul rejected {qtype.name} n_in={n_in}")
+    elif lib is not None:
+        # work grows with the tokens: a small matrix at 256 tokens still splits
+        y = torch.empty(tokens, n_out, dtype=torch.float32)
+        rc = lib.muser_gemm(*_weight_ptrs(qtype, packed, scales, scale_2), n_out, n_in,
+                            _ptr(x2), tokens, _ptr(y), _threads(packed.numel() * tokens // 2))
+        if rc:
+            raise RuntimeError(f"native gemm failed ({rc}) for {qtype.name} n_in={n_in}")
     else:
         # y.T in row tiles: each tile of W rows gives a contiguous slice of y.T.
         yt = torch.empty(n_out, tokens, dtype=torch.float32)

@@ -20,12 +20,26 @@ def test_native_builds_and_claims_its_types():
 
 
 @pytest.mark.parametrize("qtype", NATIVE_TYPES, ids=lambda t: t.name)
-def test_every_token_group_remainder(qtype):
+def test_every_token_group_remainder(qtype, monkeypatch):
     """Rows are dotted with groups of up to 8 tokens (compile-time counts
-    1..8): sweep 1..17 so every remainder and two full groups run."""
+    1..8): sweep 1..17 so every remainder and two full groups run (the fused
+    kernel forced up to its cap; qmatmul hands it only cpu.FUSED_MAX_TOKENS)."""
+    monkeypatch.setattr(cpu, "FUSED_MAX_TOKENS", cpu.NATIVE_MAX_TOKENS)
     case = Case(qtype, 13, blocks=2)
     with cpu.use_native(True):
         for tokens in range(1, 18):
+            x = case.randn(tokens, case.n_in)
+            err = rel_err(ops.qmatmul(x, *case.args), x.double() @ case.weight64().T)
+            assert err < 1e-5, f"{case} tokens={tokens}: relative error {err:.3g}"
+
+
+@pytest.mark.parametrize("qtype", NATIVE_TYPES, ids=lambda t: t.name)
+def test_gemm_every_panel_width(qtype):
+    """The gemm packs tokens into panels of 16 or 32 (8 or 16 without
+    AVX-512), the last one narrow or zero-padded: sweep 9..50 tokens."""
+    case = Case(qtype, 13, blocks=2)
+    with cpu.use_native(True):
+        for tokens in range(cpu.FUSED_MAX_TOKENS + 1, 51):
             x = case.randn(tokens, case.n_in)
             err = rel_err(ops.qmatmul(x, *case.args), x.double() @ case.weight64().T)
             assert err < 1e-5, f"{case} tokens={tokens}: relative error {err:.3g}"

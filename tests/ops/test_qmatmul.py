@@ -11,9 +11,11 @@ from muser_torch.formats import dequantize as ref_dequantize
 from muser_torch.formats.types import GGMLType
 from muser_torch.ops import cpu
 
-from .conftest import ALL_TYPES, Case, rel_err
+from .conftest import ALL_TYPES, NATIVE_TYPES, Case, rel_err
 
-TOKENS = [1, 2, 3, 4, 8, 9, 16, 17, 64, 65]
+# Every CPU rung: the fused kernel up to cpu.FUSED_MAX_TOKENS (8), the
+# gemm above (token panels, a narrow last panel at 65 and 200, full ones at 128).
+TOKENS = [1, 2, 3, 4, 8, 9, 16, 17, 64, 65, 128, 200]
 # n_out not a multiple of 2, 4, 8 or 32.
 N_OUT = 67
 
@@ -58,6 +60,19 @@ def test_qmatmul_many_tiles(tokens, cpu_path, monkeypatch):
         assert err < 1e-5, f"{case} tokens={tokens} ({cpu_path}): relative error {err:.3g}"
         dq = ops.dequantize(*case.args)
         assert torch.equal(dq.double(), case.weight64()), f"{case}: tiled dequantize differs"
+
+
+@pytest.mark.parametrize("qtype", NATIVE_TYPES, ids=lambda t: t.name)
+def test_qmatmul_gemm_edges(qtype, cpu_path):
+    """The gemm rung at a real width (6656 = 26 decode chunks, or a partial last
+    chunk for the small blocks), n_out not a multiple of its row group, and
+    token counts whose last panel is narrow, padded or full."""
+    n_in = 6656 if qtype.block_elems >= 256 else 6656 + 2 * qtype.block_elems
+    case = Case(qtype, 29, blocks=n_in // max(qtype.block_elems, 16))
+    for tokens in (cpu.FUSED_MAX_TOKENS + 1, 90, 97):
+        x = case.randn(tokens, case.n_in)
+        err = rel_err(ops.qmatmul(x, *case.args), x.double() @ case.weight64().T)
+        assert err < 1e-5, f"{case} tokens={tokens} ({cpu_path}): relative error {err:.3g}"
 
 
 def test_qmatmul_seed_shape_single_token(cpu_path):
