@@ -458,6 +458,63 @@ static inline v8f fms8(v8f a, v8f b, v8f c) {
     return (v8f)_mm256_fmsub_ps((__m256)a, (__m256)b, (__m256)c);
 }
 
+/* Register decoders of the hot types, shared by the fused row kernels and the
+ * GEMM tile decode so that both round the same way. */
+
+/* Q4_K / Q5_K group g (64 elements): (d*sc, dmin*m) of sub-blocks 2g, 2g+1. */
+static inline void q45_k_group(const uint8_t *blk, float d, float dmin, int g,
+                               v8f *a0, v8f *c0, v8f *a1, v8f *c1) {
+    float sc0, m0, sc1, m1;
+    scale_min_k4(blk + 4, 2 * g, &sc0, &m0);
+    scale_min_k4(blk + 4, 2 * g + 1, &sc1, &m1);
+    *a0 = splat(d * sc0), *c0 = splat(dmin * m0);
+    *a1 = splat(d * sc1), *c1 = splat(dmin * m1);
+}
+/* ... and its elements 64g+8q.. (w0, low nibbles) and 64g+32+8q.. (w1):
+ * w = fma(d*sc, q, -dmin*m). */
+static inline void q45_k_w8(const uint8_t *qs, const uint8_t *qh, int five, int g, int q,
+                            v8f a0, v8f c0, v8f a1, v8f c1, v8f *w0, v8f *w1) {
+    const v8i raw = widen_u8(qs + 32 * g + 8 * q);
+    v8i lo = raw & 0xF, hi = raw >> 4;
+    if (five) {
+        const v8i h = widen_u8(qh + 8 * q);
+        lo |= ((h >> (2 * g)) & 1) << 4;
+        hi |= ((h >> (2 * g + 1)) & 1) << 4;
+    }
+    *w0 = fms8(a0, to_f32(lo), c0);
+    *w1 = fms8(a1, to_f32(hi), c1);
+}
+
+/* Q6_K half h (128 elements), step q: elements 8q.., 32+8q.., 64+8q.., 96+8q..
+ * of the half, w = (d*sc_j) * (code - 32) with sub-block j = 8h + q/2 (+2, +4, +6). */
+static inline void q6_k_w8(const uint8_t *blk, float d, int h, int q, v8f w[4]) {
+    const int8_t *sc = (const int8_t *)(blk + 192);
+    const uint8_t *ql = blk + 64 * h, *qh = blk + 128 + 32 * h;
+    const int j = 8 * h + q / 2;
+    const v8i l0 = widen_u8(ql + 8 * q), l1 = widen_u8(ql + 32 + 8 * q);
+    const v8i hb = widen_u8(qh + 8 * q);
+    w[0] = splat(d * (float)sc[j]) * to_f32(((l0 & 0xF) | ((hb & 3) << 4)) - 32);
+    w[1] = splat(d * (float)sc[j + 2]) * to_f32(((l1 & 0xF) | (((hb >> 2) & 3) << 4)) - 32);
+    w[2] = splat(d * (float)sc[j + 4]) * to_f32(((l0 >> 4) | (((hb >> 4) & 3) << 4)) - 32);
+    w[3] = splat(d * (float)sc[j + 6]) * to_f32(((l1 >> 4) | (((hb >> 6) & 3) << 4)) - 32);
+}
+
+/* NVFP4_E2M1 block b (16 elements, 8 bytes, one scale): w = e2m1(code) *
+ * (e4m3(scale) * scale_2). A code's magnitude indexes the 8-float table
+ * (vpermps), its bit 3 is the sign; the low and high nibbles (elements 2i,
+ * 2i+1) are interleaved back into element order. */
+static inline void nvfp4_e2m1_w16(__m256 table, const uint8_t *row, float s, int64_t b,
+                                  v8f *w0, v8f *w1) {
+    const v8i raw = widen_u8(row + 8 * b);
+    const v8i lo = raw & 0xF, hi = raw >> 4;
+    const v8f vlo = (v8f)((v8i)_mm256_permutevar8x32_ps(table, (__m256i)(lo & 7)) | ((lo & 8) << 28));
+    const v8f vhi = (v8f)((v8i)_mm256_permutevar8x32_ps(table, (__m256i)(hi & 7)) | ((hi & 8) << 28));
+    const __m256 a = _mm256_unpacklo_ps((__m256)vlo, (__m256)vhi);  /* 0-3 | 8-11 */
+    const __m256 c = _mm256_unpackhi_ps((__m256)vlo, (__m256)vhi);  /* 4-7 | 12-15 */
+    *w0 = splat(s) * (v8f)_mm256_permute2f128_ps(a, c, 0x20);
+    *w1 = splat(s) * (v8f)_mm256_permute2f128_ps(a, c, 0x31);
+}
+
 /* One FMA has a latency of several cycles, so with few tokens a single sum
  * per token would serialize: keep CHAINS independent sums per token (chain c
  * takes the FMA sites numbered c mod CHAINS) and add them up at the end. */
@@ -489,20 +546,10 @@ ROW_KERNEL void row_q45_k(const uint8_t *row, const int five, int64_t nb, const 
         const float d = f16(blk), dmin = f16(blk + 2);
         const int64_t base = b * QK_K;
         for (int g = 0; g < 4; g++) {
-            float sc0, m0, sc1, m1;
-            scale_min_k4(blk + 4, 2 * g, &sc0, &m0);
-            scale_min_k4(blk + 4, 2 * g + 1, &sc1, &m1);
-            const v8f a0 = splat(d * sc0), c0 = splat(dmin * m0);
-            const v8f a1 = splat(d * sc1), c1 = splat(dmin * m1);
+            v8f a0, c0, a1, c1, w0, w1;
+            q45_k_group(blk, d, dmin, g, &a0, &c0, &a1, &c1);
             for (int k = 0; k < 4; k++) {
-                const v8i raw = widen_u8(qs + 32 * g + 8 * k);
-                v8i lo = raw & 0xF, hi = raw >> 4;
-                if (five) {
-                    const v8i h = widen_u8(qh + 8 * k);
-                    lo |= ((h >> (2 * g)) & 1) << 4;
-                    hi |= ((h >> (2 * g + 1)) & 1) << 4;
-                }
-                const v8f w0 = fms8(a0, to_f32(lo), c0), w1 = fms8(a1, to_f32(hi), c1);
+                q45_k_w8(qs, qh, five, g, k, a0, c0, a1, c1, &w0, &w1);
                 FMA_TOKENS(w0, base + 64 * g + 8 * k, 2 * k);
                 FMA_TOKENS(w1, base + 64 * g + 32 + 8 * k, 2 * k + 1);
             }
@@ -518,49 +565,30 @@ ROW_KERNEL void row_q6_k(const uint8_t *row, int64_t nb, const float *x, int64_t
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *blk = row + b * Q6_K_BYTES;
         const float d = f16(blk + 208);
-        const int8_t *sc = (const int8_t *)(blk + 192);
         for (int h = 0; h < 2; h++) {
-            const uint8_t *ql = blk + 64 * h, *qh = blk + 128 + 32 * h;
             const int64_t base = b * QK_K + 128 * h;
-            for (int k = 0; k < 4; k++) {           /* l = 8k .. 8k+7: sub-block 8h + k/2 (+2, +4, +6) */
-                const int j = 8 * h + k / 2;
-                const v8i l0 = widen_u8(ql + 8 * k), l1 = widen_u8(ql + 32 + 8 * k);
-                const v8i hb = widen_u8(qh + 8 * k);
-                const v8f w0 = splat(d * (float)sc[j]) * to_f32(((l0 & 0xF) | ((hb & 3) << 4)) - 32);
-                const v8f w1 = splat(d * (float)sc[j + 2]) *
-                               to_f32(((l1 & 0xF) | (((hb >> 2) & 3) << 4)) - 32);
-                const v8f w2 = splat(d * (float)sc[j + 4]) *
-                               to_f32(((l0 >> 4) | (((hb >> 4) & 3) << 4)) - 32);
-                const v8f w3 = splat(d * (float)sc[j + 6]) *
-                               to_f32(((l1 >> 4) | (((hb >> 6) & 3) << 4)) - 32);
-                FMA_TOKENS(w0, base + 8 * k, 0);
-                FMA_TOKENS(w1, base + 32 + 8 * k, 1);
-                FMA_TOKENS(w2, base + 64 + 8 * k, 2);
-                FMA_TOKENS(w3, base + 96 + 8 * k, 3);
+            for (int k = 0; k < 4; k++) {
+                v8f w[4];
+                q6_k_w8(blk, d, h, k, w);
+                FMA_TOKENS(w[0], base + 8 * k, 0);
+                FMA_TOKENS(w[1], base + 32 + 8 * k, 1);
+                FMA_TOKENS(w[2], base + 64 + 8 * k, 2);
+                FMA_TOKENS(w[3], base + 96 + 8 * k, 3);
             }
         }
     }
     ACC_FINISH(T)
 }
 
-/* NVFP4_E2M1: w = e2m1(code) * (e4m3(scale) * scale_2). A code's magnitude
- * indexes an 8-float table (vpermps), its bit 3 is the sign; the low and high
- * nibbles (elements 2i, 2i+1) are interleaved back into element order. */
+/* NVFP4_E2M1: see nvfp4_e2m1_w16. */
 ROW_KERNEL void row_nvfp4_e2m1(const uint8_t *row, const uint8_t *crow, const float *lut,
                                float s2, int64_t nb, const float *x, int64_t n_in, const int T,
                                float *out) {
     ACC_DECLARE(T);
     const __m256 table = _mm256_loadu_ps(E2M1);
     for (int64_t b = 0; b < nb; b++) {         /* 16 elements, 8 bytes, one scale */
-        const v8i raw = widen_u8(row + 8 * b);
-        const v8i lo = raw & 0xF, hi = raw >> 4;
-        const v8f vlo = (v8f)((v8i)_mm256_permutevar8x32_ps(table, (__m256i)(lo & 7)) | ((lo & 8) << 28));
-        const v8f vhi = (v8f)((v8i)_mm256_permutevar8x32_ps(table, (__m256i)(hi & 7)) | ((hi & 8) << 28));
-        const __m256 a = _mm256_unpacklo_ps((__m256)vlo, (__m256)vhi);  /* 0-3 | 8-11 */
-        const __m256 c = _mm256_unpackhi_ps((__m256)vlo, (__m256)vhi);  /* 4-7 | 12-15 */
-        const v8f s = splat(lut[crow[b]] * s2);
-        const v8f w0 = s * (v8f)_mm256_permute2f128_ps(a, c, 0x20);
-        const v8f w1 = s * (v8f)_mm256_permute2f128_ps(a, c, 0x31);
+        v8f w0, w1;
+        nvfp4_e2m1_w16(table, row, lut[crow[b]] * s2, b, &w0, &w1);
         FMA_TOKENS(w0, 16 * b, 2 * (b & 1));
         FMA_TOKENS(w1, 16 * b + 8, 2 * (b & 1) + 1);
     }
@@ -741,17 +769,8 @@ static void gemm_decode(const kind_t *k, const uint8_t *row, const uint8_t *crow
     if (k->type == T_NVFP4_E2M1) {
         const __m256 table = _mm256_loadu_ps(E2M1);
         for (int64_t b = c0 / NVFP4_GROUP; b < (c0 + n) / NVFP4_GROUP; b++, w += NVFP4_GROUP) {
-            const v8i raw = widen_u8(row + 8 * b);
-            const v8i lo = raw & 0xF, hi = raw >> 4;
-            const v8f vlo = (v8f)((v8i)_mm256_permutevar8x32_ps(table, (__m256i)(lo & 7)) |
-                                  ((lo & 8) << 28));
-            const v8f vhi = (v8f)((v8i)_mm256_permutevar8x32_ps(table, (__m256i)(hi & 7)) |
-                                  ((hi & 8) << 28));
-            const __m256 a = _mm256_unpacklo_ps((__m256)vlo, (__m256)vhi);
-            const __m256 c = _mm256_unpackhi_ps((__m256)vlo, (__m256)vhi);
-            const v8f s = splat(lut[crow[b]] * s2);
-            const v8f w0 = s * (v8f)_mm256_permute2f128_ps(a, c, 0x20);
-            const v8f w1 = s * (v8f)_mm256_permute2f128_ps(a, c, 0x31);
+            v8f w0, w1;
+            nvfp4_e2m1_w16(table, row, lut[crow[b]] * s2, b, &w0, &w1);
             memcpy(w, &w0, 32);
             memcpy(w + 8, &w1, 32);
         }
@@ -764,20 +783,10 @@ static void gemm_decode(const kind_t *k, const uint8_t *row, const uint8_t *crow
             const uint8_t *qh = blk + 16, *qs = blk + (five ? 48 : 16);
             const float d = f16(blk), dmin = f16(blk + 2);
             for (int g = 0; g < 4; g++) {
-                float sc0, m0, sc1, m1;
-                scale_min_k4(blk + 4, 2 * g, &sc0, &m0);
-                scale_min_k4(blk + 4, 2 * g + 1, &sc1, &m1);
-                const v8f a0 = splat(d * sc0), m0v = splat(dmin * m0);
-                const v8f a1 = splat(d * sc1), m1v = splat(dmin * m1);
+                v8f a0, c0v, a1, c1v, w0, w1;
+                q45_k_group(blk, d, dmin, g, &a0, &c0v, &a1, &c1v);
                 for (int q = 0; q < 4; q++) {
-                    const v8i raw = widen_u8(qs + 32 * g + 8 * q);
-                    v8i lo = raw & 0xF, hi = raw >> 4;
-                    if (five) {
-                        const v8i h = widen_u8(qh + 8 * q);
-                        lo |= ((h >> (2 * g)) & 1) << 4;
-                        hi |= ((h >> (2 * g + 1)) & 1) << 4;
-                    }
-                    const v8f w0 = fms8(a0, to_f32(lo), m0v), w1 = fms8(a1, to_f32(hi), m1v);
+                    q45_k_w8(qs, qh, five, g, q, a0, c0v, a1, c1v, &w0, &w1);
                     memcpy(w + 64 * g + 8 * q, &w0, 32);
                     memcpy(w + 64 * g + 32 + 8 * q, &w1, 32);
                 }
@@ -789,25 +798,15 @@ static void gemm_decode(const kind_t *k, const uint8_t *row, const uint8_t *crow
         for (int64_t b = c0 / QK_K; b < (c0 + n) / QK_K; b++, w += QK_K) {
             const uint8_t *blk = row + b * Q6_K_BYTES;
             const float d = f16(blk + 208);
-            const int8_t *sc = (const int8_t *)(blk + 192);
             for (int h = 0; h < 2; h++) {
-                const uint8_t *ql = blk + 64 * h, *qh = blk + 128 + 32 * h;
                 float *o = w + 128 * h;
                 for (int q = 0; q < 4; q++) {
-                    const int j = 8 * h + q / 2;
-                    const v8i l0 = widen_u8(ql + 8 * q), l1 = widen_u8(ql + 32 + 8 * q);
-                    const v8i hb = widen_u8(qh + 8 * q);
-                    const v8f w0 = splat(d * (float)sc[j]) * to_f32(((l0 & 0xF) | ((hb & 3) << 4)) - 32);
-                    const v8f w1 = splat(d * (float)sc[j + 2]) *
-                                   to_f32(((l1 & 0xF) | (((hb >> 2) & 3) << 4)) - 32);
-                    const v8f w2 = splat(d * (float)sc[j + 4]) *
-                                   to_f32(((l0 >> 4) | (((hb >> 4) & 3) << 4)) - 32);
-                    const v8f w3 = splat(d * (float)sc[j + 6]) *
-                                   to_f32(((l1 >> 4) | (((hb >> 6) & 3) << 4)) - 32);
-                    memcpy(o + 8 * q, &w0, 32);
-                    memcpy(o + 32 + 8 * q, &w1, 32);
-                    memcpy(o + 64 + 8 * q, &w2, 32);
-                    memcpy(o + 96 + 8 * q, &w3, 32);
+                    v8f w4[4];
+                    q6_k_w8(blk, d, h, q, w4);
+                    memcpy(o + 8 * q, &w4[0], 32);
+                    memcpy(o + 32 + 8 * q, &w4[1], 32);
+                    memcpy(o + 64 + 8 * q, &w4[2], 32);
+                    memcpy(o + 96 + 8 * q, &w4[3], 32);
                 }
             }
         }
