@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from .config import LANE_KEY
-from .gguf_io import GGUFFile, load_gguf
+from .gguf_io import SCALE2_SUFFIX, SCALE_SUFFIX, GGUFFile, load_gguf
 
 __all__ = ["TensorClass", "Summary", "summarize", "register", "main"]
 
@@ -59,8 +59,16 @@ class Summary:
     unsized_tensors: int   # tensors whose type has no known block size: left out of bytes
 
 
+def _is_companion(name: str, gguf: GGUFFile) -> bool:
+    """An NVFP4 scale tensor bound to a payload: its bytes are part of that
+    weight (NVFP4 is 4.5 bits/weight with them), its elements are not weights."""
+    return any(name.endswith(suffix) and name[:-len(suffix)] in gguf.tensors
+               for suffix in (SCALE2_SUFFIX, SCALE_SUFFIX))
+
+
 def summarize(gguf: GGUFFile) -> Summary:
-    """The tensor-class table and totals of a parsed file."""
+    """The tensor-class table and totals of a parsed file. Parameters count
+    every tensor element (norms too) except NVFP4 companion scales."""
     classes: dict[tuple, TensorClass] = {}
     for t in gguf.tensors.values():
         label = _LAYER_PREFIX.sub("", t.name)
@@ -69,12 +77,12 @@ def summarize(gguf: GGUFFile) -> Summary:
         if c is None:
             c = classes[key] = TensorClass(label, t.type_name, list(t.ne), 0, 0, 0)
         c.count += 1
-        c.params += t.n_elements
+        c.params += 0 if _is_companion(t.name, gguf) else t.n_elements
         c.bytes = None if (c.bytes is None or t.nbytes is None) else c.bytes + t.nbytes
 
     sized = [t for t in gguf.tensors.values() if t.nbytes is not None]
     tensor_bytes = sum(t.nbytes for t in sized)
-    sized_params = sum(t.n_elements for t in sized)
+    sized_params = sum(t.n_elements for t in sized if not _is_companion(t.name, gguf))
     per_token = tensor_bytes
     emb = gguf.tensors.get(EMBEDDING)
     if emb is not None and emb.nbytes is not None:
@@ -86,7 +94,7 @@ def summarize(gguf: GGUFFile) -> Summary:
         architecture=arch if isinstance(arch, str) else None,
         lane=lane if isinstance(lane, str) else None,
         tensors=len(gguf.tensors), classes=list(classes.values()),
-        parameters=sum(t.n_elements for t in gguf.tensors.values()),
+        parameters=sum(c.params for c in classes.values()),
         tensor_bytes=tensor_bytes,
         bits_per_weight=tensor_bytes * 8 / sized_params if sized_params else None,
         bytes_per_token=per_token,

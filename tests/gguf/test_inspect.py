@@ -118,3 +118,27 @@ def test_any_gguf_and_errors(tmp_path, capsys):
     (tmp_path / "bad.gguf").write_bytes(b"GGUF\x07\x00\x00\x00")
     assert cli_main(["inspect", str(tmp_path / "bad.gguf")]) == 2
     assert "version 7 is not supported" in capsys.readouterr().err
+
+
+def test_nvfp4_companion_scales_are_bytes_not_parameters(tmp_path):
+    """An NVFP4_E2M1 weight's E4M3 scales and scale_2 count in its bytes (4.5
+    bits/weight in all) but are not weights: parameters equal the elements of
+    the tensors the Glimmer config names, counted from the config alone."""
+    from dataclasses import replace
+
+    from muser_torch.glimmer import gguf_names
+    from muser_torch.tiny import SEED_CONFIG, write_tiny
+
+    seed = fresh_seed()
+    config = replace(SEED_CONFIG, n_layers=2, hidden=512, ffn=1024, n_heads=4, n_kv_heads=2,
+                     head_dim=128, vocab_size=300, context_length=256, sliding_window=64,
+                     weight_precision="nvfp4")
+    path = tmp_path / "nvfp4.gguf"
+    write_tiny(path, config, seed=seed)
+    s = summarize(load_gguf(path))
+    expected = sum(n_out * n_in for n_out, n_in in gguf_names(config).values())
+    assert s.parameters == expected, f"seed {seed}"
+    assert s.tensor_bytes * 8 / s.parameters == pytest.approx(s.bits_per_weight)
+    # the scale tensors exist and their bytes are in the total
+    scale_bytes = sum(t.nbytes for n, t in load_gguf(path).tensors.items() if n.endswith(("_scale", "_scale_2")))
+    assert scale_bytes > 0 and s.tensor_bytes > scale_bytes, f"seed {seed}"
