@@ -109,6 +109,11 @@ def _compiler() -> str:
 
 
 def _march_flags(cc: str) -> list[str]:
+    """``-march=native`` where the compiler takes it. ``MUSER_CPU_MARCH=NAME``
+    builds for ``-march=NAME`` instead (the tests build ``haswell`` and
+    ``x86-64`` so the AVX2 and plain-C decoders run on an AVX-512 machine)."""
+    if os.environ.get("MUSER_CPU_MARCH"):
+        return [f"-march={os.environ['MUSER_CPU_MARCH']}"]
     flag = "-mcpu=native" if platform.machine().lower() in ("arm64", "aarch64") else "-march=native"
     probe = subprocess.run([cc, flag, "-x", "c", "-c", "-o", os.devnull, "-"], input=b"int x;",
                            capture_output=True)

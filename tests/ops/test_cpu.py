@@ -3,6 +3,8 @@ the geometry of formats/types.py, and every token-group remainder of the fused
 row kernels matches the float64 reference."""
 from __future__ import annotations
 
+import platform
+
 import pytest
 import torch
 
@@ -126,3 +128,35 @@ def test_bits_do_not_depend_on_threads(tokens):
     for y in many:
         assert torch.equal(y, one), f"{case} tokens={tokens}: bits changed with the thread count"
     assert rel_err(one, x.double() @ case.weight64().T) < 1e-5, str(case)
+
+
+def _cpu_flags() -> str:
+    try:
+        return open("/proc/cpuinfo").read()
+    except OSError:
+        return ""
+
+
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="x86-64 builds only")
+@pytest.mark.parametrize("march, needs", [("haswell", ("avx2", "fma")), ("x86-64", ())])
+def test_other_instruction_sets(march, needs, monkeypatch):
+    """This machine builds -march=native (AVX-512 where present); rebuild for
+    AVX2 and for plain x86-64 so their decoders and GEMM widths are checked
+    against float64 too, fused (1..8 tokens) and GEMM (9+) alike."""
+    flags = _cpu_flags()
+    if any(f" {n}" not in flags for n in needs):
+        pytest.skip(f"this CPU lacks {needs}")
+    monkeypatch.setenv("MUSER_CPU_MARCH", march)
+    cpu._native_lib.cache_clear()
+    try:
+        assert cpu.native_available(), f"no native build for -march={march}"
+        with cpu.use_native(True):
+            for qtype in NATIVE_TYPES:
+                case = Case(qtype, 13, blocks=2)
+                for tokens in (1, 3, 8, 9, 17, 40):
+                    x = case.randn(tokens, case.n_in)
+                    err = rel_err(ops.qmatmul(x, *case.args), x.double() @ case.weight64().T)
+                    assert err < 1e-5, f"-march={march} {case} tokens={tokens}: relative error {err:.3g}"
+    finally:
+        monkeypatch.delenv("MUSER_CPU_MARCH")
+        cpu._native_lib.cache_clear()
