@@ -85,7 +85,7 @@ def check_args(op: str, packed: Tensor, qtype: int, n_out: int, n_in: int,
             if scales.device != packed.device:
                 raise ValueError(f"scales is on {scales.device} but packed is on {packed.device}")
             if isinstance(scale_2, Tensor) and not scale_2.dtype.is_floating_point:
-                raise ValueError(f"scale_2 must be float32, got {scale_2.dtype}")
+                raise ValueError(f"scale_2 must be a floating-point tensor (read as float32), got {scale_2.dtype}")
         elif scales is not None or scale_2 is not None:
             raise ValueError(f"{qt.name} takes no scales/scale_2 companions (only "
                              f"{', '.join(t.name for t in NEEDS_COMPANIONS)} does)")

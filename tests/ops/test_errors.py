@@ -69,6 +69,8 @@ def test_companions(q4k, nv):
             nv.qtype, 6, nv.n_in, nv.scales, torch.ones(2))
     _raises(r"muser\.qmatmul: scales must be E4M3FN bytes", ops.qmatmul, x, nv.packed,
             nv.qtype, 6, nv.n_in, nv.scales.float(), nv.scale_2)
+    _raises(r"muser\.qmatmul: scale_2 must be a floating-point tensor", ops.qmatmul, x,
+            nv.packed, nv.qtype, 6, nv.n_in, nv.scales, torch.ones(1, dtype=torch.int32))
     _raises(r"muser\.qmatmul: Q4_K takes no scales/scale_2 companions", ops.qmatmul,
             torch.zeros(1, 256), q4k.packed, q4k.qtype, 6, 256, nv.scales, nv.scale_2)
 
