@@ -149,31 +149,22 @@ def lib():
     return em.compile_shader(SOURCE)
 
 
-def test_missing_barrier_is_caught(lib):
+@pytest.mark.parametrize("kernel", ["reverse_tile", "reverse_tile_simd"],
+                         ids=["within_a_simdgroup", "between_simdgroups"])
+def test_missing_barrier_is_caught(lib, kernel):
     seed = fresh_seed()
     x = torch.randn(64, generator=torch.Generator().manual_seed(seed))
+    run = getattr(lib, kernel)
     for name in em.SCHEDULES:
         with em.schedule(name, seed):
             y = torch.zeros(64)
-            lib.reverse_tile(x, y, 1, threads=64, group_size=64)
-            assert torch.equal(y, x.flip(0)), f"with the barrier, schedule {name} (seed {seed})"
+            run(x, y, 1, threads=64, group_size=64)
+            assert torch.equal(y, x.flip(0)), f"{kernel} with the barrier, schedule {name} (seed {seed})"
             y = torch.zeros(64)
-            lib.reverse_tile(x, y, 0, threads=64, group_size=64)
+            run(x, y, 0, threads=64, group_size=64)
             # The lanes that run first read slots nobody has written: NaN.
-            assert torch.isnan(y).any(), f"missing barrier not exposed by schedule {name} (seed {seed})"
-
-
-def test_missing_barrier_between_simdgroups_is_caught(lib):
-    seed = fresh_seed()
-    x = torch.randn(64, generator=torch.Generator().manual_seed(seed))
-    for name in em.SCHEDULES:
-        with em.schedule(name, seed):
-            y = torch.zeros(64)
-            lib.reverse_tile_simd(x, y, 1, threads=64, group_size=64)
-            assert torch.equal(y, x.flip(0)), f"with the barrier, schedule {name} (seed {seed})"
-            y = torch.zeros(64)
-            lib.reverse_tile_simd(x, y, 0, threads=64, group_size=64)
-            assert torch.isnan(y).any(), f"missing barrier not exposed by schedule {name} (seed {seed})"
+            assert torch.isnan(y).any(), \
+                f"{kernel}: missing barrier not exposed by schedule {name} (seed {seed})"
 
 
 def test_out_of_bounds_read_is_caught(lib):
