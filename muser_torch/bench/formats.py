@@ -1,18 +1,21 @@
 """``muser-torch bench formats``: dequantize and quantize throughput per type.
 
 For one matrix per type (4096 x 6656 by default) it prints MB/s of packed
-bytes for our two CPU dequantizers -- the vectorized-torch reference
-``muser_torch.dequantize`` (portable, traceable) and the ``muser::dequantize``
-op's native CPU kernel, with a fresh output ("op") and into a reused buffer
-("reuse", which leaves out the page faults of a new ~100 MB allocation) --
-and for quantize, gguf's numpy dequantize of the same bytes in the same run,
-and the ratio of each dequantizer to gguf. Then
-it times quantizing a 6656 x 19968 matrix to Q4_K (the issue's target: under
-30 s on 2 cores). Numbers are reported, never asserted.
+bytes for gguf's numpy ``dequantize`` and for ours, each with its ratio to
+gguf's time on the same bytes:
 
-Both dequantizers write a fresh 109 MB float32 matrix, so page faults and
-memory bandwidth weigh heavily at the default size; torch's CPU allocator
-takes transparent huge pages with ``THP_MEM_ALLOC_ENABLE=1``.
+* ``reference``: ``dequantize_reference``, the vectorized torch that runs on
+  any device and under ``torch.compile``;
+* ``dequantize``: ``muser_torch.dequantize`` on CPU, i.e. the native kernel,
+  returning a fresh tensor;
+* ``out=``: the same into a reused buffer, which is the kernel's throughput:
+  a fresh 109 MB output first costs the OS zero-filling its pages, ~2-7 ms on
+  the 2-core dev box depending on the neighbours, as long as the decode.
+
+The four run in turn, best of ``--repeat`` rounds, so a slow spell on a
+shared machine hits them alike. Then quantize throughput per type, and the
+time to quantize a 6656 x 19968 matrix to Q4_K (the issue's target: under
+30 s on 2 cores). Numbers are reported, never asserted.
 """
 from __future__ import annotations
 
@@ -22,9 +25,7 @@ import time
 import numpy as np
 import torch
 
-from .. import ops
-from ..ops import cpu as cpu_ops
-from ..formats import GGMLType, dequantize, quantize
+from ..formats import GGMLType, dequantize, dequantize_reference, quantize
 
 TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K",
          "F16", "BF16", "NVFP4", "NVFP4_E2M1")
@@ -44,13 +45,16 @@ def register(subparsers) -> None:
     p.set_defaults(func=main)
 
 
-def _best(fn, repeat: int) -> float:
-    times = []
+def _interleaved_best(fns: dict, repeat: int) -> dict:
+    """Best time of each callable over ``repeat`` rounds that run them in turn,
+    so a slow spell on a shared machine hits every contender alike."""
+    best = {name: float("inf") for name in fns}
     for _ in range(max(1, repeat)):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return min(times)
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            best[name] = min(best[name], time.perf_counter() - t0)
+    return best
 
 
 def _gguf_dequantize(packed: np.ndarray, qtype: GGMLType):
@@ -73,23 +77,25 @@ def bench_type(qtype: GGMLType, x: torch.Tensor, repeat: int) -> dict:
     packed, scales, scale_2 = out if isinstance(out, tuple) else (out, None, None)
     # the companion scales (NVFP4_E2M1) are part of the weight
     nbytes = packed.numel() + (0 if scales is None else scales.numel())
-    deq = lambda: dequantize(packed, qtype, n_in, scales=scales, scale_2=scale_2)  # noqa: E731
-    op = lambda: ops.dequantize(packed, qtype, packed.shape[0], n_in, scales, scale_2)  # noqa: E731
     out_buf = torch.empty(packed.shape[0], n_in)
-    into = lambda: cpu_ops.dequantize_into(out_buf, packed, qtype, n_in, scales, scale_2)  # noqa: E731
-    deq(), op(), into()                                 # warm up (tables, allocator, native build)
-    t_deq = _best(deq, repeat)
-    t_op = _best(op, repeat)
-    t_into = _best(into, repeat)
-    ref = _gguf_dequantize(packed.numpy(), qtype)
-    t_ref = _best(ref, repeat) if ref is not None else None
-    return {"type": qtype.name, "bytes": nbytes, "deq": nbytes / t_deq / 1e6,
-            "op": nbytes / t_op / 1e6, "into": nbytes / t_into / 1e6,
-            "into_ratio": None if t_ref is None else t_ref / t_into,
-            "op_ratio": None if t_ref is None else t_ref / t_op,
-            "quant": nbytes / t_quant / 1e6, "quant_s": t_quant,
-            "gguf": None if t_ref is None else nbytes / t_ref / 1e6,
-            "ratio": None if t_ref is None else t_ref / t_deq}
+    fns = {
+        "ref": lambda: dequantize_reference(packed, qtype, n_in, scales=scales, scale_2=scale_2),
+        "op": lambda: dequantize(packed, qtype, n_in, scales=scales, scale_2=scale_2),
+        "into": lambda: dequantize(packed, qtype, n_in, scales=scales, scale_2=scale_2, out=out_buf),
+    }
+    gguf_fn = _gguf_dequantize(packed.numpy(), qtype)
+    if gguf_fn is not None:
+        fns["gguf"] = gguf_fn
+    for fn in fns.values():                            # warm up (tables, native build)
+        fn()
+    t = _interleaved_best(fns, repeat)
+    t_ref = t.get("gguf")
+    row = {"type": qtype.name, "bytes": nbytes, "quant": nbytes / t_quant / 1e6, "quant_s": t_quant,
+           "gguf": None if t_ref is None else nbytes / t_ref / 1e6}
+    for key in ("ref", "op", "into"):
+        row[key] = nbytes / t[key] / 1e6
+        row[key + "_ratio"] = None if t_ref is None else t_ref / t[key]
+    return row
 
 
 def _times(ratio: float | None) -> str:
@@ -105,15 +111,16 @@ def main(args: argparse.Namespace) -> int:
     x = torch.randn(args.rows, args.cols, generator=gen)
     print(f"muser-torch bench formats: {args.rows}x{args.cols} float32, CPU, "
           f"torch {torch.__version__}, {torch.get_num_threads()} threads")
-    print(f"{'type':<11} {'packed MB':>9} {'gguf MB/s':>9} {'torch MB/s':>10} {'vs gguf':>8} "
-          f"{'op MB/s':>8} {'vs gguf':>8} {'reuse MB/s':>10} {'vs gguf':>8} "
+    print(f"{'':<21} {'gguf':>9} {'reference':>19} {'dequantize':>19} {'dequantize(out=)':>19}")
+    print(f"{'type':<11} {'packed MB':>9} {'MB/s':>9} {'MB/s':>10} {'vs gguf':>8} "
+          f"{'MB/s':>10} {'vs gguf':>8} {'MB/s':>10} {'vs gguf':>8} "
           f"{'quant MB/s':>10} {'quant s':>8}")
     for qtype in qtypes:
         r = bench_type(qtype, x, args.repeat)
         gguf_rate = "-" if r["gguf"] is None else f"{r['gguf']:.0f}"
-        ratio, op_ratio, into_ratio = (_times(r[k]) for k in ("ratio", "op_ratio", "into_ratio"))
-        print(f"{r['type']:<11} {r['bytes'] / 1e6:>9.1f} {gguf_rate:>9} {r['deq']:>10.0f} {ratio:>8} "
-              f"{r['op']:>8.0f} {op_ratio:>8} {r['into']:>10.0f} {into_ratio:>8} "
+        ratio, op_ratio, into_ratio = (_times(r[k]) for k in ("ref_ratio", "op_ratio", "into_ratio"))
+        print(f"{r['type']:<11} {r['bytes'] / 1e6:>9.1f} {gguf_rate:>9} {r['ref']:>10.0f} {ratio:>8} "
+              f"{r['op']:>10.0f} {op_ratio:>8} {r['into']:>10.0f} {into_ratio:>8} "
               f"{r['quant']:>10.1f} {r['quant_s']:>8.2f}", flush=True)
     if args.big != "none":
         rows, cols = (int(v) for v in args.big.lower().split("x"))

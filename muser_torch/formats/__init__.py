@@ -2,8 +2,9 @@
 
 Both functions work on whole rows: a matrix ``(n_out, n_in)`` is a uint8
 tensor ``[n_out, row_bytes]`` whose row r is ``n_in / block_elems``
-consecutive blocks, exactly as in a GGUF file. Everything is vectorized
-torch, so it runs on any device and under ``torch.compile``.
+consecutive blocks, exactly as in a GGUF file. Everything here is vectorized
+torch, so it runs on any device and under ``torch.compile``; ``dequantize``
+hands CPU tensors to the native kernel when it is not being traced.
 """
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from .nvfp4 import dequantize_nvfp4_e2m1
 from .registry import can_quantize, format_for
 from .types import NEEDS_COMPANIONS, NVFP4_GROUP, QK_K, GGMLType
 
-__all__ = ["GGMLType", "QK_K", "dequantize", "quantize", "can_quantize", "check_packed"]
+__all__ = ["GGMLType", "QK_K", "dequantize", "dequantize_reference", "quantize", "can_quantize",
+           "check_packed"]
 
 # Activation dtypes the quantizers and the ops accept.
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -63,13 +65,13 @@ def check_companions(scales, scale_2, rows: int, n_in: int, device) -> tuple[tor
     return scales, scale_2.to(device=device, dtype=torch.float32)
 
 
-def dequantize(packed: torch.Tensor, qtype: "GGMLType | int", n_in: int, *,
-               scales: torch.Tensor | None = None,
-               scale_2: "torch.Tensor | float | None" = None) -> torch.Tensor:
-    """Packed uint8 ``[rows, row_bytes]`` of ``qtype`` to float32 ``[rows, n_in]``.
-
-    Bit-exact with gguf's numpy ``dequantize`` (and ggml's ``to_float``).
-    NVFP4_E2M1 also takes its ``scales`` and ``scale_2`` companions."""
+def dequantize_reference(packed: torch.Tensor, qtype: "GGMLType | int", n_in: int, *,
+                         scales: torch.Tensor | None = None,
+                         scale_2: "torch.Tensor | float | None" = None) -> torch.Tensor:
+    """Packed uint8 ``[rows, row_bytes]`` of ``qtype`` to float32 ``[rows, n_in]``
+    in vectorized torch: any device, traceable by ``torch.compile``, and the
+    reference every kernel is tested against. Bit-exact with gguf's numpy
+    ``dequantize`` (and ggml's ``to_float``)."""
     qtype = GGMLType.parse(qtype)
     check_packed(packed, qtype, n_in)
     rows = packed.shape[0]
@@ -78,6 +80,50 @@ def dequantize(packed: torch.Tensor, qtype: "GGMLType | int", n_in: int, *,
         return dequantize_nvfp4_e2m1(packed, scales, scale_2)
     blocks = packed.reshape(-1, qtype.block_bytes)
     return format_for(qtype).dequantize_blocks(blocks).reshape(rows, n_in)
+
+
+def check_out(out: torch.Tensor, rows: int, n_in: int, device: torch.device) -> None:
+    """Raise ValueError unless ``out`` can take a dequantized ``[rows, n_in]``."""
+    if not isinstance(out, torch.Tensor):
+        raise ValueError(f"out must be a torch.Tensor, got {type(out).__name__}")
+    if out.dtype != torch.float32:
+        raise ValueError(f"out must be float32, got {out.dtype}")
+    if tuple(out.shape) != (rows, n_in):
+        raise ValueError(f"out must have shape {(rows, n_in)}, got {tuple(out.shape)}")
+    if not out.is_contiguous():
+        raise ValueError(f"out must be contiguous (got strides {out.stride()})")
+    if out.device != device:
+        raise ValueError(f"out is on {out.device} but packed is on {device}")
+
+
+def dequantize(packed: torch.Tensor, qtype: "GGMLType | int", n_in: int, *,
+               scales: torch.Tensor | None = None,
+               scale_2: "torch.Tensor | float | None" = None,
+               out: torch.Tensor | None = None) -> torch.Tensor:
+    """Packed uint8 ``[rows, row_bytes]`` of ``qtype`` to float32 ``[rows, n_in]``,
+    bit-exact with gguf's numpy ``dequantize``. NVFP4_E2M1 also takes its
+    ``scales`` and ``scale_2`` companions.
+
+    CPU tensors go to the native kernel (``muser_torch/ops/cpu_kernels.c``),
+    which decodes straight into the output; other devices, ``torch.compile``
+    graphs and machines without a C compiler get :func:`dequantize_reference`.
+
+    ``out``: a contiguous float32 ``[rows, n_in]`` on packed's device to write
+    into, returned. Worth passing when dequantizing tensor after tensor: a
+    fresh 100 MB output costs the kernel's zero-filling of its pages, about as
+    long as the decode itself."""
+    qtype = GGMLType.parse(qtype)
+    check_packed(packed, qtype, n_in)
+    rows = packed.shape[0]
+    if qtype in NEEDS_COMPANIONS:
+        scales, scale_2 = check_companions(scales, scale_2, rows, n_in, packed.device)
+    if out is not None:
+        check_out(out, rows, n_in, packed.device)
+    if packed.device.type == "cpu" and not torch.compiler.is_compiling():
+        from ..ops.cpu import dequantize_rows   # the ops import this module
+        return dequantize_rows(packed, qtype, n_in, scales, scale_2, out=out)
+    w = dequantize_reference(packed, qtype, n_in, scales=scales, scale_2=scale_2)
+    return w if out is None else out.copy_(w)
 
 
 def quantize(x: torch.Tensor, qtype: "GGMLType | int", *, imatrix: torch.Tensor | None = None):

@@ -39,7 +39,8 @@ import torch
 
 from .kquant_search import (make_qkx_quants, make_qp_quants, make_qx_quants, nearest_int, rdiv,
                             run_chunks, seq_sum, sqrt_rn)
-from .registry import BlockFormat, f16_bytes, f16_field, fifth_bits, join_nibbles, split_nibbles
+from .registry import (BlockFormat, f16_bytes, f16_field, fifth_bits, join_nibbles, nibbles_into,
+                       split_nibbles)
 from .types import K_SCALE_SIZE, QK_K, GGMLType
 
 # Super-blocks quantized at once. The Q4_K/Q5_K search holds a few
@@ -200,8 +201,7 @@ def q6_k_codes(blocks: torch.Tensor) -> torch.Tensor:
     qh = blocks[:, 128:192].unflatten(1, (2, 1, 32))       # [n, half, 1, l]
     codes = torch.empty((n, 2, 4, 32), dtype=torch.uint8, device=blocks.device)
     # parts 0, 1 (l, l + 32) take the low nibbles of the two runs, parts 2, 3 the high
-    torch.bitwise_and(ql, 0x0F, out=codes[:, :, :2])
-    torch.bitwise_right_shift(ql, 4, out=codes[:, :, 2:])
+    nibbles_into(ql, codes[:, :, :2], codes[:, :, 2:])
     shifts = torch.tensor([0, 2, 4, 6], dtype=torch.uint8, device=blocks.device).view(1, 1, 4, 1)
     codes |= ((qh >> shifts) & 3) << 4
     return codes.view(n, QK_K)

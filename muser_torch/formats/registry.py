@@ -77,12 +77,21 @@ def f16_bytes(x: torch.Tensor) -> torch.Tensor:
     return x.to(torch.float16).contiguous().view(torch.uint8).reshape(-1, 2)
 
 
+def nibbles_into(qs: torch.Tensor, low: torch.Tensor, high: torch.Tensor) -> None:
+    """Write the low and high nibbles of uint8 ``qs`` into the views ``low`` and
+    ``high`` (of ``qs``'s shape, broadcasting) without temporaries."""
+    if torch.compiler.is_compiling():      # dynamo refuses out= into a strided view
+        low.copy_(qs & 0x0F)
+        high.copy_(qs >> 4)
+        return
+    torch.bitwise_and(qs, 0x0F, out=low)
+    torch.bitwise_right_shift(qs, 4, out=high)
+
+
 def split_nibbles(qs: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     """Unpack uint8 ``qs`` ``[..., k]`` into uint8 ``out`` ``[..., 2, k]`` (often a
     view of a bigger buffer): the low nibbles, then the high nibbles."""
-    qs = qs.unsqueeze(-2)
-    torch.bitwise_and(qs, 0x0F, out=out[..., :1, :])
-    torch.bitwise_right_shift(qs, 4, out=out[..., 1:, :])
+    nibbles_into(qs.unsqueeze(-2), out[..., :1, :], out[..., 1:, :])
     return out
 
 

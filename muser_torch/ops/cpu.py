@@ -6,7 +6,7 @@ reference:
 * native: ``cpu_kernels.c``, compiled with the system C compiler on first use
   (about two seconds, cached under ``~/.cache/muser_torch`` keyed by source,
   compiler, flags and CPU) and called through ctypes with data pointers. Its
-  block decoders are bit-identical to ``muser_torch.formats.dequantize``. Up
+  block decoders are bit-identical to ``muser_torch.formats.dequantize_reference``. Up
   to ``FUSED_MAX_TOKENS`` activation rows it runs a fused matmul that reads
   the packed bytes once: threads take chunks of weight rows, decode each row
   in registers (Q4_K, Q5_K, Q6_K, NVFP4_E2M1 on AVX2+FMA CPUs) or 256
@@ -14,15 +14,17 @@ reference:
   groups of up to 8 tokens while it sits in L1.
 * torch: the reference dequantizer on row tiles. It is the fallback when no
   compiler is available or ``MUSER_CPU_NATIVE=0``, and serves the types the
-  native library does not decode (F32, F16, BF16, F8_E4M3FN).
+  native library does not decode (F32, F8_E4M3FN). The library decodes F16
+  and BF16 for ``dequantize`` only; their matmuls stay on torch's tiles.
 
 Above ``FUSED_MAX_TOKENS`` rows the native path runs ``muser_gemm``: a
 register-blocked GEMM that decodes each block of weight rows once, 256 columns
 at a time into an L1 tile, for all tokens (x packed into token panels); the
 torch path dequantizes a tile of weight rows (``TILE_BYTES`` of float32
 scratch) and multiplies it with torch's matmul. Either way the whole float
-matrix never exists. ``qmatmul_t`` (the gradient for x) and ``dequantize`` use
-the tiles; ``embedding`` decodes only the rows asked for.
+matrix never exists. ``qmatmul_t`` (the gradient for x) uses the tiles;
+``dequantize`` decodes the whole matrix in one call (so each thread fills
+whole pages of a fresh output); ``embedding`` decodes only the rows asked for.
 
 Threads: torch's intra-op count, but at least ``THREAD_MIN_BYTES`` of work per
 thread, run by the library's own pool, whose caller never waits for a helper
@@ -46,7 +48,7 @@ from pathlib import Path
 
 import torch
 
-from ..formats import dequantize as _ref_dequantize
+from ..formats import dequantize_reference as _ref_dequantize
 from ..formats.floats import e4m3fn_table
 from ..formats.nvfp4 import ue4m3_half_table
 from ..formats.types import GGMLType
@@ -186,8 +188,13 @@ def _native_decodes(qtype: GGMLType) -> bool:
                                                   qtype.block_bytes) == 0
 
 
-def _native_for(qtype: GGMLType) -> ctypes.CDLL | None:
-    if not _native_enabled or not _native_decodes(qtype):
+# Decoded natively for dequantize, but multiplied by torch on float tiles: a
+# float weight gains nothing from the fused decode.
+DEQUANTIZE_ONLY = (GGMLType.F16, GGMLType.BF16)
+
+
+def _native_for(qtype: GGMLType, matmul: bool = False) -> ctypes.CDLL | None:
+    if not _native_enabled or not _native_decodes(qtype) or (matmul and qtype in DEQUANTIZE_ONLY):
         return None
     return _native_lib()
 
@@ -223,21 +230,19 @@ def _tile_rows(n_in: int) -> int:
     return max(1, TILE_BYTES // (4 * n_in))
 
 
-def _dequant_tile(packed: torch.Tensor, qtype: GGMLType, n_in: int, scales, scale_2,
-                  out: torch.Tensor | None = None, threads: int | None = None) -> torch.Tensor:
-    """Rows of ``packed`` (and their companions) to float32, native when possible.
-    Tiles feeding a torch matmul decode on one thread (``threads=1``): the
-    decode is a small part of the tile's time, and two thread pools taking
-    turns would each spin while the other works."""
+def dequantize_rows(packed: torch.Tensor, qtype: GGMLType, n_in: int, scales, scale_2,
+                    out: torch.Tensor | None = None, threads: int | None = None) -> torch.Tensor:
+    """Rows of ``packed`` (and their companions) to float32 ``[rows, n_in]``,
+    native when possible, into ``out`` (contiguous) when given. Arguments
+    arrive validated. Tiles feeding a torch matmul decode on one thread
+    (``threads=1``): the decode is a small part of the tile's time, and two
+    thread pools taking turns would each spin while the other works."""
     lib = _native_for(qtype)
     if lib is None:
         w = _ref_dequantize(packed, qtype, n_in, scales=scales, scale_2=scale_2)
-        if out is not None:
-            out.copy_(w)
-            return out
-        return w
+        return w if out is None else out.copy_(w)
     if out is None:
-        out = torch.empty(packed.shape[0], n_in, dtype=torch.float32)
+        out = _empty_huge(packed.shape[0], n_in)
     rc = lib.muser_dequant_rows(*_weight_ptrs(qtype, packed, scales, scale_2),
                                 packed.shape[0], n_in, _ptr(out),
                                 threads or _threads(out.numel() * 4))
@@ -259,15 +264,17 @@ def _weight_tiles(packed: torch.Tensor, qtype: GGMLType, n_in: int, scales, scal
     for r0 in range(0, n_out, step):
         r1 = min(n_out, r0 + step)
         p, s = _row_slice(packed, scales, r0, r1)
-        yield r0, r1, _dequant_tile(p, qtype, n_in, s, scale_2, out=scratch[:r1 - r0], threads=1)
+        yield r0, r1, dequantize_rows(p, qtype, n_in, s, scale_2, out=scratch[:r1 - r0], threads=1)
 
 
 # ---- the ops (signatures follow the schemas in muser_torch.ops) --------------------------
 
 def dequantize(packed: torch.Tensor, qtype: int, n_out: int, n_in: int,
                scales: torch.Tensor | None = None, scale_2: torch.Tensor | None = None) -> torch.Tensor:
-    out = _empty_huge(n_out, n_in)
-    return dequantize_into(out, packed, GGMLType(qtype), n_in, scales, scale_2)
+    w = dequantize_rows(packed, GGMLType(qtype), n_in, scales, scale_2)
+    # an op's output may not alias its input (F32's reference is a view of the bytes)
+    same = w.untyped_storage().data_ptr() == packed.untyped_storage().data_ptr()
+    return w.clone() if same else w
 
 
 _MADV_HUGEPAGE = 14  # Linux <sys/mman.h>
@@ -301,22 +308,6 @@ def _empty_huge(rows: int, cols: int) -> torch.Tensor:
     return out
 
 
-def dequantize_into(out: torch.Tensor, packed: torch.Tensor, qtype: GGMLType, n_in: int,
-                    scales: torch.Tensor | None = None,
-                    scale_2: torch.Tensor | None = None) -> torch.Tensor:
-    """Dequantize into the caller's contiguous float32 ``out`` [rows, n_in].
-
-    A fresh output of ~100 MB costs more in page faults than the decode
-    itself, so callers that dequantize repeatedly (the formats bench) reuse
-    one buffer."""
-    step = _tile_rows(n_in)
-    for r0 in range(0, out.shape[0], step):
-        r1 = min(out.shape[0], r0 + step)
-        p, s = _row_slice(packed, scales, r0, r1)
-        _dequant_tile(p, qtype, n_in, s, scale_2, out=out[r0:r1])
-    return out
-
-
 def embedding(ids: torch.Tensor, packed: torch.Tensor, qtype: int, n_out: int, n_in: int,
               scales: torch.Tensor | None = None, scale_2: torch.Tensor | None = None) -> torch.Tensor:
     """Dequantize only the requested rows (repeats decoded once)."""
@@ -325,7 +316,7 @@ def embedding(ids: torch.Tensor, packed: torch.Tensor, qtype: int, n_out: int, n
     uniq, inverse = torch.unique(flat, return_inverse=True)
     p = packed.index_select(0, uniq)
     s = None if scales is None else scales.index_select(0, uniq)
-    rows = _dequant_tile(p, qtype, n_in, s, scale_2)
+    rows = dequantize_rows(p, qtype, n_in, s, scale_2)
     return rows.index_select(0, inverse).reshape(*ids.shape, n_in)
 
 
@@ -337,7 +328,7 @@ def qmatmul(x: torch.Tensor, packed: torch.Tensor, qtype: int, n_out: int, n_in:
     tokens = x2.shape[0]
     if tokens == 0:
         return x.new_zeros(*lead, n_out)
-    lib = _native_for(qtype)
+    lib = _native_for(qtype, matmul=True)
     if lib is not None and tokens <= FUSED_MAX_TOKENS:
         y = torch.empty(tokens, n_out, dtype=torch.float32)
         rc = lib.muser_matmul(*_weight_ptrs(qtype, packed, scales, scale_2), n_out, n_in,

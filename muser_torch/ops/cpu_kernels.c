@@ -29,8 +29,8 @@
 /* GGMLType ids and block geometry, as in muser_torch/formats/types.py: every
  * KINDS entry below is checked against that table by muser_geometry() when
  * cpu.py loads the library, and the fused row kernels use the same names. */
-enum { T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q5_1 = 7, T_Q8_0 = 8, T_Q4_K = 12, T_Q5_K = 13,
-       T_Q6_K = 14, T_NVFP4 = 40, T_NVFP4_E2M1 = 1000 };
+enum { T_F16 = 1, T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q5_1 = 7, T_Q8_0 = 8, T_Q4_K = 12,
+       T_Q5_K = 13, T_Q6_K = 14, T_BF16 = 30, T_NVFP4 = 40, T_NVFP4_E2M1 = 1000 };
 #define QK_K 256        /* elements of a K-quant super-block */
 #define QK_LEGACY 32    /* elements of a Q4_0 .. Q8_0 block */
 #define QK_NVFP4 64     /* elements of a llama.cpp NVFP4 block */
@@ -45,8 +45,17 @@ enum { T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q5_1 = 7, T_Q8_0 = 8, T_Q4_K = 12, 
 
 typedef float v8f __attribute__((vector_size(32)));
 
-typedef void (*decode_fn)(const uint8_t *blk, const uint8_t *cmp, const float *lut, float s2,
-                          float *w);
+/* A decoder writes the floats of `nb` consecutive blocks starting at `b`
+ * (and their companion bytes at `cmp`, NVFP4_E2M1 only): looping over blocks
+ * inside the decoder, not around it, lets the compiler vectorize the small
+ * legacy blocks and hoists the per-call work out of the block loop. */
+typedef void (*decode_fn)(const uint8_t *b, const uint8_t *cmp, const float *lut, float s2,
+                          int64_t nb, float *restrict w);
+
+#define DECODER(name) \
+    static void name(const uint8_t *b, const uint8_t *cmp, const float *lut, float s2, int64_t nb, \
+                     float *restrict w)
+#define UNUSED_ARGS (void)cmp; (void)lut; (void)s2
 
 static float f16(const uint8_t *p) {
     /* IEEE half (little endian) to float, exactly. */
@@ -83,80 +92,96 @@ static void scale_min_k4(const uint8_t *s, int j, float *sc, float *m) {
     }
 }
 
-static void dec_q4_k(const uint8_t *b, const uint8_t *cmp, const float *lut, float s2, float *w) {
-    (void)cmp; (void)lut; (void)s2;
-    const float d = f16(b), dmin = f16(b + 2);
-    const uint8_t *qs = b + 16;
-    for (int g = 0; g < 4; g++) {
-        float sc0, m0, sc1, m1;
-        scale_min_k4(b + 4, 2 * g, &sc0, &m0);
-        scale_min_k4(b + 4, 2 * g + 1, &sc1, &m1);
-        const float a0 = d * sc0, c0 = dmin * m0, a1 = d * sc1, c1 = dmin * m1;
-        for (int l = 0; l < 32; l++) {
-            w[64 * g + l] = a0 * (float)(qs[32 * g + l] & 0xF) - c0;
-            w[64 * g + 32 + l] = a1 * (float)(qs[32 * g + l] >> 4) - c1;
+DECODER(dec_q4_k) {
+    UNUSED_ARGS;
+    for (; nb > 0; nb--, b += Q4_K_BYTES, w += QK_K) {
+        const float d = f16(b), dmin = f16(b + 2);
+        const uint8_t *qs = b + 16;
+        for (int g = 0; g < 4; g++) {
+            float sc0, m0, sc1, m1;
+            scale_min_k4(b + 4, 2 * g, &sc0, &m0);
+            scale_min_k4(b + 4, 2 * g + 1, &sc1, &m1);
+            const float a0 = d * sc0, c0 = dmin * m0, a1 = d * sc1, c1 = dmin * m1;
+            for (int l = 0; l < 32; l++) {
+                w[64 * g + l] = a0 * (float)(qs[32 * g + l] & 0xF) - c0;
+                w[64 * g + 32 + l] = a1 * (float)(qs[32 * g + l] >> 4) - c1;
+            }
         }
     }
 }
 
-static void dec_q5_k(const uint8_t *b, const uint8_t *cmp, const float *lut, float s2, float *w) {
-    (void)cmp; (void)lut; (void)s2;
-    const float d = f16(b), dmin = f16(b + 2);
-    const uint8_t *qh = b + 16, *qs = b + 48;
-    for (int g = 0; g < 4; g++) {
-        float sc0, m0, sc1, m1;
-        scale_min_k4(b + 4, 2 * g, &sc0, &m0);
-        scale_min_k4(b + 4, 2 * g + 1, &sc1, &m1);
-        const float a0 = d * sc0, c0 = dmin * m0, a1 = d * sc1, c1 = dmin * m1;
-        for (int l = 0; l < 32; l++) {
-            int lo = (qs[32 * g + l] & 0xF) | (((qh[l] >> (2 * g)) & 1) << 4);
-            int hi = (qs[32 * g + l] >> 4) | (((qh[l] >> (2 * g + 1)) & 1) << 4);
-            w[64 * g + l] = a0 * (float)lo - c0;
-            w[64 * g + 32 + l] = a1 * (float)hi - c1;
+DECODER(dec_q5_k) {
+    UNUSED_ARGS;
+    for (; nb > 0; nb--, b += Q5_K_BYTES, w += QK_K) {
+        const float d = f16(b), dmin = f16(b + 2);
+        const uint8_t *qh = b + 16, *qs = b + 48;
+        for (int g = 0; g < 4; g++) {
+            float sc0, m0, sc1, m1;
+            scale_min_k4(b + 4, 2 * g, &sc0, &m0);
+            scale_min_k4(b + 4, 2 * g + 1, &sc1, &m1);
+            const float a0 = d * sc0, c0 = dmin * m0, a1 = d * sc1, c1 = dmin * m1;
+            for (int l = 0; l < 32; l++) {
+                int lo = (qs[32 * g + l] & 0xF) | (((qh[l] >> (2 * g)) & 1) << 4);
+                int hi = (qs[32 * g + l] >> 4) | (((qh[l] >> (2 * g + 1)) & 1) << 4);
+                w[64 * g + l] = a0 * (float)lo - c0;
+                w[64 * g + 32 + l] = a1 * (float)hi - c1;
+            }
         }
     }
 }
 
-static void dec_q6_k(const uint8_t *b, const uint8_t *cmp, const float *lut, float s2, float *w) {
-    (void)cmp; (void)lut; (void)s2;
+/* One block; the l loop runs in two halves of 16 so each has one scale per
+ * output run and vectorizes. */
+static inline void q6_k_block(const uint8_t *b, float *restrict w) {
     const float d = f16(b + 208);
     const int8_t *sc = (const int8_t *)(b + 192);
-    float ds[16];
-    for (int j = 0; j < 16; j++) ds[j] = d * (float)sc[j];
     for (int h = 0; h < 2; h++) {
         const uint8_t *ql = b + 64 * h, *qh = b + 128 + 32 * h;
         float *o = w + 128 * h;
-        const float *s = ds + 8 * h;
-        for (int l = 0; l < 32; l++) {
-            int q0 = ((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32;
-            int q1 = ((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
-            int q2 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
-            int q3 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
-            o[l] = s[l / 16] * (float)q0;
-            o[l + 32] = s[2 + l / 16] * (float)q1;
-            o[l + 64] = s[4 + l / 16] * (float)q2;
-            o[l + 96] = s[6 + l / 16] * (float)q3;
+        for (int half = 0; half < 2; half++) {
+            const int j = 8 * h + half;
+            const float s0 = d * (float)sc[j], s1 = d * (float)sc[j + 2];
+            const float s2 = d * (float)sc[j + 4], s3 = d * (float)sc[j + 6];
+            for (int l = 16 * half; l < 16 * half + 16; l++) {
+                int q0 = ((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32;
+                int q1 = ((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
+                int q2 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+                int q3 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+                o[l] = s0 * (float)q0;
+                o[l + 32] = s1 * (float)q1;
+                o[l + 64] = s2 * (float)q2;
+                o[l + 96] = s3 * (float)q3;
+            }
         }
     }
+}
+
+DECODER(dec_q6_k) {
+    UNUSED_ARGS;
+    for (; nb > 0; nb--, b += Q6_K_BYTES, w += QK_K) q6_k_block(b, w);
 }
 
 /* ---- 32-element legacy blocks ------------------------------------------------ */
 
-static void dec_q4_0(const uint8_t *b, const uint8_t *cmp, const float *lut, float s2, float *w) {
-    (void)cmp; (void)lut; (void)s2;
-    const float d = f16(b);
-    for (int j = 0; j < 16; j++) {
-        w[j] = d * (float)((b[2 + j] & 0xF) - 8);
-        w[j + 16] = d * (float)((b[2 + j] >> 4) - 8);
+DECODER(dec_q4_0) {
+    UNUSED_ARGS;
+    for (; nb > 0; nb--, b += 18, w += QK_LEGACY) {
+        const float d = f16(b);
+        for (int j = 0; j < 16; j++) {
+            w[j] = d * (float)((b[2 + j] & 0xF) - 8);
+            w[j + 16] = d * (float)((b[2 + j] >> 4) - 8);
+        }
     }
 }
 
-static void dec_q4_1(const uint8_t *b, const uint8_t *cmp, const float *lut, float s2, float *w) {
-    (void)cmp; (void)lut; (void)s2;
-    const float d = f16(b), m = f16(b + 2);
-    for (int j = 0; j < 16; j++) {
-        w[j] = d * (float)(b[4 + j] & 0xF) + m;
-        w[j + 16] = d * (float)(b[4 + j] >> 4) + m;
+DECODER(dec_q4_1) {
+    UNUSED_ARGS;
+    for (; nb > 0; nb--, b += 20, w += QK_LEGACY) {
+        const float d = f16(b), m = f16(b + 2);
+        for (int j = 0; j < 16; j++) {
+            w[j] = d * (float)(b[4 + j] & 0xF) + m;
+            w[j + 16] = d * (float)(b[4 + j] >> 4) + m;
+        }
     }
 }
 
@@ -164,35 +189,41 @@ static uint32_t le32(const uint8_t *p) {
     return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
 }
 
-static void dec_q5_0(const uint8_t *b, const uint8_t *cmp, const float *lut, float s2, float *w) {
-    (void)cmp; (void)lut; (void)s2;
-    const float d = f16(b);
-    const uint32_t qh = le32(b + 2);
-    for (int j = 0; j < 16; j++) {
-        int lo = (b[6 + j] & 0xF) | (((qh >> j) & 1) << 4);
-        int hi = (b[6 + j] >> 4) | (((qh >> (j + 16)) & 1) << 4);
-        w[j] = d * (float)(lo - 16);
-        w[j + 16] = d * (float)(hi - 16);
+DECODER(dec_q5_0) {
+    UNUSED_ARGS;
+    for (; nb > 0; nb--, b += 22, w += QK_LEGACY) {
+        const float d = f16(b);
+        const uint32_t qh = le32(b + 2);
+        for (int j = 0; j < 16; j++) {
+            int lo = (b[6 + j] & 0xF) | (((qh >> j) & 1) << 4);
+            int hi = (b[6 + j] >> 4) | (((qh >> (j + 16)) & 1) << 4);
+            w[j] = d * (float)(lo - 16);
+            w[j + 16] = d * (float)(hi - 16);
+        }
     }
 }
 
-static void dec_q5_1(const uint8_t *b, const uint8_t *cmp, const float *lut, float s2, float *w) {
-    (void)cmp; (void)lut; (void)s2;
-    const float d = f16(b), m = f16(b + 2);
-    const uint32_t qh = le32(b + 4);
-    for (int j = 0; j < 16; j++) {
-        int lo = (b[8 + j] & 0xF) | (((qh >> j) & 1) << 4);
-        int hi = (b[8 + j] >> 4) | (((qh >> (j + 16)) & 1) << 4);
-        w[j] = d * (float)lo + m;
-        w[j + 16] = d * (float)hi + m;
+DECODER(dec_q5_1) {
+    UNUSED_ARGS;
+    for (; nb > 0; nb--, b += 24, w += QK_LEGACY) {
+        const float d = f16(b), m = f16(b + 2);
+        const uint32_t qh = le32(b + 4);
+        for (int j = 0; j < 16; j++) {
+            int lo = (b[8 + j] & 0xF) | (((qh >> j) & 1) << 4);
+            int hi = (b[8 + j] >> 4) | (((qh >> (j + 16)) & 1) << 4);
+            w[j] = d * (float)lo + m;
+            w[j + 16] = d * (float)hi + m;
+        }
     }
 }
 
-static void dec_q8_0(const uint8_t *b, const uint8_t *cmp, const float *lut, float s2, float *w) {
-    (void)cmp; (void)lut; (void)s2;
-    const float d = f16(b);
-    const int8_t *q = (const int8_t *)(b + 2);
-    for (int j = 0; j < 32; j++) w[j] = d * (float)q[j];
+DECODER(dec_q8_0) {
+    UNUSED_ARGS;
+    for (; nb > 0; nb--, b += 34, w += QK_LEGACY) {
+        const float d = f16(b);
+        const int8_t *q = (const int8_t *)(b + 2);
+        for (int j = 0; j < 32; j++) w[j] = d * (float)q[j];
+    }
 }
 
 /* ---- NVFP4 ------------------------------------------------------------------- */
@@ -202,25 +233,50 @@ static const float E2M1[16] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f,
 static const float GGML_DOUBLED[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
 
 /* Muser-native: 16 elements in 8 bytes, element 2i in the low nibble of byte i. */
-static void dec_nvfp4_e2m1(const uint8_t *b, const uint8_t *cmp, const float *lut, float s2,
-                           float *w) {
-    const float s = lut[*cmp];
-    for (int i = 0; i < 8; i++) {
-        w[2 * i] = (E2M1[b[i] & 0xF] * s) * s2;
-        w[2 * i + 1] = (E2M1[b[i] >> 4] * s) * s2;
+DECODER(dec_nvfp4_e2m1) {
+    for (; nb > 0; nb--, b += 8, cmp++, w += NVFP4_GROUP) {
+        const float s = lut[*cmp];
+        for (int i = 0; i < 8; i++) {
+            w[2 * i] = (E2M1[b[i] & 0xF] * s) * s2;
+            w[2 * i + 1] = (E2M1[b[i] >> 4] * s) * s2;
+        }
     }
 }
 
 /* llama.cpp type 40: 4 UE4M3 scales then 32 nibble bytes per 64 elements. */
-static void dec_nvfp4(const uint8_t *b, const uint8_t *cmp, const float *lut, float s2, float *w) {
+DECODER(dec_nvfp4) {
     (void)cmp; (void)s2;
-    for (int s = 0; s < 4; s++) {
-        const float d = lut[b[s]];
-        for (int i = 0; i < 8; i++) {
-            w[16 * s + i] = d * GGML_DOUBLED[b[4 + 8 * s + i] & 0xF];
-            w[16 * s + 8 + i] = d * GGML_DOUBLED[b[4 + 8 * s + i] >> 4];
+    for (; nb > 0; nb--, b += 36, w += QK_NVFP4) {
+        for (int s = 0; s < 4; s++) {
+            const float d = lut[b[s]];
+            for (int i = 0; i < 8; i++) {
+                w[16 * s + i] = d * GGML_DOUBLED[b[4 + 8 * s + i] & 0xF];
+                w[16 * s + 8 + i] = d * GGML_DOUBLED[b[4 + 8 * s + i] >> 4];
+            }
         }
     }
+}
+
+/* ---- plain floats (dequantize only; cpu.py keeps their matmuls in torch) -------- */
+
+/* Exact: every half is a float. The hardware conversion where the compiler has
+ * one (F16C, NEON), else the bit-level f16() above. */
+DECODER(dec_f16) {
+    UNUSED_ARGS;
+#if defined(__F16C__) || defined(__aarch64__)
+    const _Float16 *h = (const _Float16 *)b;
+    for (int64_t i = 0; i < nb; i++) w[i] = (float)h[i];
+#else
+    for (int64_t i = 0; i < nb; i++) w[i] = f16(b + 2 * i);
+#endif
+}
+
+/* A bfloat16 is the top half of a float32. */
+DECODER(dec_bf16) {
+    UNUSED_ARGS;
+    const uint16_t *h = (const uint16_t *)b;
+    uint32_t *o = (uint32_t *)w;
+    for (int64_t i = 0; i < nb; i++) o[i] = (uint32_t)h[i] << 16;
 }
 
 /* ---- the type table ------------------------------------------------------------ */
@@ -233,6 +289,7 @@ static const kind_t KINDS[] = {
     {T_Q8_0, QK_LEGACY, 34, dec_q8_0},    {T_Q4_K, QK_K, Q4_K_BYTES, dec_q4_k},
     {T_Q5_K, QK_K, Q5_K_BYTES, dec_q5_k}, {T_Q6_K, QK_K, Q6_K_BYTES, dec_q6_k},
     {T_NVFP4, QK_NVFP4, 36, dec_nvfp4},   {T_NVFP4_E2M1, NVFP4_GROUP, 8, dec_nvfp4_e2m1},
+    {T_F16, 1, 2, dec_f16},               {T_BF16, 1, 2, dec_bf16},
 };
 
 static const kind_t *kind_for(int type) {
@@ -252,9 +309,8 @@ int muser_max_tokens(void) { return MAX_TOKENS; }
 /* Decode elements [c0, c0 + n) of one row (c0, n multiples of the block size). */
 static void decode_span(const kind_t *k, const uint8_t *row, const uint8_t *crow, const float *lut,
                         float s2, int64_t c0, int64_t n, float *w) {
-    const int64_t b0 = c0 / k->elems, nb = n / k->elems;
-    for (int64_t b = 0; b < nb; b++)
-        k->dec(row + (b0 + b) * k->bytes, crow ? crow + b0 + b : 0, lut, s2, w + b * k->elems);
+    const int64_t b0 = c0 / k->elems;
+    k->dec(row + b0 * k->bytes, crow ? crow + b0 : 0, lut, s2, n / k->elems, w);
 }
 
 static int64_t chunk_elems(const kind_t *k) {

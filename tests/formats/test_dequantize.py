@@ -1,5 +1,8 @@
 """dequantize: bit-exact against gguf's numpy dequantize, the seed's worked
-Q4_K block (Chapter 6, section 6.3), and clear errors for bad input."""
+Q4_K block (Chapter 6, section 6.3), and clear errors for bad input.
+
+``dequantize`` runs the native kernel on CPU and ``dequantize_reference``
+(vectorized torch) everywhere; both are held to gguf."""
 from __future__ import annotations
 
 import random
@@ -10,6 +13,7 @@ import pytest
 import torch
 
 from muser_torch import GGMLType, dequantize
+from muser_torch.formats import dequantize_reference
 from muser_torch.formats.kquant import pack_scale_min_k4, unpack_scale_min_k4
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else []) + (
@@ -53,16 +57,20 @@ def random_packed(qtype: GGMLType, rows: int, n_in: int, rng: np.random.Generato
     return raw.reshape(rows, -1)
 
 
+IMPLS = {"dequantize": dequantize, "reference": dequantize_reference}
+
+
+@pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("qtype", GGUF_TYPES, ids=lambda t: t.name)
-def test_bit_exact_against_gguf(qtype: GGMLType, device: str) -> None:
+def test_bit_exact_against_gguf(qtype: GGMLType, device: str, impl: str) -> None:
     seed = random.randrange(1 << 32)
     rng = np.random.default_rng(seed)
     n_in = qtype.block_elems * int(rng.integers(1, 5)) * (256 // min(qtype.block_elems, 256))
     rows = int(rng.integers(50, 300))
     raw = random_packed(qtype, rows, n_in, rng)
     ref = gguf.dequantize(raw, gguf.GGMLQuantizationType(int(qtype))).reshape(rows, n_in)
-    out = dequantize(torch.from_numpy(raw).to(device), qtype, n_in).cpu().numpy()
+    out = IMPLS[impl](torch.from_numpy(raw).to(device), qtype, n_in).cpu().numpy()
     assert out.dtype == np.float32 and out.shape == (rows, n_in)
     assert np.isfinite(ref).all(), f"seed {seed}: the reference itself is not finite"
     same = ref.view(np.uint32) == out.view(np.uint32)
@@ -71,6 +79,45 @@ def test_bit_exact_against_gguf(qtype: GGMLType, device: str) -> None:
         block = c // qtype.block_elems
         pytest.fail(f"{qtype.name} seed {seed}: {(~same).sum()} elements differ; first at row {r} "
                     f"col {c} (block {block}): got {out[r, c]!r}, gguf {ref[r, c]!r}")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("qtype", GGUF_TYPES, ids=lambda t: t.name)
+def test_out_is_filled_bit_exactly(qtype: GGMLType, device: str) -> None:
+    """``out=`` is written in place and returned, whatever it held before
+    (NaN here, so an element left unwritten shows)."""
+    seed = random.randrange(1 << 32)
+    rng = np.random.default_rng(seed)
+    rows, n_in = int(rng.integers(3, 90)), 512
+    raw = random_packed(qtype, rows, n_in, rng)
+    ref = gguf.dequantize(raw, gguf.GGMLQuantizationType(int(qtype))).reshape(rows, n_in)
+    out = torch.full((rows, n_in), float("nan"), device=device)
+    got = dequantize(torch.from_numpy(raw).to(device), qtype, n_in, out=out)
+    assert got is out
+    assert np.array_equal(out.cpu().numpy().view(np.uint32), ref.view(np.uint32)), f"seed {seed}"
+
+
+def test_out_for_companion_type() -> None:
+    payload = torch.randint(0, 256, (5, 32), dtype=torch.uint8)
+    scales = torch.randint(0, 0x7F, (5, 4), dtype=torch.uint8)
+    ref = dequantize_reference(payload, GGMLType.NVFP4_E2M1, 64, scales=scales, scale_2=0.37)
+    out = torch.full((5, 64), float("nan"))
+    dequantize(payload, GGMLType.NVFP4_E2M1, 64, scales=scales, scale_2=0.37, out=out)
+    assert torch.equal(out, ref) and bool(ref.abs().sum() > 0)
+
+
+@pytest.mark.parametrize("qtype", GGUF_TYPES, ids=lambda t: t.name)
+def test_dequantize_compiles_in_one_graph(qtype: GGMLType) -> None:
+    """Under torch.compile the traceable reference runs (no ctypes call, no
+    graph break); Q4_K also goes through inductor's generated code."""
+    torch._dynamo.reset()
+    rng = np.random.default_rng()
+    n_in = max(qtype.block_elems, 256)
+    packed = torch.from_numpy(random_packed(qtype, 7, n_in, rng))
+    backend = "inductor" if qtype == GGMLType.Q4_K else "eager"
+    fn = torch.compile(lambda p: dequantize(p, qtype, n_in), fullgraph=True, backend=backend)
+    ref = gguf.dequantize(packed.numpy(), gguf.GGMLQuantizationType(int(qtype))).reshape(7, n_in)
+    assert np.array_equal(fn(packed).numpy().view(np.uint32), ref.view(np.uint32))
 
 
 def test_e4m3fn_bytes_against_torch_float8() -> None:
@@ -148,6 +195,14 @@ def test_scale_min_packing_round_trips_all_pairs() -> None:
     (lambda: dequantize(torch.zeros(2, 8, dtype=torch.uint8), GGMLType.NVFP4_E2M1, 16), "companions"),
     (lambda: dequantize(torch.zeros(2, 8, dtype=torch.uint8), GGMLType.NVFP4_E2M1, 16,
                         scales=torch.zeros(2, 2, dtype=torch.uint8), scale_2=1.0), "shape"),
+    (lambda: dequantize(torch.zeros(2, 144, dtype=torch.uint8), GGMLType.Q4_K, 256,
+                        out=torch.empty(2, 256, dtype=torch.float16)), "out must be float32"),
+    (lambda: dequantize(torch.zeros(2, 144, dtype=torch.uint8), GGMLType.Q4_K, 256,
+                        out=torch.empty(3, 256)), r"out must have shape \(2, 256\)"),
+    (lambda: dequantize(torch.zeros(2, 144, dtype=torch.uint8), GGMLType.Q4_K, 256,
+                        out=torch.empty(256, 2).t()), "out must be contiguous"),
+    (lambda: dequantize(torch.zeros(2, 144, dtype=torch.uint8), GGMLType.Q4_K, 256,
+                        out=[0.0] * 512), "out must be a torch.Tensor"),
 ])
 def test_bad_input_names_the_problem(bad, message: str) -> None:
     with pytest.raises(ValueError, match=message):

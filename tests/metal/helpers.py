@@ -9,7 +9,7 @@ import random
 import torch
 
 from muser_torch import GGMLType
-from muser_torch import dequantize as ref_dequantize
+from muser_torch.formats import dequantize_reference as ref_dequantize
 
 # (type, n_out, n_in): n_out never a multiple of the 4 rows of an mv threadgroup
 # or the 32 of an mm tile; NVFP4/F16 n_in leaves a partial 64-wide K step.

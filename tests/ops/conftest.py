@@ -8,13 +8,14 @@ import pytest
 import torch
 
 from muser_torch.bench.ops import random_packed
-from muser_torch.formats import dequantize as ref_dequantize
+from muser_torch.formats import dequantize_reference as ref_dequantize
 from muser_torch.formats.types import GGMLType
 
 # Every type the format registry computes.
 ALL_TYPES = [t for t in GGMLType]
 # The types the native CPU library decodes (the rest always take the torch path).
-NATIVE_TYPES = [GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0,
+NATIVE_TYPES = [GGMLType.F16, GGMLType.BF16, GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0,
+                GGMLType.Q5_1, GGMLType.Q8_0,
                 GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K, GGMLType.NVFP4, GGMLType.NVFP4_E2M1]
 
 

@@ -12,7 +12,7 @@ import random
 import pytest
 import torch
 
-from muser_torch.formats import dequantize as ref_dequantize
+from muser_torch.formats import dequantize_reference as ref_dequantize
 from muser_torch.formats.types import GGMLType
 
 try:

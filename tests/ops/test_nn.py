@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from muser_torch import QEmbedding, QLinear
-from muser_torch.formats import can_quantize, dequantize as ref_dequantize
+from muser_torch.formats import can_quantize, dequantize_reference as ref_dequantize
 from muser_torch.formats.types import NEEDS_COMPANIONS, GGMLType
 
 from .conftest import Case, rel_err

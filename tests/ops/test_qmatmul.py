@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import muser_torch.ops as ops
-from muser_torch.formats import dequantize as ref_dequantize
+from muser_torch.formats import dequantize_reference as ref_dequantize
 from muser_torch.formats.types import GGMLType
 from muser_torch.ops import cpu
 
