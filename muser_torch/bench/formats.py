@@ -47,10 +47,13 @@ def register(subparsers) -> None:
 
 def _interleaved_best(fns: dict, repeat: int) -> dict:
     """Best time of each callable over ``repeat`` rounds that run them in turn,
-    so a slow spell on a shared machine hits every contender alike."""
+    so a slow spell on a shared machine hits every contender alike. Each timed
+    call follows an untimed one of its own, so it finds the allocator as its
+    previous call left it (numpy's temporaries then reuse freed heap)."""
     best = {name: float("inf") for name in fns}
     for _ in range(max(1, repeat)):
         for name, fn in fns.items():
+            fn()
             t0 = time.perf_counter()
             fn()
             best[name] = min(best[name], time.perf_counter() - t0)
@@ -86,8 +89,6 @@ def bench_type(qtype: GGMLType, x: torch.Tensor, repeat: int) -> dict:
     gguf_fn = _gguf_dequantize(packed.numpy(), qtype)
     if gguf_fn is not None:
         fns["gguf"] = gguf_fn
-    for fn in fns.values():                            # warm up (tables, native build)
-        fn()
     t = _interleaved_best(fns, repeat)
     t_ref = t.get("gguf")
     row = {"type": qtype.name, "bytes": nbytes, "quant": nbytes / t_quant / 1e6, "quant_s": t_quant,
@@ -96,6 +97,16 @@ def bench_type(qtype: GGMLType, x: torch.Tensor, repeat: int) -> dict:
         row[key] = nbytes / t[key] / 1e6
         row[key + "_ratio"] = None if t_ref is None else t_ref / t[key]
     return row
+
+
+def _print_output_cost(rows: int, cols: int, repeat: int) -> None:
+    """What a fresh output costs before any decoding: every dequantizer that
+    returns a new tensor (gguf's too) pays the OS for zero-filling its pages."""
+    buf = torch.empty(rows, cols)
+    t = _interleaved_best({"fresh": lambda: torch.empty(rows, cols).fill_(1.0),
+                           "reused": lambda: buf.fill_(1.0)}, max(3, repeat))
+    print(f"the output alone ({rows}x{cols} float32, torch fill_): fresh tensor "
+          f"{t['fresh'] * 1e3:.1f} ms, reused buffer {t['reused'] * 1e3:.1f} ms")
 
 
 def _times(ratio: float | None) -> str:
@@ -122,6 +133,7 @@ def main(args: argparse.Namespace) -> int:
         print(f"{r['type']:<11} {r['bytes'] / 1e6:>9.1f} {gguf_rate:>9} {r['ref']:>10.0f} {ratio:>8} "
               f"{r['op']:>10.0f} {op_ratio:>8} {r['into']:>10.0f} {into_ratio:>8} "
               f"{r['quant']:>10.1f} {r['quant_s']:>8.2f}", flush=True)
+    _print_output_cost(args.rows, args.cols, args.repeat)
     if args.big != "none":
         rows, cols = (int(v) for v in args.big.lower().split("x"))
         big = torch.randn(rows, cols, generator=gen)
