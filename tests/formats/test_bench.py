@@ -1,0 +1,24 @@
+"""`muser-torch bench formats` end to end at a small size (its numbers are
+reported, never asserted: only that every column is filled)."""
+from __future__ import annotations
+
+from muser_torch.cli import main as cli
+
+
+def test_bench_formats_prints_every_column(capsys):
+    rc = cli(["bench", "formats", "--rows", "16", "--cols", "512", "--repeat", "1",
+              "--types", "Q4_K,NVFP4_E2M1,BF16", "--big", "32x256"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    rows = {}
+    for line in out.splitlines():
+        if line.split():
+            rows.setdefault(line.split()[0], line.split())
+    assert len(rows["Q4_K"]) == 11 and rows["Q4_K"][4].endswith("x")   # gguf ratios present
+    assert rows["NVFP4_E2M1"][2] == "-"                                # gguf lacks the type
+    assert "the output alone" in out and "Q4_K quantize 32x256" in out
+
+
+def test_bench_formats_refuses_unknown_type(capsys):
+    assert cli(["bench", "formats", "--types", "Q9_K", "--big", "none"]) == 2
+    assert "Q9_K" in capsys.readouterr().err
