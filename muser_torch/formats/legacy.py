@@ -65,8 +65,11 @@ def _trunc(v: torch.Tensor) -> torch.Tensor:
 
 
 def _signed_absmax(x: torch.Tensor) -> torch.Tensor:
-    """``[n, 1]``: the value of largest magnitude, the first one on ties (ggml's strict <)."""
-    return x.gather(1, x.abs().argmax(1, keepdim=True))
+    """``[n, 1]``: the value of largest magnitude, the first one on ties (ggml's
+    strict <), and +0.0 when every value is a zero of either sign (ggml's
+    starting value is never replaced then)."""
+    v = x.gather(1, x.abs().argmax(1, keepdim=True))
+    return torch.where(v == 0, 0.0, v)
 
 
 def _inverse(d: torch.Tensor) -> torch.Tensor:
