@@ -18,6 +18,9 @@
  *  - `cmp` is the row's companion scale bytes (NVFP4_E2M1 only; one byte per
  *    16-element block) and `s2` its global scale.
  */
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
@@ -259,16 +262,18 @@ DECODER(dec_nvfp4) {
 
 /* ---- plain floats (dequantize only; cpu.py keeps their matmuls in torch) -------- */
 
-/* Exact: every half is a float. The hardware conversion where the compiler has
- * one (F16C, NEON), else the bit-level f16() above. */
+/* Exact: every half is a float (subnormals included; F16C ignores DAZ). */
 DECODER(dec_f16) {
     UNUSED_ARGS;
-#if defined(__F16C__) || defined(__aarch64__)
+    int64_t i = 0;
+#if defined(__F16C__)
+    for (; i + 8 <= nb; i += 8)
+        _mm256_storeu_ps(w + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b + 2 * i))));
+#elif defined(__aarch64__)
     const _Float16 *h = (const _Float16 *)b;
-    for (int64_t i = 0; i < nb; i++) w[i] = (float)h[i];
-#else
-    for (int64_t i = 0; i < nb; i++) w[i] = f16(b + 2 * i);
+    for (; i < nb; i++) w[i] = (float)h[i];
 #endif
+    for (; i < nb; i++) w[i] = f16(b + 2 * i);
 }
 
 /* A bfloat16 is the top half of a float32. */
