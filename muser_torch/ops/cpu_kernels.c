@@ -95,43 +95,34 @@ static void scale_min_k4(const uint8_t *s, int j, float *sc, float *m) {
     }
 }
 
-DECODER(dec_q4_k) {
-    UNUSED_ARGS;
-    for (; nb > 0; nb--, b += Q4_K_BYTES, w += QK_K) {
+/* Q4_K and Q5_K share everything but Q5_K's fifth bits (qh, 32 bytes before
+ * the nibbles); `five` is a constant in each caller, so each gets its own loop. */
+static inline __attribute__((always_inline)) void q45_k_blocks(const uint8_t *b, int64_t nb,
+                                                               float *restrict w, const int five) {
+    const int bytes = five ? Q5_K_BYTES : Q4_K_BYTES;
+    for (; nb > 0; nb--, b += bytes, w += QK_K) {
         const float d = f16(b), dmin = f16(b + 2);
-        const uint8_t *qs = b + 16;
+        const uint8_t *qh = b + 16, *qs = b + (five ? 48 : 16);
         for (int g = 0; g < 4; g++) {
             float sc0, m0, sc1, m1;
             scale_min_k4(b + 4, 2 * g, &sc0, &m0);
             scale_min_k4(b + 4, 2 * g + 1, &sc1, &m1);
             const float a0 = d * sc0, c0 = dmin * m0, a1 = d * sc1, c1 = dmin * m1;
             for (int l = 0; l < 32; l++) {
-                w[64 * g + l] = a0 * (float)(qs[32 * g + l] & 0xF) - c0;
-                w[64 * g + 32 + l] = a1 * (float)(qs[32 * g + l] >> 4) - c1;
-            }
-        }
-    }
-}
-
-DECODER(dec_q5_k) {
-    UNUSED_ARGS;
-    for (; nb > 0; nb--, b += Q5_K_BYTES, w += QK_K) {
-        const float d = f16(b), dmin = f16(b + 2);
-        const uint8_t *qh = b + 16, *qs = b + 48;
-        for (int g = 0; g < 4; g++) {
-            float sc0, m0, sc1, m1;
-            scale_min_k4(b + 4, 2 * g, &sc0, &m0);
-            scale_min_k4(b + 4, 2 * g + 1, &sc1, &m1);
-            const float a0 = d * sc0, c0 = dmin * m0, a1 = d * sc1, c1 = dmin * m1;
-            for (int l = 0; l < 32; l++) {
-                int lo = (qs[32 * g + l] & 0xF) | (((qh[l] >> (2 * g)) & 1) << 4);
-                int hi = (qs[32 * g + l] >> 4) | (((qh[l] >> (2 * g + 1)) & 1) << 4);
+                int lo = qs[32 * g + l] & 0xF, hi = qs[32 * g + l] >> 4;
+                if (five) {
+                    lo |= ((qh[l] >> (2 * g)) & 1) << 4;
+                    hi |= ((qh[l] >> (2 * g + 1)) & 1) << 4;
+                }
                 w[64 * g + l] = a0 * (float)lo - c0;
                 w[64 * g + 32 + l] = a1 * (float)hi - c1;
             }
         }
     }
 }
+
+DECODER(dec_q4_k) { UNUSED_ARGS; q45_k_blocks(b, nb, w, 0); }
+DECODER(dec_q5_k) { UNUSED_ARGS; q45_k_blocks(b, nb, w, 1); }
 
 /* One block; the l loop runs in two halves of 16 so each has one scale per
  * output run and vectorizes. */
