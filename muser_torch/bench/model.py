@@ -6,6 +6,10 @@ MODEL is a GGUF file, ``demo`` (the bundled demo, default) or ``seed``: random
 packed weights in the seed's full geometry (``Glimmer.random``, made on the
 device, no file), with ``--layers`` of the 52 so it fits the machine at hand.
 Numbers are measured in this run and printed, never asserted.
+
+On CUDA it also replays one decode step captured in a CUDA graph, which
+leaves out Python's per-kernel launch cost (a timing, not generation: every
+replay feeds the same token, and the cache grows by one per replay).
 """
 from __future__ import annotations
 
@@ -50,6 +54,32 @@ def build(args: argparse.Namespace, device: torch.device, dtype: torch.dtype):
     return Glimmer.from_gguf(path, device=device, dtype=dtype), path.name
 
 
+GRAPH_STEPS = 20
+
+
+def cuda_graph_step_ms(step, steps: int = GRAPH_STEPS) -> float:
+    """Milliseconds per replay of ``step()`` captured once in a CUDA graph
+    (``step`` runs ``steps + 3`` times in all)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):        # warm up off the capture stream
+        for _ in range(2):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    graph.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(steps):
+        graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / steps
+
+
 def main(args: argparse.Namespace) -> int:
     device = resolve_device(args.device)
     apply_threads(args.threads)
@@ -60,6 +90,8 @@ def main(args: argparse.Namespace) -> int:
     model, label = build(args, device, dtype)
     c = model.config
     total = args.prompt_len + args.warmup + args.decode
+    if device.type == "cuda":
+        total += GRAPH_STEPS + 3        # the graph timing's steps also write the cache
     if total > c.context_length:
         raise ValueError(f"bench model: prompt + steps = {total} exceeds context_length {c.context_length}")
     model.setup_cache(args.batch, total)
@@ -83,6 +115,7 @@ def main(args: argparse.Namespace) -> int:
             tok = step(tok, slots)[:, -1].argmax(-1, keepdim=True)
         synchronize(device)
         decode_s = time.perf_counter() - t0
+        graph_ms = cuda_graph_step_ms(lambda: step(tok, slots)) if device.type == "cuda" else None
 
     per_token = model.weight_bytes_per_token()
     prefill_tps = args.batch * args.prompt_len / prefill_s
@@ -92,6 +125,9 @@ def main(args: argparse.Namespace) -> int:
     print(f"  prefill  {args.prompt_len:>5} tokens x {args.batch}: {prefill_tps:10.1f} tok/s")
     print(f"  decode   {args.decode:>5} steps  x {args.batch}: {steps_per_s * args.batch:10.1f} tok/s "
           f"({1e3 / steps_per_s:.2f} ms/step)")
+    if graph_ms is not None:
+        print(f"  decode, one step in a CUDA graph: {args.batch * 1e3 / graph_ms:10.1f} tok/s "
+              f"({graph_ms:.2f} ms/step, {per_token / graph_ms / 1e6:.1f} GB/s of weights)")
     kv = model.kv_bytes_per_token() * args.batch
     print(f"  weights read per decode step: {per_token / 1e6:.2f} MB "
           f"-> {per_token * steps_per_s / 1e9:.2f} GB/s implied; "

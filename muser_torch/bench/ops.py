@@ -11,6 +11,12 @@ bytes; on CUDA/MPS dequantize-in-torch + ``F.linear`` and a dense fp16
 The CPU baseline of a big matrix is timed on its first rows and scaled by row
 count (it dequantizes the whole float matrix, 5 GB for lm_head); the row count
 it ran is printed.
+
+On CUDA the op and the dense baseline are timed inside a CUDA graph that
+calls them once for each of several copies of the weights (>= 512 MB in all,
+so the 50 MB L2 holds none of them): the cost inside a decode graph, without
+Python's ~0.2 ms per eager call. The read bandwidth there is the same graph
+of ``sum``s over 1 GiB buffers (ops/triton_bench.py).
 """
 from __future__ import annotations
 
@@ -109,8 +115,24 @@ def _time(fn, device: torch.device, min_s: float = 0.3, max_iters: int = 50) -> 
     return times[len(times) // 2]
 
 
+def _cuda_graph_time(fn, weights: list) -> float:
+    """Seconds per call of ``fn(w)`` for each ``w`` in one CUDA graph."""
+    from ..ops.triton_bench import graph_time
+    return graph_time([lambda w=w: fn(w) for w in weights])
+
+
+def _copies(t: torch.Tensor) -> list:
+    """``t`` and enough copies of it to overflow the GPU's L2 when read in turn."""
+    from ..ops.triton_bench import ROTATE_BYTES
+    n = max(1, min(16, -(-ROTATE_BYTES // (t.numel() * t.element_size()))))
+    return [t] + [t.clone() for _ in range(n - 1)]
+
+
 def read_bandwidth(device: torch.device, nbytes: int = 512 << 20) -> float:
     """Bytes per second of a sum over a large buffer (read once per call)."""
+    if device.type == "cuda":
+        from ..ops import triton_bench
+        return triton_bench.read_bandwidth()
     buf = torch.ones(nbytes // 8, dtype=torch.int64, device=device)
     dt = _time(lambda: buf.sum(), device, min_s=0.5, max_iters=10)
     return nbytes / dt
@@ -147,7 +169,11 @@ def bench_shape(shape: Shape, tokens: int, device: torch.device, bandwidth: floa
     d2 = None if scale_2 is None else scale_2.to(device)
     if device.type != "cpu":
         dx = dx.half()
-    dt = _time(lambda: ops.qmatmul(dx, dp, shape.qtype, shape.n_out, shape.n_in, ds, d2), device)
+    if device.type == "cuda":
+        dt = _cuda_graph_time(lambda w: ops.qmatmul(dx, w, shape.qtype, shape.n_out, shape.n_in, ds, d2),
+                              _copies(dp))
+    else:
+        dt = _time(lambda: ops.qmatmul(dx, dp, shape.qtype, shape.n_out, shape.n_in, ds, d2), device)
     row = {"label": shape.label, "qtype": shape.qtype.name, "n_in": shape.n_in,
            "n_out": shape.n_out, "tokens": tokens, "bytes": nbytes, "time_s": dt,
            "gbps": nbytes / dt / 1e9, "of_bw": nbytes / dt / bandwidth}
@@ -163,8 +189,13 @@ def bench_shape(shape: Shape, tokens: int, device: torch.device, bandwidth: floa
             return F.linear(dx, w.to(dx.dtype))
 
         base = _time(deq_linear, device)
-        dense = _time(lambda: F.linear(dx, w16), device)
+        if device.type == "cuda":
+            dense = _cuda_graph_time(lambda w: F.linear(dx, w), _copies(w16))
+        else:
+            dense = _time(lambda: F.linear(dx, w16), device)
         del w16
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
         row.update(baseline="dequant+F.linear", baseline_s=base, speedup=base / dt,
                    dense_fp16_s=dense, vs_dense=dense / dt)
     return row
@@ -188,8 +219,9 @@ def main(args: argparse.Namespace) -> int:
             raise ValueError(f"bench ops: --threads must be >= 1, got {args.threads}")
         torch.set_num_threads(args.threads)
     bw = read_bandwidth(device)
+    how = "sums over 1 GiB in a CUDA graph" if device.type == "cuda" else "sum over 512 MiB"
     print(f"device {device} ({torch.get_num_threads()} threads): read bandwidth "
-          f"{bw / 1e9:.1f} GB/s (sum over 512 MiB)")
+          f"{bw / 1e9:.1f} GB/s ({how})")
     gen = torch.Generator().manual_seed(args.seed)
     head = (f"{'shape':<12} {'type':<5} {'n_in->n_out':>14} {'tok':>4} {'MB':>7} {'ms':>9} "
             f"{'GB/s':>7} {'of bw':>6}  baseline")

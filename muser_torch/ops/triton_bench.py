@@ -239,27 +239,12 @@ def bench_decode(layers: int, dtype=torch.float16, steps: int = 50, compile_: bo
         torch.cuda.synchronize()
         out["eager_ms"] = (time.perf_counter() - t0) / 5 * 1e3
         # CUDA graph of one decode step
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            for _ in range(2):
-                logits = fwd(tok, slots)
-        torch.cuda.current_stream().wait_stream(s)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            logits = fwd(tok, slots)
-        g.replay()
-        torch.cuda.synchronize()
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(steps):
-            g.replay()
-        b.record()
-        b.synchronize()
-        ms = a.elapsed_time(b) / steps
+        from ..bench.model import cuda_graph_step_ms
+        ms = cuda_graph_step_ms(lambda: fwd(tok, slots), steps)
+        logits = fwd(tok, slots)
         out.update(graph_ms=ms, tok_s=1e3 / ms, gbps=per_token / ms / 1e6,
                    finite=bool(torch.isfinite(logits.float()).all()))
-    del model, g
+    del model
     torch.cuda.empty_cache()
     return out
 

@@ -23,8 +23,9 @@ from ``GGMLType``. Three families of kernels:
   a token axis (2 tokens: one decode of each weight for both).
 * ``_qmm_kernel``: 2 or more activation rows, on tensor cores. A tile of
   ``BN`` weight rows x 256 columns is decoded once per program and used for
-  all ``BM`` activation rows (``tl.dot`` of half/bfloat16 tiles, or tf32
-  for float32 activations; float32 accumulation). 2-16 tokens use BM=16, so
+  all ``BM`` activation rows (``tl.dot`` of half/bfloat16 tiles, or full
+  float32 products for float32 activations, as torch's matmul gives by
+  default; float32 accumulation). 2-16 tokens use BM=16, so
   the weights are read once for all tokens; larger batches tile M.
   ``_mv_generic_kernel`` is the one-token path of the other types.
 
@@ -241,8 +242,8 @@ def _qmm_kernel(x_ptr, p, s_ptr, s2_ptr, y_ptr, M, n_out, n_in, n_kb,
         xt = tl.load(x_ptr + rm.to(tl.int64)[:, None] * stride_xm + col[None, :],
                      mask=mmask[:, None] & (col[None, :] < n_in), other=0.0)
         w = _tile(p, s_ptr, s2_ptr, rows, nmask, kb, n_in, ROW_BYTES, QTYPE, BN)
-        if DOT_F32:
-            acc += tl.dot(xt.to(tl.float32), tl.trans(w))
+        if DOT_F32:   # float32 activations get float32 products, as torch's default (no TF32)
+            acc += tl.dot(xt.to(tl.float32), tl.trans(w), input_precision="ieee")
         else:
             acc += tl.dot(xt, tl.trans(w.to(xt.dtype)))
     out = y_ptr + pid_k * M * n_out + rm.to(tl.int64)[:, None] * n_out + rn[None, :]
