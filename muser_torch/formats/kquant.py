@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import torch
 
-from .kquant_search import (make_qkx_quants, make_qp_quants, make_qx_quants, nearest_int, rdiv,
+from .kquant_search import (div_rn, make_qkx_quants, make_qp_quants, make_qx_quants, nearest_int, rdiv,
                             run_chunks, seq_sum, sqrt_rn)
 from .registry import (BlockFormat, f16_bytes, f16_field, fifth_bits, join_nibbles, nibbles_into,
                        split_nibbles)
@@ -115,7 +115,7 @@ def _search_asymmetric(x: torch.Tensor, qw: torch.Tensor | None, nmax: int):
         max_scale, max_min = _positive_max(scales), _positive_max(mins)
         ls = _six_bit(max_scale, scales)
         lm = _six_bit(max_min, mins)
-        d, dmin = max_scale / 63, max_min / 63
+        d, dmin = div_rn(max_scale, 63), div_rn(max_min, 63)
     else:
         # quantize_row_q*_K_impl: imatrix times sqrt(sigma2 + x*x), sigma2 from
         # the super-block; then the 8 scales and mins get their own weighted search.

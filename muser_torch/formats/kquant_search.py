@@ -16,9 +16,10 @@ byte-identical to ggml, so the float32 arithmetic follows ggml's order:
   round-half-to-even for |v| < 2**22; the searches use ``torch.round``, the
   same rounding, as their arguments are bounded by the code range. The
   final roundings, which can see overflowed scales, use :func:`nearest_int`.
-* Divisions with a constant numerator go through :func:`rdiv` and square
-  roots through :func:`sqrt_rn`; torch's own ``c / t`` and float32 ``sqrt``
-  round differently from C.
+* Divisions with a constant numerator go through :func:`rdiv`, by a
+  constant that is not a power of two through :func:`div_rn`, and square
+  roots through :func:`sqrt_rn`; torch's own ``c / t``, CUDA's ``t / c`` and
+  float32 ``sqrt`` round differently from C.
 * ggml's scans over candidates are sequential where they must be:
   make_qkx*_quants forms each candidate from the running min, and
   make_qx_quants compares against a running best. Where ggml only keeps the
@@ -78,6 +79,13 @@ def rdiv(a: float, t: torch.Tensor) -> torch.Tensor:
     ``a / t`` on a tensor computes ``t.reciprocal() * a``, which rounds twice
     and differs from C in about a quarter of cases."""
     return torch.full_like(t, float(a)).div_(t)
+
+
+def div_rn(t: torch.Tensor, c: float) -> torch.Tensor:
+    """float32 ``t / c`` for a constant ``c``, correctly rounded on every
+    device, as C's ``t / c``. CUDA computes ``t / c`` as ``t * (1 / c)``,
+    which is off by an ulp for some ``t`` unless ``c`` is a power of two."""
+    return t / t.new_full((), float(c))
 
 
 def sqrt_rn(t: torch.Tensor) -> torch.Tensor:

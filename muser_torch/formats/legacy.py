@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from .kquant_search import make_qkx_quants, make_qx_quants, rdiv, seq_sum, sqrt_rn
+from .kquant_search import div_rn, make_qkx_quants, make_qx_quants, rdiv, seq_sum, sqrt_rn
 from .registry import BlockFormat, f16_bytes, f16_field, fifth_bits, join_nibbles, split_nibbles
 from .types import QK_LEGACY, GGMLType
 
@@ -80,7 +80,7 @@ def _inverse(d: torch.Tensor) -> torch.Tensor:
 def _row_sigma2(x: torch.Tensor) -> torch.Tensor:
     """Mean square of each row ``[rows, n_in]``, summed in element order like ggml."""
     xt = x.t()
-    return seq_sum(xt * xt) / x.shape[1]
+    return div_rn(seq_sum(xt * xt), x.shape[1])
 
 
 def _blockwise(fn, blocks: torch.Tensor, *extra: torch.Tensor | None) -> torch.Tensor:
@@ -146,7 +146,7 @@ class Q4_1(_Legacy, qtype=GGMLType.Q4_1):
     @classmethod
     def _reference(cls, x):
         lo, hi = x.amin(1, keepdim=True), x.amax(1, keepdim=True)
-        d = (hi - lo) / 15
+        d = div_rn(hi - lo, 15)
         q = _trunc((x - lo) * _inverse(d) + 0.5).clamp_(max=15)
         return torch.cat((f16_bytes(d), f16_bytes(lo), _pack_nibbles(q)), dim=1)
 
@@ -188,7 +188,7 @@ class Q5_1(_Legacy, qtype=GGMLType.Q5_1):
     @classmethod
     def _reference(cls, x):
         lo, hi = x.amin(1, keepdim=True), x.amax(1, keepdim=True)
-        d = (hi - lo) / 31
+        d = div_rn(hi - lo, 31)
         # ggml casts to uint8 without clamping; only bits 0..4 are stored.
         q = _trunc((x - lo) * _inverse(d) + 0.5)
         return cls._pack(d, lo, q)
@@ -221,6 +221,6 @@ class Q8_0(BlockFormat, qtype=GGMLType.Q8_0):
 
     @staticmethod
     def _reference(x):
-        d = x.abs().amax(1, keepdim=True) / 127
+        d = div_rn(x.abs().amax(1, keepdim=True), 127)
         q = _round_half_away(x * _inverse(d)).to(torch.int8).view(torch.uint8)
         return torch.cat((f16_bytes(d), q), dim=1)

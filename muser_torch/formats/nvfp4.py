@@ -25,6 +25,7 @@ import functools
 import torch
 
 from .floats import e4m3fn_table
+from .kquant_search import div_rn
 from .registry import BlockFormat, join_nibbles
 from .types import NVFP4_GROUP, QK_NVFP4, GGMLType
 
@@ -125,7 +126,7 @@ class NVFP4(BlockFormat, qtype=GGMLType.NVFP4):
     def _quantize(blocks):
         n = blocks.shape[0]
         x = blocks.reshape(n, _SUBS, NVFP4_GROUP)
-        scale = ue4m3_bytes(x.abs().amax(-1) / E2M1_MAX)                 # [n, 4]
+        scale = ue4m3_bytes(div_rn(x.abs().amax(-1), E2M1_MAX))                 # [n, 4]
         step = ue4m3_half_table(x.device)[scale.long()].unsqueeze(-1)
         # ggml scans the 16 signed codes in order: +0 wins ties with -0, and
         # a smaller magnitude wins ties with a larger one, so the code is the
@@ -170,7 +171,7 @@ def quantize_nvfp4_e2m1(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, to
         return (x.new_empty((0, n_in // 2), dtype=torch.uint8),
                 x.new_empty((0, n_in // NVFP4_GROUP), dtype=torch.uint8),
                 x.new_zeros((), dtype=torch.float32))
-    scale_2 = x.abs().amax() / (E2M1_MAX * E4M3_MAX)
+    scale_2 = div_rn(x.abs().amax(), E2M1_MAX * E4M3_MAX)
     inv_2 = torch.where(scale_2 > 0, 1.0 / scale_2, torch.zeros_like(scale_2))
     step = max(1, _CHUNK_ELEMS // n_in)
     parts = [_e2m1_rows(x[s:s + step], scale_2, inv_2) for s in range(0, rows, step)]
@@ -184,7 +185,7 @@ def _e2m1_rows(x: torch.Tensor, scale_2: torch.Tensor,
     rows, n_in = x.shape
     groups = x.reshape(rows, n_in // NVFP4_GROUP, NVFP4_GROUP)
     amax = groups.abs().amax(-1)                                       # [rows, g]
-    scales = (amax / E2M1_MAX * inv_2).clamp_(max=E4M3_MAX).to(torch.float8_e4m3fn)
+    scales = (div_rn(amax, E2M1_MAX) * inv_2).clamp_(max=E4M3_MAX).to(torch.float8_e4m3fn)
     step = scales.to(torch.float32) * scale_2                          # decoded group scale
     a = groups.abs() / step.unsqueeze(-1)
     a = torch.where(step.unsqueeze(-1) > 0, a, torch.zeros_like(a))

@@ -100,6 +100,25 @@ def test_float_and_nvfp4_byte_identical_to_ggml(qtype: GGMLType) -> None:
     assert_same_bytes(quantize(x, qtype), quantize_chunk(x, qtype), qtype, f"{qtype.name} seed {seed}")
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("weighted", [False, True], ids=["ref", "imatrix"])
+@pytest.mark.parametrize("qtype", LEGACY + KQUANTS + [GGMLType.F16, GGMLType.BF16, GGMLType.NVFP4,
+                                                      GGMLType.NVFP4_E2M1], ids=lambda t: t.name)
+def test_quantize_on_cuda_gives_the_cpu_bytes(qtype: GGMLType, weighted: bool) -> None:
+    """The same vectorized torch on the GPU: the same bytes as on the CPU
+    (which are ggml's), companions included. (MPS is not checked: Metal has
+    no float64 for the correctly rounded square root.)"""
+    seed = random.randrange(1 << 32)
+    g = torch.Generator().manual_seed(seed)
+    x = random_matrix(qtype, g)
+    imatrix = torch.rand(x.shape[1], generator=g) if weighted else None
+    cpu_out = quantize(x, qtype, imatrix=imatrix)
+    gpu_out = quantize(x.cuda(), qtype, imatrix=None if imatrix is None else imatrix.cuda())
+    for ours, want in zip(*(o if isinstance(o, tuple) else (o,) for o in (gpu_out, cpu_out))):
+        assert ours.device.type == "cuda"
+        assert torch.equal(ours.cpu(), want), f"{qtype.name} seed {seed}"
+
+
 # Worst relative RMSE (per row, against the row's RMS) measured over many
 # seeds of the rows below, plus about 15% margin: a slip in a scale search or
 # a rounding rule shows up as an error above these.
