@@ -109,11 +109,24 @@ def _print_output_cost(rows: int, cols: int, repeat: int) -> None:
           f"{t['fresh'] * 1e3:.1f} ms, reused buffer {t['reused'] * 1e3:.1f} ms")
 
 
+def _big_shape(text: str) -> tuple[int, int]:
+    parts = text.lower().split("x")
+    if len(parts) != 2 or not all(p.isdigit() and int(p) > 0 for p in parts) or int(parts[1]) % 256:
+        raise ValueError(f"bench formats: --big must be ROWSxCOLS with COLS a multiple of 256 "
+                         f"(Q4_K blocks), or 'none'; got {text!r}")
+    return int(parts[0]), int(parts[1])
+
+
 def _times(ratio: float | None) -> str:
     return "-" if ratio is None else f"{ratio:.1f}x"
 
 
 def main(args: argparse.Namespace) -> int:
+    for what, v in (("--rows", args.rows), ("--cols", args.cols), ("--repeat", args.repeat),
+                    ("--threads", 1 if args.threads is None else args.threads)):
+        if v < 1:
+            raise ValueError(f"bench formats: {what} must be >= 1, got {v}")
+    big_shape = None if args.big == "none" else _big_shape(args.big)   # refuse a bad one early
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     names = [t.strip() for t in args.types.split(",") if t.strip()]
@@ -134,8 +147,8 @@ def main(args: argparse.Namespace) -> int:
               f"{r['op']:>10.0f} {op_ratio:>8} {r['into']:>10.0f} {into_ratio:>8} "
               f"{r['quant']:>10.1f} {r['quant_s']:>8.2f}", flush=True)
     _print_output_cost(args.rows, args.cols, args.repeat)
-    if args.big != "none":
-        rows, cols = (int(v) for v in args.big.lower().split("x"))
+    if big_shape is not None:
+        rows, cols = big_shape
         big = torch.randn(rows, cols, generator=gen)
         t0, c0 = time.perf_counter(), time.process_time()
         quantize(big, GGMLType.Q4_K)

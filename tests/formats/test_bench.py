@@ -19,6 +19,9 @@ def test_bench_formats_prints_every_column(capsys):
     assert "the output alone" in out and "Q4_K quantize 32x256" in out
 
 
-def test_bench_formats_refuses_unknown_type(capsys):
-    assert cli(["bench", "formats", "--types", "Q9_K", "--big", "none"]) == 2
-    assert "Q9_K" in capsys.readouterr().err
+def test_bench_formats_refuses_bad_arguments(capsys):
+    for argv, message in ((["--types", "Q9_K", "--big", "none"], "Q9_K"),
+                          (["--big", "10x100"], "multiple of 256"),
+                          (["--repeat", "0"], "--repeat must be >= 1")):
+        assert cli(["bench", "formats", *argv]) == 2
+        assert message in capsys.readouterr().err
