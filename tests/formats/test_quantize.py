@@ -22,16 +22,17 @@ KQUANTS = [GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K]
 
 
 def edge_rows(n_in: int, g: torch.Generator) -> torch.Tensor:
-    """The rows where quantizers tend to slip: zeros, a constant, one outlier,
-    all negative, and tiny / huge magnitudes."""
+    """The rows where quantizers tend to slip: zeros (and negative zeros,
+    which hypothesis caught us encoding as d = +0 where ggml has -0), a
+    constant, one outlier, all negative, and tiny / huge magnitudes."""
     def randn() -> torch.Tensor:
         return torch.randn(n_in, generator=g)
     outlier = randn() * 0.01
     at = int(torch.randint(0, n_in, (1,), generator=g))
     outlier[at] = 40.0 * (1 + float(torch.rand(1, generator=g)))
     constant = torch.full((n_in,), float(torch.randn(1, generator=g)) * 3)
-    return torch.stack([torch.zeros(n_in), constant, outlier, -randn().abs() - 0.1,
-                        randn() * 1e-8, randn() * 1e4])
+    return torch.stack([torch.zeros(n_in), torch.full((n_in,), -0.0), constant, outlier,
+                        -randn().abs() - 0.1, randn() * 1e-8, randn() * 1e4])
 
 
 def random_matrix(qtype: GGMLType, g: torch.Generator) -> torch.Tensor:
