@@ -62,22 +62,11 @@ _GLOBAL_NAMES = {
 
 
 def gguf_names(config: GlimmerConfig, qk_norm: bool = False) -> dict[str, tuple[int, int]]:
-    """Every GGUF tensor of a Glimmer with this config -> its (n_out, n_in)."""
-    c = config
-    shapes = {"token_embd.weight": (c.vocab_size, c.hidden),
-              "output_norm.weight": (1, c.hidden),
-              "output.weight": (c.vocab_size, c.hidden)}
-    per_layer = {"attn_norm": (1, c.hidden), "attn_q": (c.q_dim, c.hidden),
-                 "attn_k": (c.kv_dim, c.hidden), "attn_v": (c.kv_dim, c.hidden),
-                 "attn_gate": (c.q_dim, c.hidden), "attn_output": (c.hidden, c.q_dim),
-                 "ffn_norm": (1, c.hidden), "ffn_gate": (c.ffn, c.hidden),
-                 "ffn_up": (c.ffn, c.hidden), "ffn_down": (c.hidden, c.ffn)}
-    if qk_norm:
-        per_layer |= {"attn_q_norm": (1, c.head_dim), "attn_k_norm": (1, c.head_dim)}
-    for il in range(c.n_layers):
-        for k, v in per_layer.items():
-            shapes[f"blk.{il}.{k}.weight"] = v
-    return shapes
+    """Every GGUF tensor of a Glimmer with this config -> its (n_out, n_in),
+    a norm as (1, n): the loader's table (``expected_tensors``) in torch order."""
+    from .loader import expected_tensors
+    return {name: (ne[1], ne[0]) if len(ne) == 2 else (1, ne[0])
+            for name, (_, ne) in expected_tensors(config, qk_norm).items()}
 
 
 def module_name(gguf_name: str) -> str:
