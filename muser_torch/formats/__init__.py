@@ -4,7 +4,7 @@ Both functions work on whole rows: a matrix ``(n_out, n_in)`` is a uint8
 tensor ``[n_out, row_bytes]`` whose row r is ``n_in / block_elems``
 consecutive blocks, exactly as in a GGUF file. Everything here is vectorized
 torch, so it runs on any device and under ``torch.compile``; ``dequantize``
-hands CPU tensors to the native kernel when it is not being traced.
+hands CPU and CUDA tensors to the ops' kernels when it is not being traced.
 """
 from __future__ import annotations
 
@@ -105,8 +105,10 @@ def dequantize(packed: torch.Tensor, qtype: "GGMLType | int", n_in: int, *,
     ``scales`` and ``scale_2`` companions.
 
     CPU tensors go to the native kernel (``muser_torch/ops/cpu_kernels.c``),
-    which decodes straight into the output; other devices, ``torch.compile``
-    graphs and machines without a C compiler get :func:`dequantize_reference`.
+    which decodes straight into the output, CUDA tensors of the types it
+    covers to the Triton kernel (``muser_torch/ops/cuda.py``); both are held
+    to gguf bit for bit by the tests. MPS, ``torch.compile`` graphs, and
+    machines without a C compiler or Triton get :func:`dequantize_reference`.
 
     ``out``: a contiguous float32 ``[rows, n_in]`` on packed's device to write
     into, returned. Worth passing when dequantizing tensor after tensor: a
@@ -119,10 +121,16 @@ def dequantize(packed: torch.Tensor, qtype: "GGMLType | int", n_in: int, *,
         scales, scale_2 = check_companions(scales, scale_2, rows, n_in, packed.device)
     if out is not None:
         check_out(out, rows, n_in, packed.device)
-    if packed.device.type == "cpu" and not torch.compiler.is_compiling():
-        from ..ops.cpu import dequantize_rows   # the ops import this module
-        return dequantize_rows(packed, qtype, n_in, scales, scale_2, out=out)
-    w = dequantize_reference(packed, qtype, n_in, scales=scales, scale_2=scale_2)
+    w = None
+    if not torch.compiler.is_compiling():
+        from ..ops import backend, cpu          # the ops import this module
+        if packed.device.type == "cpu":
+            return cpu.dequantize_rows(packed, qtype, n_in, scales, scale_2, out=out)
+        kernels = backend("cuda") if packed.device.type == "cuda" else None
+        if kernels is not None and qtype in kernels.SUPPORTED:
+            w = kernels.dequantize(packed, int(qtype), rows, n_in, scales, scale_2)
+    if w is None:
+        w = dequantize_reference(packed, qtype, n_in, scales=scales, scale_2=scale_2)
     return w if out is None else out.copy_(w)
 
 

@@ -55,7 +55,7 @@ from torch import Tensor
 from ..formats import FLOAT_DTYPES, check_companions, check_packed
 from ..formats.types import NEEDS_COMPANIONS, GGMLType
 
-__all__ = ["qmatmul", "qmatmul_t", "dequantize", "embedding", "check_args"]
+__all__ = ["qmatmul", "qmatmul_t", "dequantize", "embedding", "check_args", "backend"]
 
 _INDEX_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
 _COMPANIONS = "Tensor? scales=None, Tensor? scale_2=None"
@@ -300,6 +300,14 @@ def embedding(ids: Tensor, packed: Tensor, qtype, n_out: int, n_in: int,
 
 # ---- accelerator backends ---------------------------------------------------------------------
 
+_BACKENDS: dict = {}   # device type -> its loaded kernel module
+
+
+def backend(device_type: str):
+    """The loaded kernel module of ``device_type`` ('cuda', 'mps'), or None."""
+    return _BACKENDS.get(device_type)
+
+
 def _load_backends() -> None:
     """Import ops/cuda.py and ops/mps.py (which register their kernels) when the
     file exists and its device is available; a failure there never breaks CPU."""
@@ -309,7 +317,7 @@ def _load_backends() -> None:
         try:
             if importlib.util.find_spec(f"{__name__}.{name}") is None or not is_available():
                 continue
-            importlib.import_module(f"{__name__}.{name}")
+            _BACKENDS[name] = importlib.import_module(f"{__name__}.{name}")
         except Exception as e:  # noqa: BLE001  (a broken backend must not break the package)
             warnings.warn(f"muser_torch: the {name} kernels failed to load ({e!r}); "
                           f"{name} tensors will raise", RuntimeWarning, stacklevel=2)

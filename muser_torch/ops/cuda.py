@@ -15,14 +15,16 @@ M          kernel                          arithmetic
 2          Q4_K/Q5_K ``_mm_q45k_mt``:      float32 FFMA, as above
            one decode for all tokens
 2 .. 16    other types / more tokens:      tensor cores: tiles rounded to x's
-           ``_qmm_kernel`` BM=16, one      dtype (tf32 for float32 x), float32
-           decode per tile for all tokens  accumulation, rel. error ~1e-3
+           ``_qmm_kernel`` BM=16, one      dtype, float32 accumulation, rel.
+           decode per tile for all tokens  error ~1e-3 (float32 x: IEEE
+                                           float32 products, ~3e-7)
 > 16       ``_qmm_kernel`` BM=64 tiles     as above
 =========  ==============================  =====================================
 
 Small matrices split the K dimension across programs; the partial sums are
 added by ``torch.sum`` (deterministic, no atomics). ``dequantize`` and
-``embedding`` are bit-exact with ``muser_torch.formats.dequantize``.
+``embedding`` are bit-exact with ``muser_torch.formats.dequantize_reference``
+(and ``muser_torch.dequantize`` runs this ``dequantize`` for CUDA tensors).
 
 Arguments arrive validated by ``muser_torch.ops``; nothing here synchronizes
 with the host, so every op can be captured in a CUDA graph.

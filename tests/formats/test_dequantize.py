@@ -97,6 +97,25 @@ def test_out_is_filled_bit_exactly(qtype: GGMLType, device: str) -> None:
     assert np.array_equal(out.cpu().numpy().view(np.uint32), ref.view(np.uint32)), f"seed {seed}"
 
 
+def test_cpu_tensors_take_the_native_kernel(monkeypatch) -> None:
+    """No silent fallback: on CPU ``dequantize`` goes through ops/cpu.py, in a
+    fresh interpreter too (where nothing else imported the ops first)."""
+    import subprocess
+    import sys
+
+    from muser_torch.ops import cpu
+    calls = []
+    real = cpu.dequantize_rows
+    monkeypatch.setattr(cpu, "dequantize_rows", lambda *a, **k: calls.append(1) or real(*a, **k))
+    packed = torch.from_numpy(random_packed(GGMLType.Q4_K, 3, 256, np.random.default_rng()))
+    dequantize(packed, GGMLType.Q4_K, 256)
+    assert calls, "dequantize did not call the CPU kernel module"
+    code = ("import torch, muser_torch as m; p = torch.randint(0, 256, (2, 144), dtype=torch.uint8); "
+            "print(m.dequantize(p, 'Q4_K', 256).shape)")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0 and "[2, 256]" in run.stdout, run.stderr[-2000:]
+
+
 def test_out_for_companion_type() -> None:
     payload = torch.randint(0, 256, (5, 32), dtype=torch.uint8)
     scales = torch.randint(0, 0x7F, (5, 4), dtype=torch.uint8)
