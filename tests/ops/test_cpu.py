@@ -142,7 +142,8 @@ def _cpu_flags() -> str:
 def test_other_instruction_sets(march, needs, monkeypatch):
     """This machine builds -march=native (AVX-512 where present); rebuild for
     AVX2 and for plain x86-64 so their decoders and GEMM widths are checked
-    against float64 too, fused (1..8 tokens) and GEMM (9+) alike."""
+    against float64 too, fused (1..8 tokens) and GEMM (9+) alike, and their
+    dequantize bit for bit."""
     flags = _cpu_flags()
     if any(f" {n}" not in flags for n in needs):
         pytest.skip(f"this CPU lacks {needs}")
@@ -157,6 +158,8 @@ def test_other_instruction_sets(march, needs, monkeypatch):
                     x = case.randn(tokens, case.n_in)
                     err = rel_err(ops.qmatmul(x, *case.args), x.double() @ case.weight64().T)
                     assert err < 1e-5, f"-march={march} {case} tokens={tokens}: relative error {err:.3g}"
+                dq = ops.dequantize(*case.args)              # the decoders, bit for bit
+                assert torch.equal(dq.double(), case.weight64()), f"-march={march} {case}: dequantize"
     finally:
         monkeypatch.delenv("MUSER_CPU_MARCH")
         cpu._native_lib.cache_clear()
