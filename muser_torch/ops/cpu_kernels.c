@@ -8,10 +8,11 @@
  *  - type ids are GGMLType values (muser_torch/formats/types.py); block
  *    geometry (elements, bytes) is passed in from that table and checked
  *    against the decoder's own expectation by muser_geometry().
- *  - every decoder writes one block's floats in element order, multiplying in
+ *  - every decoder writes its blocks' floats in element order, multiplying in
  *    the same order as muser_torch.formats (gguf's order), so with
  *    -ffp-contract=off the decoded values are bit-identical to the reference
- *    dequantizer (tests/ops/test_qmatmul.py checks this).
+ *    dequantizer (tests/ops/test_qmatmul.py, tests/formats/test_dequantize.py
+ *    and tests/formats/test_properties.py check this).
  *  - `lut` is a 256-entry float table for the scale bytes of the NVFP4 types
  *    (E4M3FN values for NVFP4_E2M1, halved UE4M3 for NVFP4), built by Python
  *    from the same tables the reference uses; NULL for other types.
