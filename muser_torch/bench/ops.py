@@ -181,7 +181,7 @@ def bench_shape(shape: Shape, tokens: int, device: torch.device, bandwidth: floa
         base, rows = _gguf_baseline(packed, shape.qtype, x, baseline_bytes)
         row.update(baseline="gguf-numpy", baseline_s=base, baseline_rows=rows, speedup=base / dt)
     else:
-        from ..formats import dequantize
+        from ..formats import dequantize_reference as dequantize   # dequantize in torch ops
         w16 = torch.randn(shape.n_out, shape.n_in, device=device, dtype=torch.float16, generator=None)
 
         def deq_linear():

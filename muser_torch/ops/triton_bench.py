@@ -140,7 +140,7 @@ def bench_ops(tokens_list, bw, gen, dtype=torch.float16, shapes=SHAPES, baseline
             r = dict(label=label, qtype=qt.name, n_in=n_in, n_out=n_out, tokens=T, mb=nbytes / 1e6,
                      us=t * 1e6, gbps=nbytes / t / 1e9, of_bw=nbytes / t / bw)
             if baselines:
-                from ..formats import dequantize
+                from ..formats import dequantize_reference as dequantize  # torch ops
 
                 def deq_linear():
                     return F.linear(x, dequantize(p, qt, n_in, scales=s, scale_2=s2).to(dtype))
