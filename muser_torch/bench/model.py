@@ -54,30 +54,7 @@ def build(args: argparse.Namespace, device: torch.device, dtype: torch.dtype):
     return Glimmer.from_gguf(path, device=device, dtype=dtype), path.name
 
 
-GRAPH_STEPS = 20
-
-
-def cuda_graph_step_ms(step, steps: int = GRAPH_STEPS) -> float:
-    """Milliseconds per replay of ``step()`` captured once in a CUDA graph
-    (``step`` runs ``steps + 3`` times in all)."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):        # warm up off the capture stream
-        for _ in range(2):
-            step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
-    graph.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(steps):
-        graph.replay()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / steps
+GRAPH_REPS = 4   # ops/triton_bench.graph_time replays 5 x GRAPH_REPS + 1 times
 
 
 def main(args: argparse.Namespace) -> int:
@@ -91,7 +68,7 @@ def main(args: argparse.Namespace) -> int:
     c = model.config
     total = args.prompt_len + args.warmup + args.decode
     if device.type == "cuda":
-        total += GRAPH_STEPS + 3        # the graph timing's steps also write the cache
+        total += 5 * GRAPH_REPS + 3     # the graph timing's steps also write the cache
     if total > c.context_length:
         raise ValueError(f"bench model: prompt + steps = {total} exceeds context_length {c.context_length}")
     model.setup_cache(args.batch, total)
@@ -115,7 +92,10 @@ def main(args: argparse.Namespace) -> int:
             tok = step(tok, slots)[:, -1].argmax(-1, keepdim=True)
         synchronize(device)
         decode_s = time.perf_counter() - t0
-        graph_ms = cuda_graph_step_ms(lambda: step(tok, slots)) if device.type == "cuda" else None
+        graph_ms = None
+        if device.type == "cuda":
+            from ..ops.triton_bench import graph_time
+            graph_ms = graph_time([lambda: step(tok, slots)], reps=GRAPH_REPS) * 1e3
 
     per_token = model.weight_bytes_per_token()
     prefill_tps = args.batch * args.prompt_len / prefill_s
