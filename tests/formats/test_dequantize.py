@@ -15,6 +15,7 @@ import torch
 from muser_torch import GGMLType, dequantize
 from muser_torch.formats import dequantize_reference
 from muser_torch.formats.kquant import pack_scale_min_k4, unpack_scale_min_k4
+from muser_torch.ops import cpu
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else []) + (
     ["mps"] if torch.backends.mps.is_available() else [])
@@ -81,18 +82,23 @@ def test_bit_exact_against_gguf(qtype: GGMLType, device: str, impl: str) -> None
                     f"col {c} (block {block}): got {out[r, c]!r}, gguf {ref[r, c]!r}")
 
 
+@pytest.mark.parametrize("native", [True, False], ids=["native", "torch"])
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("qtype", GGUF_TYPES, ids=lambda t: t.name)
-def test_out_is_filled_bit_exactly(qtype: GGMLType, device: str) -> None:
+def test_out_is_filled_bit_exactly(qtype: GGMLType, device: str, native: bool) -> None:
     """``out=`` is written in place and returned, whatever it held before
-    (NaN here, so an element left unwritten shows)."""
+    (NaN here, so an element left unwritten shows); on CPU also without the
+    native library (``MUSER_CPU_NATIVE=0``, or no compiler)."""
+    if not native and device != "cpu":
+        pytest.skip("the native library is a CPU matter")
     seed = random.randrange(1 << 32)
     rng = np.random.default_rng(seed)
     rows, n_in = int(rng.integers(3, 90)), 512
     raw = random_packed(qtype, rows, n_in, rng)
     ref = gguf.dequantize(raw, gguf.GGMLQuantizationType(int(qtype))).reshape(rows, n_in)
     out = torch.full((rows, n_in), float("nan"), device=device)
-    got = dequantize(torch.from_numpy(raw).to(device), qtype, n_in, out=out)
+    with cpu.use_native(native):
+        got = dequantize(torch.from_numpy(raw).to(device), qtype, n_in, out=out)
     assert got is out
     assert np.array_equal(out.cpu().numpy().view(np.uint32), ref.view(np.uint32)), f"seed {seed}"
 
@@ -103,7 +109,6 @@ def test_cpu_tensors_take_the_native_kernel(monkeypatch) -> None:
     import subprocess
     import sys
 
-    from muser_torch.ops import cpu
     calls = []
     real = cpu.dequantize_rows
     monkeypatch.setattr(cpu, "dequantize_rows", lambda *a, **k: calls.append(1) or real(*a, **k))
