@@ -227,34 +227,48 @@ static const float E2M1[16] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f,
                                -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
 static const float GGML_DOUBLED[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
 
+/* NVFP4_E2M1 block b of a row as unscaled E2M1 values, for the dequantize
+ * decoder below and the fused kernels alike: its 16 codes in element order
+ * (element 2i is the low nibble of byte i), then a permute looks them up
+ * (AVX-512: all 16 values; AVX2: the 8 magnitudes, the sign bit set apart). */
+#if defined(__AVX2__)
+static inline __m128i e2m1_codes16(const uint8_t *row, int64_t b) {
+    const __m128i m4 = _mm_set1_epi8(0xF);
+    const __m128i raw = _mm_loadl_epi64((const __m128i *)(row + 8 * b));
+    return _mm_unpacklo_epi8(_mm_and_si128(raw, m4), _mm_and_si128(_mm_srli_epi16(raw, 4), m4));
+}
+/* The values of the low 8 code bytes; `mags` holds E2M1[0..7]. */
+static inline __m256 e2m1_values8(__m256 mags, __m128i codes) {
+    const __m256i c = _mm256_cvtepu8_epi32(codes);
+    const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(c, _mm256_set1_epi32(8)), 28);
+    const __m256 mag = _mm256_permutevar8x32_ps(mags, _mm256_and_si256(c, _mm256_set1_epi32(7)));
+    return _mm256_or_ps(mag, _mm256_castsi256_ps(sign));
+}
+#endif
+#if defined(__AVX512F__)
+static inline __m512 e2m1_values16(__m512 table, __m128i codes) {
+    return _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(codes), table);
+}
+#endif
+
 /* Muser-native: 16 elements in 8 bytes, element 2i in the low nibble of byte i;
- * w = (e2m1 * scale) * scale_2, in that order. The vector paths look the
- * codes up with a permute (AVX-512: all 16 values; AVX2: the 8 magnitudes,
- * the sign bit set apart), as gcc would gather from E2M1 one by one. */
+ * w = (e2m1 * scale) * scale_2, in that order. The vector paths look the codes
+ * up with a permute, as gcc would gather from E2M1 one by one. */
 DECODER(dec_nvfp4_e2m1) {
     int64_t i = 0;
 #if defined(__AVX512F__)
     const __m512 table = _mm512_loadu_ps(E2M1), vs2 = _mm512_set1_ps(s2);
-    const __m128i m4 = _mm_set1_epi8(0xF);
     for (; i < nb; i++) {
-        const __m128i raw = _mm_loadl_epi64((const __m128i *)(b + 8 * i));
-        const __m128i lo = _mm_and_si128(raw, m4), hi = _mm_and_si128(_mm_srli_epi16(raw, 4), m4);
-        const __m512 e = _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(_mm_unpacklo_epi8(lo, hi)), table);
+        const __m512 e = e2m1_values16(table, e2m1_codes16(b, i));
         _mm512_storeu_ps(w + 16 * i, _mm512_mul_ps(_mm512_mul_ps(e, _mm512_set1_ps(lut[cmp[i]])), vs2));
     }
 #elif defined(__AVX2__)
     const __m256 mags = _mm256_loadu_ps(E2M1), vs2 = _mm256_set1_ps(s2);
-    const __m128i m4 = _mm_set1_epi8(0xF);
     for (; i < nb; i++) {
-        const __m128i raw = _mm_loadl_epi64((const __m128i *)(b + 8 * i));
-        const __m128i lo = _mm_and_si128(raw, m4), hi = _mm_and_si128(_mm_srli_epi16(raw, 4), m4);
-        const __m128i codes = _mm_unpacklo_epi8(lo, hi);            /* element order */
+        const __m128i codes = e2m1_codes16(b, i);
         const __m256 vs = _mm256_set1_ps(lut[cmp[i]]);
         for (int half = 0; half < 2; half++) {
-            const __m256i c = _mm256_cvtepu8_epi32(half ? _mm_srli_si128(codes, 8) : codes);
-            const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(c, _mm256_set1_epi32(8)), 28);
-            const __m256 mag = _mm256_permutevar8x32_ps(mags, _mm256_and_si256(c, _mm256_set1_epi32(7)));
-            const __m256 e = _mm256_or_ps(mag, _mm256_castsi256_ps(sign));
+            const __m256 e = e2m1_values8(mags, half ? _mm_srli_si128(codes, 8) : codes);
             _mm256_storeu_ps(w + 16 * i + 8 * half, _mm256_mul_ps(_mm256_mul_ps(e, vs), vs2));
         }
     }
@@ -525,7 +539,6 @@ static inline float hsum(v8f a) {
  * lanes, decoded to floats in registers and FMA'd into the accumulators
  * (GCC 12 scalarizes __builtin_convertvector from bytes, hence intrinsics).
  * Other CPUs use row_generic for every type. */
-#include <immintrin.h>
 #define HAVE_FUSED 1
 
 typedef int32_t v8i __attribute__((vector_size(32)));
@@ -583,19 +596,12 @@ static inline void q6_k_w8(const uint8_t *blk, float d, int h, int q, v8f w[4]) 
 }
 
 /* NVFP4_E2M1 block b (16 elements, 8 bytes, one scale): w = e2m1(code) *
- * (e4m3(scale) * scale_2). A code's magnitude indexes the 8-float table
- * (vpermps), its bit 3 is the sign; the low and high nibbles (elements 2i,
- * 2i+1) are interleaved back into element order. */
+ * (e4m3(scale) * scale_2), the values looked up by e2m1_values8. */
 static inline void nvfp4_e2m1_w16(__m256 table, const uint8_t *row, float s, int64_t b,
                                   v8f *w0, v8f *w1) {
-    const v8i raw = widen_u8(row + 8 * b);
-    const v8i lo = raw & 0xF, hi = raw >> 4;
-    const v8f vlo = (v8f)((v8i)_mm256_permutevar8x32_ps(table, (__m256i)(lo & 7)) | ((lo & 8) << 28));
-    const v8f vhi = (v8f)((v8i)_mm256_permutevar8x32_ps(table, (__m256i)(hi & 7)) | ((hi & 8) << 28));
-    const __m256 a = _mm256_unpacklo_ps((__m256)vlo, (__m256)vhi);  /* 0-3 | 8-11 */
-    const __m256 c = _mm256_unpackhi_ps((__m256)vlo, (__m256)vhi);  /* 4-7 | 12-15 */
-    *w0 = splat(s) * (v8f)_mm256_permute2f128_ps(a, c, 0x20);
-    *w1 = splat(s) * (v8f)_mm256_permute2f128_ps(a, c, 0x31);
+    const __m128i codes = e2m1_codes16(row, b);
+    *w0 = splat(s) * (v8f)e2m1_values8(table, codes);
+    *w1 = splat(s) * (v8f)e2m1_values8(table, _mm_srli_si128(codes, 8));
 }
 
 /* One FMA has a latency of several cycles, so with few tokens a single sum
@@ -821,11 +827,7 @@ ROW_KERNEL void row_q6_k_16(const uint8_t *const *rows, int64_t nb, const float 
 /* NVFP4_E2M1 block b: the nibbles are split and interleaved back into element
  * order as bytes, widened, and looked up in the signed 16-entry table (vpermps). */
 static inline v16f nvfp4_e2m1_v16(__m512 table, const uint8_t *row, float s, int64_t b) {
-    const __m128i m4 = _mm_set1_epi8(0xF);
-    const __m128i raw = _mm_loadl_epi64((const __m128i *)(row + 8 * b));
-    const __m128i lo = _mm_and_si128(raw, m4), hi = _mm_and_si128(_mm_srli_epi16(raw, 4), m4);
-    const __m512i i0 = _mm512_cvtepu8_epi32(_mm_unpacklo_epi8(lo, hi));
-    return splat16(s) * (v16f)_mm512_permutexvar_ps(i0, table);
+    return splat16(s) * (v16f)e2m1_values16(table, e2m1_codes16(row, b));
 }
 
 ROW_KERNEL void row_nvfp4_e2m1_16(const uint8_t *const *rows, const uint8_t *const *crows,
@@ -1021,7 +1023,6 @@ int muser_matmul(int type, const uint8_t *packed, const uint8_t *scales, const f
  */
 
 #if defined(__AVX512F__)
-#include <immintrin.h>
 #define GV 16           /* floats per vector */
 #define GR 12           /* weight rows per microkernel: GR*GNV accumulators */
 typedef float vgf __attribute__((vector_size(64)));
