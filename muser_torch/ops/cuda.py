@@ -54,6 +54,9 @@ KQUANT = frozenset({GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K})
 # Picked by ``triton_bench --what sweep`` on the H200 (docs/performance.md).
 MV_KQUANT = {GGMLType.Q4_K: (64, 8, 4, 4), GGMLType.Q5_K: (64, 8, 8, 4),
              GGMLType.Q6_K: (32, 4, 8, 3)}
+# The one-token kernel versions each type has (triton_kquant.py): the sweep
+# compares them; the default is the last.
+MV_VERSIONS = {GGMLType.Q4_K: (3, 4), GGMLType.Q5_K: (3, 4), GGMLType.Q6_K: (2, 3)}
 QMM_SMALL = (16, 32, 4)        # (BM, BN, warps) for 2..16 tokens
 QMM_LARGE = (64, 64, 8)
 
@@ -123,16 +126,14 @@ def matvec(x: torch.Tensor, packed: torch.Tensor, qt: GGMLType, n_out: int, n_in
         split, kb_per = _split(rb, n_kb, target)
         part = torch.empty((split, n_out), dtype=x.dtype if split == 1 else torch.float32,
                            device=x.device)
-        if version == 1:
-            tk._mv_kquant_kernel[(rb, split)](xp, packed, part, n_out, KB_PER=kb_per, QTYPE=int(qt),
-                                              NB=n_kb, BN=bn, num_warps=warps)
-        elif qt is GGMLType.Q6_K:
+        if version not in MV_VERSIONS[qt]:
+            raise ValueError(f"matvec: {qt.name} has kernel versions {MV_VERSIONS[qt]}, not {version}")
+        if qt is GGMLType.Q6_K:
             kern = tk._mv_q6k_v2_kernel if version == 2 else tk._mv_q6k_v3_kernel
             kern[(rb, split)](xp, packed, part, n_out, KB_PER=kb_per, NB=n_kb, BN=bn,
                               num_warps=warps)
         else:
-            kern = {2: tk._mv_q45k_v2_kernel, 3: tk._mv_q45k_v3_kernel}.get(version,
-                                                                          tk._mv_q45k_v4_kernel)
+            kern = tk._mv_q45k_v3_kernel if version == 3 else tk._mv_q45k_v4_kernel
             kern[(rb, split)](xp, packed, part, n_out, KB_PER=kb_per, QTYPE=int(qt), NB=n_kb,
                               BN=bn, num_warps=warps)
         return _finish(part, split, x.dtype)

@@ -176,7 +176,7 @@ def bench_sweep(bw, gen, shapes=SHAPES):
         ws = [p] + [p.clone() for _ in range(_copies(p.numel()) - 1)]
         x = torch.randn(1, n_in, device="cuda", dtype=torch.float16, generator=gen)
         res = []
-        for version in ((2, 3) if qt is GGMLType.Q6_K else (3, 4)):
+        for version in kc.MV_VERSIONS[qt]:
             for bn in (64, 128) if qt is not GGMLType.Q6_K else (32, 64):
                 for warps in (4, 8):
                     for per_sm in (4, 8):

@@ -9,8 +9,8 @@ from ``GGMLType``. Three families of kernels:
   gathered by token id). Launched with ``enable_fp_fusion=False`` so each
   product and difference rounds as in ``formats.dequantize``: bit-exact.
 * One activation row, Q4_K / Q5_K / Q6_K: ``_mv_q45k_v4_kernel`` and
-  ``_mv_q6k_v3_kernel`` (the dispatch's defaults; earlier versions stay for the
-  benchmark's sweep and are tested too: see docs/performance.md). The packed
+  ``_mv_q6k_v3_kernel`` (the dispatch's defaults; the version before each
+  stays for the benchmark's sweep and is tested too: see docs/performance.md). The packed
   bytes are read as 16-byte (Q4_K/Q5_K) or 2-byte (Q6_K) words and never
   reordered; the activation is permuted once per call (``_permute_x_kernel``)
   into the words' nibble order, so each thread owns a few words of several
@@ -278,87 +278,14 @@ def _permute_x_kernel(x_ptr, xp_ptr, n_in, stride_x=0, QTYPE: tl.constexpr = 12,
     tl.store(xp_ptr + i, v, mask=m)
 
 
-@triton.jit
-def _mv_kquant_kernel(xp_ptr, p, y_ptr, n_out, KB_PER: tl.constexpr,
-                      QTYPE: tl.constexpr, NB: tl.constexpr, BN: tl.constexpr):
-    pid_n = tl.program_id(0)
-    pid_k = tl.program_id(1)
-    r = pid_n * BN + tl.arange(0, BN)
-    rmask = r < n_out
-    rows = tl.where(rmask, r, 0).to(tl.int64)
-    acc = tl.zeros((BN,), dtype=tl.float32)
-    k0 = pid_k * KB_PER
-    if QTYPE == Q6_K:
-        ROWB: tl.constexpr = NB * 210
-        ph = p.to(tl.pointer_type(tl.int16))
-        t = tl.arange(0, 64)[None, :]                           # ql halfword
-        u = tl.arange(0, 8)[None, :]                            # group of 8 halfwords
-        for i in range(0, KB_PER):
-            kb = k0 + i
-            base = rows * ROWB + kb * 210                       # bytes, [BN]
-            hb = (base // 2)[:, None]                           # halfwords (block start is even)
-            qlw = tl.load(ph + hb + t, eviction_policy="evict_first").to(tl.int32)
-            qhw = tl.load(ph + hb + 64 + 16 * (t // 32) + t % 16,
-                          eviction_policy="evict_first").to(tl.int32)
-            d = _f16_at(p, base + 208, rmask)
-            part = (t // 16) % 2
-            xb = xp_ptr + kb * 256 + t
-            for hi in tl.static_range(2):
-                a = tl.zeros((BN, 64), dtype=tl.float32)
-                c2 = 2 * (part + 2 * hi)
-                for k in tl.static_range(2):
-                    xv = tl.load(xb + 64 * (2 * k + hi))
-                    q = ((qlw >> (8 * k + 4 * hi)) & 0xF) | (((qhw >> (8 * k + c2)) & 3) << 4)
-                    qf = (q | MAGIC).to(tl.float32, bitcast=True) - (TWO23 + 32.0)
-                    a += qf * xv
-                part_sum = tl.sum(tl.reshape(a, (BN, 8, 8)), axis=2)  # [BN, 8 groups u]
-                sidx = 8 * (u // 4) + 2 * ((u // 2) % 2 + 2 * hi) + u % 2
-                sc = tl.load(p + base[:, None] + 192 + sidx).to(tl.int8, bitcast=True)
-                acc += d * tl.sum(sc.to(tl.float32) * part_sum, axis=1)
-    else:
-        BB: tl.constexpr = 144 if QTYPE == Q4_K else 176
-        QS: tl.constexpr = 4 if QTYPE == Q4_K else 12          # qs offset in words
-        ROWW: tl.constexpr = NB * BB // 4
-        pw = p.to(tl.pointer_type(tl.int32))
-        n = tl.arange(0, 32)[None, :]
-        g = tl.arange(0, 4)[None, :]
-        for i in range(0, KB_PER):
-            kb = k0 + i
-            wb = rows * ROWW + kb * (BB // 4)                   # words, [BN]
-            w = tl.load(pw + wb[:, None] + QS + n, eviction_policy="evict_first")
-            if QTYPE == Q5_K:
-                qh = tl.load(pw + wb[:, None] + 4 + n % 8, eviction_policy="evict_first")
-            base = wb * 4
-            d = _f16_at(p, base, rmask)
-            dmin = _f16_at(p, base + 2, rmask)
-            xb = xp_ptr + kb * 256 + n
-            for hi in tl.static_range(2):
-                a = tl.zeros((BN, 32), dtype=tl.float32)
-                xs = tl.zeros((1, 32), dtype=tl.float32)
-                for k in tl.static_range(4):
-                    xv = tl.load(xb + 32 * (2 * k + hi))
-                    q = (w >> (8 * k + 4 * hi)) & 0xF
-                    if QTYPE == Q5_K:
-                        q = q | (((qh >> (8 * k + 2 * (n // 8) + hi)) & 1) << 4)
-                    qf = (q | MAGIC).to(tl.float32, bitcast=True) - TWO23
-                    a += qf * xv
-                    xs += xv
-                dot = tl.sum(tl.reshape(a, (BN, 4, 8)), axis=2)        # [BN, 4]: sub-block 2g+hi
-                xsum = tl.sum(tl.reshape(xs, (1, 4, 8)), axis=2)       # [1, 4]
-                sc, m = _scale_min_k4(p, base[:, None] + 4, 2 * g + hi, rmask[:, None])
-                acc += tl.sum(d[:, None] * sc.to(tl.float32) * dot
-                              - dmin[:, None] * m.to(tl.float32) * xsum, axis=1)
-    tl.store(y_ptr + pid_k * n_out + r, acc.to(y_ptr.dtype.element_ty), mask=rmask)
-
-
-# ---- one token, K-quants, version 2 --------------------------------------------
-# Changes against _mv_kquant_kernel: (1) the nibble is moved to bits 16..19 (20
-# for Q5_K's fifth bit) and ORed into the bits of 128.0, giving 128 + q exactly;
-# the 128 is taken off once per sub-block (128 * sum(x)), not once per weight,
-# which saves an add per weight at a cost of ~2e-6 relative error (the partial
-# sums carry 128 + q instead of q); (2) tiles are [BN, 4, 8] words, so a
-# sub-block's 8 words lie along one axis (16-byte loads, short reductions);
-# (3) the next super-block's words are loaded before this one is decoded.
+# ---- one token, K-quants: the 128 + q arithmetic --------------------------------
+# (1) the nibble is moved to bits 16..19 (20 for Q5_K's fifth bit) and ORed into
+# the bits of 128.0, giving 128 + q exactly; the 128 is taken off once per
+# sub-block (128 * sum(x)), not once per weight, which saves an add per weight
+# at a cost of ~2e-6 relative error (the partial sums carry 128 + q instead of
+# q); (2) the next super-block's words are loaded before this one is decoded.
+# Versions 1 and 2 of the Q4_K/Q5_K kernel (docs/performance.md) are gone; the
+# sweep compares each type's last two (MV_VERSIONS in ops/cuda.py).
 
 OFS = tl.constexpr(0x43000000)      # float bits of 128.0; mantissa bit 16 is worth 1.0
 
@@ -373,68 +300,6 @@ def _at16(w, P: tl.constexpr):
     else:
         r = w
     return r
-
-
-@triton.jit
-def _mv_q45k_v2_kernel(xp_ptr, p, y_ptr, n_out, KB_PER: tl.constexpr,
-                       QTYPE: tl.constexpr, NB: tl.constexpr, BN: tl.constexpr):
-    pid_n = tl.program_id(0)
-    pid_k = tl.program_id(1)
-    r = pid_n * BN + tl.arange(0, BN)
-    rmask = r < n_out
-    rows = tl.where(rmask, r, 0).to(tl.int64)
-    BB: tl.constexpr = 144 if QTYPE == Q4_K else 176
-    QS: tl.constexpr = 4 if QTYPE == Q4_K else 12
-    BW: tl.constexpr = BB // 4
-    pw = p.to(tl.pointer_type(tl.int32))
-    g3 = tl.arange(0, 4)[None, :, None]
-    m3 = tl.arange(0, 8)[None, None, :]
-    n3 = 8 * g3 + m3                                          # word of qs, [1, 4, 8]
-    g2 = tl.arange(0, 4)[None, :]
-    rw = rows * (NB * BW)                                     # row start in words
-    wp = pw + rw[:, None, None] + QS + n3
-    hp = pw + rw[:, None, None] + 4 + m3                      # Q5_K: qh word m (all g)
-    k0 = pid_k * KB_PER
-    kend = k0 + KB_PER - 1
-    w = tl.load(wp + k0 * BW, eviction_policy="evict_first")
-    if QTYPE == Q5_K:
-        qh = tl.load(hp + k0 * BW, eviction_policy="evict_first")
-    acc = tl.zeros((BN,), dtype=tl.float32)
-    for i in range(0, KB_PER):
-        kb = k0 + i
-        kn = tl.minimum(kb + 1, kend)
-        w_next = tl.load(wp + kn * BW, eviction_policy="evict_first")
-        if QTYPE == Q5_K:
-            qh_next = tl.load(hp + kn * BW, eviction_policy="evict_first")
-        base = rw * 4 + kb * BB
-        d = _f16_at(p, base, rmask)
-        dmin = _f16_at(p, base + 2, rmask)
-        xb = xp_ptr + kb * 256 + n3
-        for hi in tl.static_range(2):
-            if QTYPE == Q5_K:   # byte k of v: the 5-bit code of nibble (k, hi) of this word
-                hb = (qh >> (2 * g3 + hi)) & 0x01010101
-                v = ((w >> (4 * hi)) & 0x0F0F0F0F) | (hb << 4)
-            else:
-                v = w >> (4 * hi)
-            a = tl.zeros((BN, 4, 8), dtype=tl.float32)
-            xs = tl.zeros((1, 4, 8), dtype=tl.float32)
-            for k in tl.static_range(4):
-                xv = tl.load(xb + 32 * (2 * k + hi))
-                if QTYPE == Q5_K:
-                    f = ((_at16(v, 8 * k) & 0x001F0000) | OFS).to(tl.float32, bitcast=True)
-                else:
-                    f = ((_at16(v, 8 * k) & 0x000F0000) | OFS).to(tl.float32, bitcast=True)
-                a += f * xv
-                xs += xv
-            dot = tl.sum(a, axis=2)                           # [BN, 4]: sum (128 + q) x
-            xsum = tl.sum(xs, axis=2)                         # [1, 4]
-            sc, m = _scale_min_k4(p, base[:, None] + 4, 2 * g2 + hi, rmask[:, None])
-            ds = d[:, None] * sc.to(tl.float32)
-            acc += tl.sum(ds * dot - (128.0 * ds + dmin[:, None] * m.to(tl.float32)) * xsum, axis=1)
-        w = w_next
-        if QTYPE == Q5_K:
-            qh = qh_next
-    tl.store(y_ptr + pid_k * n_out + r, acc.to(y_ptr.dtype.element_ty), mask=rmask)
 
 
 @triton.jit
@@ -489,7 +354,7 @@ def _mv_q6k_v2_kernel(xp_ptr, p, y_ptr, n_out, KB_PER: tl.constexpr,
 @triton.jit
 def _mv_q45k_v3_kernel(xp_ptr, p, y_ptr, n_out, KB_PER: tl.constexpr,
                        QTYPE: tl.constexpr, NB: tl.constexpr, BN: tl.constexpr):
-    """Version 2's arithmetic on [BN, 32] word tiles: Triton then gives each
+    """The 128 + q arithmetic on [BN, 32] word tiles: Triton then gives each
     thread 4 consecutive words of several rows, so one 16-byte load of the
     activation serves all of that thread's rows."""
     pid_n = tl.program_id(0)

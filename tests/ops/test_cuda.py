@@ -163,8 +163,9 @@ def test_qmatmul_ladder(qt, shape):
         assert err < tol, f"seed={seed} tokens={tokens} rel err {err:.3g}"
 
 
-@pytest.mark.parametrize("qt,version", [(q, v) for q in (GGMLType.Q4_K, GGMLType.Q5_K) for v in (1, 2, 3, 4)]
-                         + [(GGMLType.Q6_K, v) for v in (1, 2, 3)], ids=str)
+# the versions of ops/cuda.py's MV_VERSIONS (that module needs Triton to import)
+@pytest.mark.parametrize("qt,version", [(q, v) for q in (GGMLType.Q4_K, GGMLType.Q5_K) for v in (3, 4)]
+                         + [(GGMLType.Q6_K, v) for v in (2, 3)], ids=str)
 def test_matvec_versions(qt, version):
     """Every one-token kernel version (the benchmark sweeps them), with a split K."""
     cuda = _cuda_mod()
