@@ -1,19 +1,13 @@
-"""The GGML type registry: the single source of block geometry.
-
-Every other module (dequantizers, quantizers, the GGUF reader, Metal and
-Triton kernels) reads block sizes from here. The byte sums spell out each
-block's fields in struct order, so the layout can be checked at a glance.
+"""The GGML type registry. Block geometry comes from the field declarations
+in ``layout.py``; every other module (dequantizers, quantizers, the GGUF
+reader, the C, Metal and Triton kernels) reads it from there.
 """
 from __future__ import annotations
 
 import operator
 from enum import IntEnum
 
-QK_K = 256          # elements in a K-quant super-block
-K_SCALE_SIZE = 12   # packed 6-bit scales + mins of a Q4_K / Q5_K block
-QK_LEGACY = 32      # elements in a Q4_0 .. Q8_0 block
-QK_NVFP4 = 64       # elements in a llama.cpp NVFP4 block (4 sub-blocks of 16)
-NVFP4_GROUP = 16    # inputs sharing one E4M3 scale (both NVFP4 formats)
+from .layout import K_SCALE_SIZE, LAYOUTS, NVFP4_GROUP, QK_K, QK_LEGACY, QK_NVFP4, Layout  # noqa: F401
 
 
 class GGMLType(IntEnum):
@@ -31,6 +25,11 @@ class GGMLType(IntEnum):
     NVFP4 = 40            # llama.cpp: 64-element blocks, 4 UE4M3 scales + 32 nibble bytes
     NVFP4_E2M1 = 1000     # Muser-native payload; scales live in companion tensors
     F8_E4M3FN = 1001      # raw E4M3FN bytes, only for NVFP4 companion scales
+
+    @property
+    def layout(self) -> Layout:
+        """The block's fields in struct order (``formats/layout.py``)."""
+        return LAYOUTS[self.name]
 
     @property
     def block_elems(self) -> int:
@@ -72,25 +71,9 @@ class GGMLType(IntEnum):
             raise ValueError(f"unknown GGML type id {qtype!r}") from None
 
 
-# (elements per block, bytes per block); the byte sums follow struct order.
+# (elements per block, bytes per block), derived from the field declarations.
 _GEOMETRY: dict[GGMLType, tuple[int, int]] = {
-    GGMLType.F32: (1, 4),
-    GGMLType.F16: (1, 2),
-    GGMLType.BF16: (1, 2),
-    GGMLType.F8_E4M3FN: (1, 1),
-    GGMLType.Q4_0: (QK_LEGACY, 2 + QK_LEGACY // 2),                  # d, qs
-    GGMLType.Q4_1: (QK_LEGACY, 2 + 2 + QK_LEGACY // 2),              # d, m, qs
-    GGMLType.Q5_0: (QK_LEGACY, 2 + 4 + QK_LEGACY // 2),              # d, qh, qs
-    GGMLType.Q5_1: (QK_LEGACY, 2 + 2 + 4 + QK_LEGACY // 2),          # d, m, qh, qs
-    GGMLType.Q8_0: (QK_LEGACY, 2 + QK_LEGACY),                       # d, qs
-    GGMLType.Q4_K: (QK_K, 2 + 2 + K_SCALE_SIZE + QK_K // 2),          # d, dmin, scales, qs
-    GGMLType.Q5_K: (QK_K, 2 + 2 + K_SCALE_SIZE + QK_K // 8 + QK_K // 2),  # d, dmin, scales, qh, qs
-    GGMLType.Q6_K: (QK_K, QK_K // 2 + QK_K // 4 + QK_K // 16 + 2),    # ql, qh, scales, d
-    GGMLType.NVFP4: (QK_NVFP4, QK_NVFP4 // NVFP4_GROUP + QK_NVFP4 // 2),  # 4 ue4m3, qs
-    # One scale group of the native payload: 16 codes in 8 bytes. The group's
-    # E4M3 scale is a separate companion tensor, so rows must fill whole groups.
-    GGMLType.NVFP4_E2M1: (NVFP4_GROUP, NVFP4_GROUP // 2),
-}
+    t: (LAYOUTS[t.name].block_elems, LAYOUTS[t.name].block_bytes) for t in GGMLType}
 
 # Types whose scales live outside the tensor (companions bound by name).
-NEEDS_COMPANIONS = frozenset({GGMLType.NVFP4_E2M1})
+NEEDS_COMPANIONS = frozenset(t for t in GGMLType if LAYOUTS[t.name].companions)
