@@ -43,7 +43,8 @@ from tqdm import tqdm
 
 from .errors import (CompanionError, GGUFError, GGUFFormatError, GGUFTruncatedError,
                      UnsupportedTypeError, UnsupportedVersionError)
-from .formats import GGMLType, dequantize
+from .formats import GGMLType
+from .ops.unpack import dequantize
 from .formats.floats import TORCH_DTYPES
 from .formats.types import NEEDS_COMPANIONS, NVFP4_GROUP
 

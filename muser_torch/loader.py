@@ -19,15 +19,12 @@ dequantized and re-packed.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from enum import Enum
-
-import torch
 
 from .config import ARCH, LANE_KEY, LANES, GlimmerConfig
 from .errors import (CompanionError, DtypeFenceError, LaneError, MetadataError,
                      ShapeMismatchError, TensorSetError)
-from .formats import GGMLType, dequantize
+from .formats import GGMLType, PackedWeight
 from .formats.types import NEEDS_COMPANIONS
 from .gguf_io import SCALE2_SUFFIX, SCALE_SUFFIX, GGUFFile, GGUFTensor
 
@@ -215,26 +212,6 @@ def _describe(name: str, cfg: GlimmerConfig) -> str:
 
 
 # ---- binding -----------------------------------------------------------------
-
-@dataclass(frozen=True)
-class PackedWeight:
-    """A weight as the ops take it: packed rows plus, for NVFP4_E2M1, its
-    companions (``scales`` float8_e4m3fn ``[n_out, n_in/16]``, ``scale_2``
-    float32 scalar). ``packed`` views the file's read-only memory map."""
-
-    name: str
-    qtype: GGMLType
-    n_out: int
-    n_in: int
-    packed: torch.Tensor
-    scales: torch.Tensor | None = None
-    scale_2: torch.Tensor | None = None
-
-    def dequantize(self) -> torch.Tensor:
-        """float32 ``[n_out, n_in]``."""
-        return dequantize(self.packed, self.qtype, self.n_in,
-                          scales=self.scales, scale_2=self.scale_2)
-
 
 def packed_weight(gguf: GGUFFile, name: str) -> PackedWeight:
     """The packed weight ``name`` with its companions bound (CompanionError if

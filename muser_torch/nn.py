@@ -19,6 +19,7 @@ from torch import Tensor, nn
 
 from . import ops
 from .formats.types import NEEDS_COMPANIONS, GGMLType
+from .formats.weight import scale_bytes
 
 
 class _Packed(nn.Module):
@@ -29,8 +30,11 @@ class _Packed(nn.Module):
         super().__init__()
         op = type(self).__name__
         device = packed.device if isinstance(packed, Tensor) else None
-        qtype, scales, _ = ops._normalize(op, qtype, scales, None, device)
-        qtype = GGMLType(qtype)
+        try:
+            qtype = GGMLType.parse(qtype)
+        except ValueError as e:
+            raise ValueError(f"{op}: qtype: {e}") from None
+        scales = scale_bytes(scales)
         if scale_2 is not None:
             scale_2 = torch.as_tensor(scale_2, dtype=torch.float32, device=device).reshape(1)
         ops.check_args("qmatmul", packed, qtype, n_out, n_in, scales, scale_2, where=op)
@@ -41,6 +45,12 @@ class _Packed(nn.Module):
             self.register_buffer("scale_2", scale_2)
         else:
             self.scales = self.scale_2 = None
+
+    @classmethod
+    def from_weight(cls, weight, **kw):
+        """From a ``formats.PackedWeight`` (its companions included)."""
+        return cls(weight.packed, weight.qtype, weight.n_out, weight.n_in, weight.scales,
+                   weight.scale_2, **kw)
 
     @classmethod
     def from_gguf(cls, tensor, scales: Tensor | None = None, scale_2=None, **kw):

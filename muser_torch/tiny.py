@@ -30,7 +30,8 @@ from pathlib import Path
 import torch
 
 from .config import GlimmerConfig
-from .formats import GGMLType, dequantize
+from .formats import GGMLType
+from .ops.unpack import dequantize
 from .formats.types import NVFP4_GROUP, QK_K
 from .glimmer import gguf_names
 from .tokenizer import ByteTokenizer

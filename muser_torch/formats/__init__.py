@@ -1,10 +1,11 @@
-"""Block formats: the type registry, ``dequantize`` and ``quantize``.
+"""Block formats: the type registry, ``dequantize_reference`` and ``quantize``.
 
-Both functions work on whole rows: a matrix ``(n_out, n_in)`` is a uint8
+Both work on whole rows: a matrix ``(n_out, n_in)`` is a uint8
 tensor ``[n_out, row_bytes]`` whose row r is ``n_in / block_elems``
 consecutive blocks, exactly as in a GGUF file. Everything here is vectorized
-torch, so it runs on any device and under ``torch.compile``; ``dequantize``
-hands CPU and CUDA tensors to the ops' kernels when it is not being traced.
+torch, so it runs on any device and under ``torch.compile``. This package is
+the reference layer: it imports nothing above it. ``muser_torch.dequantize``
+(``ops/unpack.py``) is the public decode that picks a native kernel.
 """
 from __future__ import annotations
 
@@ -14,9 +15,11 @@ from . import floats, kquant, legacy, nvfp4  # noqa: F401  (registers the format
 from .nvfp4 import dequantize_nvfp4_e2m1
 from .registry import can_quantize, format_for
 from .types import NEEDS_COMPANIONS, NVFP4_GROUP, QK_K, GGMLType
+from .weight import PackedWeight, companion_args
+from .random import random_weight  # noqa: E402  (needs dequantize_reference lazily)
 
-__all__ = ["GGMLType", "QK_K", "dequantize", "dequantize_reference", "quantize", "can_quantize",
-           "check_packed"]
+__all__ = ["GGMLType", "QK_K", "PackedWeight", "dequantize_reference", "quantize", "can_quantize",
+           "check_packed", "random_weight"]
 
 # Activation dtypes the quantizers and the ops accept.
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -50,16 +53,13 @@ def check_companions(scales, scale_2, rows: int, n_in: int, device) -> tuple[tor
                          f"[{rows}, {n_in // NVFP4_GROUP}]) and scale_2 (float32 [1])")
     if not isinstance(scales, torch.Tensor):
         raise ValueError(f"scales must be a torch.Tensor, got {type(scales).__name__}")
-    if scales.dtype == torch.float8_e4m3fn:
-        scales = scales.view(torch.uint8)
+    scales, scale_2 = companion_args(scales, scale_2, device)
     if scales.dtype != torch.uint8:
         raise ValueError(f"scales must be E4M3FN bytes (uint8 or float8_e4m3fn), got {scales.dtype}")
     if tuple(scales.shape) != (rows, n_in // NVFP4_GROUP):
         raise ValueError(f"scales must have shape {(rows, n_in // NVFP4_GROUP)}, got {tuple(scales.shape)}")
     if not scales.is_contiguous():
         raise ValueError("scales must be contiguous")
-    if not isinstance(scale_2, torch.Tensor):
-        scale_2 = torch.tensor(float(scale_2), dtype=torch.float32)
     if scale_2.numel() != 1:
         raise ValueError(f"scale_2 must hold one value, got shape {tuple(scale_2.shape)}")
     return scales, scale_2.to(device=device, dtype=torch.float32)
@@ -80,58 +80,6 @@ def dequantize_reference(packed: torch.Tensor, qtype: "GGMLType | int", n_in: in
         return dequantize_nvfp4_e2m1(packed, scales, scale_2)
     blocks = packed.reshape(-1, qtype.block_bytes)
     return format_for(qtype).dequantize_blocks(blocks).reshape(rows, n_in)
-
-
-def check_out(out: torch.Tensor, rows: int, n_in: int, device: torch.device) -> None:
-    """Raise ValueError unless ``out`` can take a dequantized ``[rows, n_in]``."""
-    if not isinstance(out, torch.Tensor):
-        raise ValueError(f"out must be a torch.Tensor, got {type(out).__name__}")
-    if out.dtype != torch.float32:
-        raise ValueError(f"out must be float32, got {out.dtype}")
-    if tuple(out.shape) != (rows, n_in):
-        raise ValueError(f"out must have shape {(rows, n_in)}, got {tuple(out.shape)}")
-    if not out.is_contiguous():
-        raise ValueError(f"out must be contiguous (got strides {out.stride()})")
-    if out.device != device:
-        raise ValueError(f"out is on {out.device} but packed is on {device}")
-
-
-def dequantize(packed: torch.Tensor, qtype: "GGMLType | int", n_in: int, *,
-               scales: torch.Tensor | None = None,
-               scale_2: "torch.Tensor | float | None" = None,
-               out: torch.Tensor | None = None) -> torch.Tensor:
-    """Packed uint8 ``[rows, row_bytes]`` of ``qtype`` to float32 ``[rows, n_in]``,
-    bit-exact with gguf's numpy ``dequantize``. NVFP4_E2M1 also takes its
-    ``scales`` and ``scale_2`` companions.
-
-    CPU tensors go to the native kernel (``muser_torch/ops/cpu_kernels.c``),
-    which decodes straight into the output, CUDA tensors of the types it
-    covers to the Triton kernel (``muser_torch/ops/cuda.py``); both are held
-    to gguf bit for bit by the tests. MPS, ``torch.compile`` graphs, and
-    machines without a C compiler or Triton get :func:`dequantize_reference`.
-
-    ``out``: a contiguous float32 ``[rows, n_in]`` on packed's device to write
-    into, returned. Worth passing when dequantizing tensor after tensor: a
-    fresh 100 MB output costs the kernel's zero-filling of its pages, about as
-    long as the decode itself."""
-    qtype = GGMLType.parse(qtype)
-    check_packed(packed, qtype, n_in)
-    rows = packed.shape[0]
-    if qtype in NEEDS_COMPANIONS:
-        scales, scale_2 = check_companions(scales, scale_2, rows, n_in, packed.device)
-    if out is not None:
-        check_out(out, rows, n_in, packed.device)
-    w = None
-    if not torch.compiler.is_compiling():
-        from ..ops import backend, cpu          # the ops import this module
-        if packed.device.type == "cpu":
-            return cpu.dequantize_rows(packed, qtype, n_in, scales, scale_2, out=out)
-        kernels = backend("cuda") if packed.device.type == "cuda" else None
-        if kernels is not None and qtype in kernels.SUPPORTED:
-            w = kernels.dequantize(packed, int(qtype), rows, n_in, scales, scale_2)
-    if w is None:
-        w = dequantize_reference(packed, qtype, n_in, scales=scales, scale_2=scale_2)
-    return w if out is None else out.copy_(w)
 
 
 def quantize(x: torch.Tensor, qtype: "GGMLType | int", *, imatrix: torch.Tensor | None = None):

@@ -52,7 +52,8 @@ import warnings
 import torch
 from torch import Tensor
 
-from ..formats import FLOAT_DTYPES, check_companions, check_packed
+from ..formats import FLOAT_DTYPES, check_companions, check_packed, companion_args
+from ..formats.weight import scale_bytes
 from ..formats.types import NEEDS_COMPANIONS, GGMLType
 
 __all__ = ["qmatmul", "qmatmul_t", "dequantize", "embedding", "check_args", "backend"]
@@ -126,10 +127,7 @@ def _normalize(where, qtype, scales, scale_2, device):
         qtype = int(GGMLType.parse(qtype))
     except ValueError as e:
         raise ValueError(f"{where}: qtype: {e}") from None
-    if isinstance(scales, Tensor) and scales.dtype == torch.float8_e4m3fn:
-        scales = scales.view(torch.uint8)
-    if scale_2 is not None and not isinstance(scale_2, Tensor):
-        scale_2 = torch.tensor([float(scale_2)], dtype=torch.float32, device=device)
+    scales, scale_2 = companion_args(scales, scale_2, device)
     return qtype, scales, scale_2
 
 
@@ -157,7 +155,7 @@ def _qmatmul(x: Tensor, packed: Tensor, qtype: int, n_out: int, n_in: int,
              scales: Tensor | None = None, scale_2: Tensor | None = None) -> Tensor:
     """``x[..., n_in] @ W.T`` in x's dtype; default implementation (CPU)."""
     check_args("qmatmul", packed, qtype, n_out, n_in, scales, scale_2, x=x, x_width=n_in)
-    scales = None if scales is None else scales.view(torch.uint8)
+    scales = scale_bytes(scales)
     return _backend_for("qmatmul", x.device).qmatmul(x, packed, qtype, n_out, n_in, scales, scale_2)
 
 
@@ -192,7 +190,7 @@ def _qmatmul_t(g: Tensor, packed: Tensor, qtype: int, n_out: int, n_in: int,
     """``g[..., n_out] @ W`` in g's dtype; default implementation."""
     check_args("qmatmul_t", packed, qtype, n_out, n_in, scales, scale_2, x=g, x_name="g",
                x_width=n_out)
-    scales = None if scales is None else scales.view(torch.uint8)
+    scales = scale_bytes(scales)
     if g.device.type == "cpu":
         return _backend_for("qmatmul_t", g.device).qmatmul_t(g, packed, qtype, n_out, n_in,
                                                               scales, scale_2)
@@ -235,7 +233,7 @@ def _dequantize(packed: Tensor, qtype: int, n_out: int, n_in: int,
                 scales: Tensor | None = None, scale_2: Tensor | None = None) -> Tensor:
     """W as float32 ``[n_out, n_in]``; default implementation (CPU)."""
     check_args("dequantize", packed, qtype, n_out, n_in, scales, scale_2)
-    scales = None if scales is None else scales.view(torch.uint8)
+    scales = scale_bytes(scales)
     return _backend_for("dequantize", packed.device).dequantize(packed, qtype, n_out, n_in,
                                                                   scales, scale_2)
 
@@ -255,7 +253,7 @@ def _embedding(ids: Tensor, packed: Tensor, qtype: int, n_out: int, n_in: int,
     """Rows ``ids`` of W as float32 ``[*ids.shape, n_in]``; default implementation (CPU)."""
     check_args("embedding", packed, qtype, n_out, n_in, scales, scale_2, ids=ids)
     check_ids_in_range("embedding", ids, n_out)
-    scales = None if scales is None else scales.view(torch.uint8)
+    scales = scale_bytes(scales)
     return _backend_for("embedding", ids.device).embedding(ids, packed, qtype, n_out, n_in,
                                                            scales, scale_2)
 

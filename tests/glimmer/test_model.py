@@ -237,7 +237,7 @@ def test_cache_and_generate_refuse_bad_arguments(tiny_files):
 @pytest.mark.parametrize("lane", LANES)
 def test_random_model_has_sane_packed_weights(lane):
     from dataclasses import replace
-    from muser_torch.formats import dequantize
+    from muser_torch import dequantize
     from muser_torch.tiny import recipe_type
     from .conftest import TINY
     cfg = replace(TINY, weight_precision=lane, n_layers=2)

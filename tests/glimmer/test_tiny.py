@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from muser_torch.cli import main as cli
-from muser_torch.formats import GGMLType, dequantize
+from muser_torch import dequantize
+from muser_torch.formats import GGMLType
 from muser_torch.gguf_io import load_gguf
 from muser_torch.tiny import SEED_CONFIG, plan, planned_bytes, random_rows
 
