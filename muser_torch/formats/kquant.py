@@ -39,8 +39,8 @@ import torch
 
 from .kquant_search import (div_rn, make_qkx_quants, make_qp_quants, make_qx_quants, nearest_int, rdiv,
                             run_chunks, seq_sum, sqrt_rn)
-from .registry import (BlockFormat, f16_bytes, f16_field, fifth_bits, join_nibbles, nibbles_into,
-                       split_nibbles)
+from .registry import (BlockFormat, f16_bytes, f16_field, field_of, fifth_bits, join_nibbles,
+                       nibbles_into, split_nibbles)
 from .types import K_SCALE_SIZE, QK_K, GGMLType
 
 # Super-blocks quantized at once. The Q4_K/Q5_K search holds a few
@@ -76,12 +76,13 @@ def pack_scale_min_k4(sc: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
     return torch.cat((lo_sc, lo_m, mixed), dim=1)
 
 
-def _asymmetric(blocks: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+def _asymmetric(blocks: torch.Tensor, q: torch.Tensor, qtype: GGMLType) -> torch.Tensor:
     """Shared tail of Q4_K and Q5_K: uint8 codes ``[n, 8, 32]`` to float32 ``[n, 256]``,
     converted once and scaled in place: ``(d*sc) * q - (dmin*m)``."""
     n = blocks.shape[0]
-    d, dmin = f16_field(blocks, 0), f16_field(blocks, 2)
-    sc, m = unpack_scale_min_k4(blocks[:, 4:4 + K_SCALE_SIZE])
+    at = qtype.layout.field
+    d, dmin = f16_field(blocks, at("d").offset), f16_field(blocks, at("dmin").offset)
+    sc, m = unpack_scale_min_k4(field_of(blocks, qtype, "scales"))
     scale = (d * sc.to(torch.float32)).unsqueeze(-1)
     shift = (dmin * m.to(torch.float32)).unsqueeze(-1)
     return q.to(torch.float32).mul_(scale).sub_(shift).reshape(n, QK_K)
@@ -171,7 +172,7 @@ class _KQuant(BlockFormat):
 class Q4_K(_KQuant, qtype=GGMLType.Q4_K):
     @classmethod
     def dequantize_blocks(cls, blocks):
-        return _asymmetric(blocks, _nibble_codes(blocks[:, 16:]))
+        return _asymmetric(blocks, _nibble_codes(cls.field(blocks, "qs")), cls.qtype)
 
     @staticmethod
     def _quantize(x, qw):
@@ -183,8 +184,9 @@ class Q5_K(_KQuant, qtype=GGMLType.Q5_K):
     @classmethod
     def dequantize_blocks(cls, blocks):
         # qh byte l, bit j is the fifth bit of element 32j + l.
-        fifth = fifth_bits(blocks[:, 16:48]).transpose(1, 2)      # [n, j, l]
-        return _asymmetric(blocks, _nibble_codes(blocks[:, 48:]).bitwise_or_(fifth))
+        fifth = fifth_bits(cls.field(blocks, "qh")).transpose(1, 2)    # [n, j, l]
+        return _asymmetric(blocks, _nibble_codes(cls.field(blocks, "qs")).bitwise_or_(fifth),
+                          cls.qtype)
 
     @staticmethod
     def _quantize(x, qw):
@@ -197,8 +199,8 @@ class Q5_K(_KQuant, qtype=GGMLType.Q5_K):
 def q6_k_codes(blocks: torch.Tensor) -> torch.Tensor:
     """The unsigned 6-bit codes of Q6_K blocks, uint8 ``[n, 256]`` in element order."""
     n = blocks.shape[0]
-    ql = blocks[:, :128].unflatten(1, (2, 2, 32))          # [n, half, 32-byte run, l]
-    qh = blocks[:, 128:192].unflatten(1, (2, 1, 32))       # [n, half, 1, l]
+    ql = field_of(blocks, GGMLType.Q6_K, "ql").unflatten(1, (2, 2, 32))   # [n, half, run, l]
+    qh = field_of(blocks, GGMLType.Q6_K, "qh").unflatten(1, (2, 1, 32))   # [n, half, 1, l]
     codes = torch.empty((n, 2, 4, 32), dtype=torch.uint8, device=blocks.device)
     # parts 0, 1 (l, l + 32) take the low nibbles of the two runs, parts 2, 3 the high
     nibbles_into(ql, codes[:, :, :2], codes[:, :, 2:])
@@ -211,8 +213,8 @@ class Q6_K(_KQuant, qtype=GGMLType.Q6_K):
     @classmethod
     def dequantize_blocks(cls, blocks):
         n = blocks.shape[0]
-        d = f16_field(blocks, 208)
-        sc = blocks[:, 192:208].view(torch.int8).to(torch.float32)
+        d = cls.f16(blocks, "d")
+        sc = cls.field(blocks, "scales").view(torch.int8).to(torch.float32)
         q = q6_k_codes(blocks).view(torch.int8).sub_(32).to(torch.float32)
         return q.view(n, 16, 16).mul_((d * sc).unsqueeze(-1)).reshape(n, QK_K)
 

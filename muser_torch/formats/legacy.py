@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from .kquant_search import div_rn, make_qkx_quants, make_qx_quants, rdiv, seq_sum, sqrt_rn
-from .registry import BlockFormat, f16_bytes, f16_field, fifth_bits, join_nibbles, split_nibbles
+from .registry import BlockFormat, f16_bytes, fifth_bits, join_nibbles, split_nibbles
 from .types import QK_LEGACY, GGMLType
 
 _HALF = QK_LEGACY // 2    # qs byte j holds elements j and j + _HALF
@@ -122,8 +122,8 @@ class _Legacy(BlockFormat):
 class Q4_0(_Legacy, qtype=GGMLType.Q4_0):
     @classmethod
     def dequantize_blocks(cls, blocks):
-        codes = _nibble_codes(blocks[:, 2:])
-        return _to_float(codes.view(torch.int8).sub_(8)).mul_(f16_field(blocks, 0))
+        codes = _nibble_codes(cls.field(blocks, "qs"))
+        return _to_float(codes.view(torch.int8).sub_(8)).mul_(cls.f16(blocks, "d"))
 
     @classmethod
     def _reference(cls, x):
@@ -140,8 +140,8 @@ class Q4_0(_Legacy, qtype=GGMLType.Q4_0):
 class Q4_1(_Legacy, qtype=GGMLType.Q4_1):
     @classmethod
     def dequantize_blocks(cls, blocks):
-        codes = _nibble_codes(blocks[:, 4:])
-        return _to_float(codes).mul_(f16_field(blocks, 0)).add_(f16_field(blocks, 2))
+        codes = _nibble_codes(cls.field(blocks, "qs"))
+        return _to_float(codes).mul_(cls.f16(blocks, "d")).add_(cls.f16(blocks, "m"))
 
     @classmethod
     def _reference(cls, x):
@@ -160,8 +160,8 @@ class Q4_1(_Legacy, qtype=GGMLType.Q4_1):
 class Q5_0(_Legacy, qtype=GGMLType.Q5_0):
     @classmethod
     def dequantize_blocks(cls, blocks):
-        codes = _nibble_codes(blocks[:, 6:]).bitwise_or_(_fifth_bits(blocks[:, 2:6]))
-        return _to_float(codes.view(torch.int8).sub_(16)).mul_(f16_field(blocks, 0))
+        codes = _nibble_codes(cls.field(blocks, "qs")).bitwise_or_(_fifth_bits(cls.field(blocks, "qh")))
+        return _to_float(codes.view(torch.int8).sub_(16)).mul_(cls.f16(blocks, "d"))
 
     @classmethod
     def _reference(cls, x):
@@ -182,8 +182,8 @@ class Q5_0(_Legacy, qtype=GGMLType.Q5_0):
 class Q5_1(_Legacy, qtype=GGMLType.Q5_1):
     @classmethod
     def dequantize_blocks(cls, blocks):
-        codes = _nibble_codes(blocks[:, 8:]).bitwise_or_(_fifth_bits(blocks[:, 4:8]))
-        return _to_float(codes).mul_(f16_field(blocks, 0)).add_(f16_field(blocks, 2))
+        codes = _nibble_codes(cls.field(blocks, "qs")).bitwise_or_(_fifth_bits(cls.field(blocks, "qh")))
+        return _to_float(codes).mul_(cls.f16(blocks, "d")).add_(cls.f16(blocks, "m"))
 
     @classmethod
     def _reference(cls, x):
@@ -212,7 +212,7 @@ def _round_half_away(v: torch.Tensor) -> torch.Tensor:
 class Q8_0(BlockFormat, qtype=GGMLType.Q8_0):
     @classmethod
     def dequantize_blocks(cls, blocks):
-        return _to_float(blocks[:, 2:].view(torch.int8)).mul_(f16_field(blocks, 0))
+        return _to_float(cls.field(blocks, "qs").view(torch.int8)).mul_(cls.f16(blocks, "d"))
 
     @classmethod
     def quantize_blocks(cls, blocks, weights):

@@ -110,8 +110,8 @@ class NVFP4(BlockFormat, qtype=GGMLType.NVFP4):
     @classmethod
     def dequantize_blocks(cls, blocks):
         n = blocks.shape[0]
-        d = ue4m3_half_table(blocks.device)[blocks[:, :_SUBS].long()].unsqueeze(-1)
-        pairs = _decode_pairs(blocks[:, _SUBS:].reshape(n, _SUBS, NVFP4_GROUP // 2),
+        d = ue4m3_half_table(blocks.device)[cls.field(blocks, "d").long()].unsqueeze(-1)
+        pairs = _decode_pairs(cls.field(blocks, "qs").reshape(n, _SUBS, NVFP4_GROUP // 2),
                               _GGML_DOUBLED_VALUES)
         # low nibbles are elements 0..7 of the sub-block, high nibbles 8..15
         return pairs.transpose(2, 3).reshape(n, _SUBS, NVFP4_GROUP).mul_(d).reshape(n, QK_NVFP4)

@@ -30,6 +30,16 @@ class BlockFormat:
         _FORMATS[qtype] = cls
 
     @classmethod
+    def field(cls, blocks: torch.Tensor, name: str) -> torch.Tensor:
+        """Field ``name`` of every block, uint8 ``[n, nbytes]`` (offsets from ``layout.py``)."""
+        return field_of(blocks, cls.qtype, name)
+
+    @classmethod
+    def f16(cls, blocks: torch.Tensor, name: str) -> torch.Tensor:
+        """The f16 field ``name`` of every block, as float32 ``[n, 1]``."""
+        return f16_field(blocks, cls.qtype.layout.field(name).offset)
+
+    @classmethod
     def dequantize_blocks(cls, blocks: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
@@ -66,6 +76,11 @@ def can_quantize(qtype: GGMLType) -> bool:
 
 
 # ---- small helpers shared by the block formats ---------------------------------
+
+def field_of(blocks: torch.Tensor, qtype: GGMLType, name: str) -> torch.Tensor:
+    """Field ``name`` of ``qtype``'s blocks ``[n, block_bytes]``, as a view."""
+    return blocks[:, qtype.layout.span(name)]
+
 
 def f16_field(blocks: torch.Tensor, offset: int) -> torch.Tensor:
     """The little-endian f16 at byte ``offset`` of every block, as float32 ``[n, 1]``."""
