@@ -41,7 +41,7 @@ from .kquant_search import (div_rn, make_qkx_quants, make_qp_quants, make_qx_qua
                             run_chunks, seq_sum, sqrt_rn)
 from .registry import (BlockFormat, f16_bytes, f16_field, field_of, fifth_bits, join_nibbles,
                        nibbles_into, split_nibbles)
-from .types import K_SCALE_SIZE, QK_K, GGMLType
+from .types import QK_K, GGMLType
 
 # Super-blocks quantized at once. The Q4_K/Q5_K search holds a few
 # [32, 8 * chunk] float32 temporaries; 1024 (about 1 MB each) balances
