@@ -71,6 +71,8 @@ class GGUFTokenizer:
         prompt expect. ``bos``/``eos`` default to the file's add_bos/add_eos."""
         if not isinstance(text, str):
             raise ValueError(f"encode takes a str, got {type(text).__name__}")
+        if not isinstance(bos, (bool, type(None))) or not isinstance(eos, (bool, type(None))):
+            raise ValueError(f"bos and eos are True, False or None, got {bos!r} and {eos!r}")
         bos = self.add_bos if bos is None else bos
         eos = self.add_eos if eos is None else eos
         ids = self.backend.encode(text, add_special_tokens=False).ids
@@ -150,11 +152,33 @@ def build_backend(vocab: VocabMetadata) -> Any:
     elif vocab.pre in LLAMA3_FAMILY_PRE:
         backend.model.ignore_merges = True
 
+    backend = _without_tokens_past(backend, len(vocab.tokens))
+    backend.no_truncation()   # encode() returns every token of any length
+    backend.no_padding()
     n = backend.get_vocab_size(with_added_tokens=True)
     if n != len(vocab.tokens):
         raise MetadataError(f"{PREFIX}tokens has {len(vocab.tokens)} entries but only {n} distinct "
                             f"tokens after conversion; ids past a duplicate would be misread")
     return backend
+
+
+def _without_tokens_past(backend: Any, n: int) -> Any:
+    """The backend without added tokens the file does not have. transformers'
+    tokenizer classes add their default specials (GPT-2's "<|endoftext|>" as
+    unk/bos/eos) when the vocabulary lacks them, at ids past the file's last;
+    the text "<|endoftext|>" would then encode to an id the model has no row for."""
+    added = backend.get_added_tokens_decoder()
+    if all(i < n for i in added):
+        return backend
+    from tokenizers import Tokenizer
+
+    fresh = Tokenizer(backend.model)
+    fresh.normalizer, fresh.pre_tokenizer = backend.normalizer, backend.pre_tokenizer
+    fresh.decoder = backend.decoder
+    keep = [added[i] for i in sorted(added) if i < n]
+    fresh.add_special_tokens([t for t in keep if t.special])
+    fresh.add_tokens([t for t in keep if not t.special])
+    return fresh
 
 
 def _set_space_prefix(backend: Any, prefix: bool) -> None:
