@@ -10,13 +10,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Mapping
 
 from ..errors import MetadataError
+from .gguf_tokenizer import MODELS, GGUFTokenizer   # imports no third-party package itself
 from .metadata import MODEL_KEY
 
 if TYPE_CHECKING:
     from ..tokenizer import ByteTokenizer
-    from .gguf_tokenizer import GGUFTokenizer
 
-SUPPORTED_MODELS = ("glimmer-bytes", "gpt2", "llama")
+BYTE_MODEL = "glimmer-bytes"   # tokenizer.MODEL_NAME; tokenizer.py imports this package
+SUPPORTED_MODELS = (BYTE_MODEL,) + MODELS
 
 
 def tokenizer_from_metadata(metadata: Mapping[str, Any]) -> "ByteTokenizer | GGUFTokenizer | None":
@@ -25,14 +26,13 @@ def tokenizer_from_metadata(metadata: Mapping[str, Any]) -> "ByteTokenizer | GGU
     name = metadata.get(MODEL_KEY)
     if name is None:
         return None
-    if name == "glimmer-bytes":
+    if name == BYTE_MODEL:
         from ..tokenizer import ByteTokenizer   # imported here: tokenizer.py imports .metadata
         return ByteTokenizer.from_metadata(metadata)
-    if name in ("gpt2", "llama"):
-        from .gguf_tokenizer import GGUFTokenizer
+    if name in MODELS:
         return GGUFTokenizer.from_metadata(metadata)
     raise MetadataError(f"{MODEL_KEY} is {name!r}; the tokenizer models supported are "
                         f"{list(SUPPORTED_MODELS)}")
 
 
-__all__ = ["SUPPORTED_MODELS", "tokenizer_from_metadata"]
+__all__ = ["SUPPORTED_MODELS", "GGUFTokenizer", "tokenizer_from_metadata"]

@@ -133,7 +133,8 @@ def build_backend(vocab: VocabMetadata) -> Any:
         # that transformers does not know would silently get GPT-2's.
         known = sorted(set(GGUF_PRE_TOKENIZER_SPLITS) | {"gpt-2"})
         if vocab.pre not in known:
-            raise MetadataError(f"{PREFIX}pre is {vocab.pre!r}; the BPE pre-tokenizers supported "
+            found = "missing" if vocab.pre is None else f"{vocab.pre!r}"
+            raise MetadataError(f"{PREFIX}pre is {found}; the BPE pre-tokenizers supported "
                                 f"are {known}")
     # The names transformers' converter reads (its GGUF_TOKENIZER_MAPPING).
     tokenizer_dict: dict[str, Any] = {"tokenizer_type": vocab.model, "tokens": vocab.tokens}

@@ -112,7 +112,7 @@ def test_float32_infinite_bos_in_a_file_is_a_metadata_error(tmp_path):
     ("gpt2", "merges", 5, "merges is 5"),
     ("gpt2", "pre", "default", "tokenizer.ggml.pre is 'default'.*qwen2"),
     ("gpt2", "pre", "deepseek-llm", "tokenizer.ggml.pre is 'deepseek-llm'"),
-    ("gpt2", "pre", None, "tokenizer.ggml.pre is None"),
+    ("gpt2", "pre", None, "tokenizer.ggml.pre is missing"),
     ("gpt2", "pre", 7, "tokenizer.ggml.pre is 7"),
     ("gpt2", "add_bos_token", 1, "add_bos_token is 1 .*expected a bool"),
     ("llama", "add_eos_token", "yes", "add_eos_token is 'yes'"),
@@ -172,6 +172,9 @@ def test_byte_tokenizer_has_stops_and_no_chat():
     with pytest.raises(ChatTemplateError, match="no chat template"):
         tok.apply_chat_template([{"role": "user", "content": "hi"}])
     assert tokenizer_from_metadata({"general.architecture": "llama"}) is None
+    from muser_torch.text import SUPPORTED_MODELS
+    from muser_torch.tokenizer import MODEL_NAME
+    assert SUPPORTED_MODELS[0] == MODEL_NAME
 
 
 @pytest.mark.parametrize("call", [
