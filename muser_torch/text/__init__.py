@@ -1,0 +1,38 @@
+"""Text in and out of a model: the tokenizer a GGUF file describes, and its chat template.
+
+``tokenizer_from_metadata(gguf.metadata)`` reads ``tokenizer.ggml.model``:
+"glimmer-bytes" gives the demo's ``ByteTokenizer``; "llama" (sentencepiece)
+and "gpt2" (byte-level BPE) give a ``GGUFTokenizer``, which needs the ``hf``
+extra (transformers, tokenizers, jinja2), imported only then.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Mapping
+
+from ..errors import MetadataError
+from .gguf_tokenizer import MODELS, GGUFTokenizer   # imports no third-party package itself
+from .metadata import MODEL_KEY
+
+if TYPE_CHECKING:
+    from ..tokenizer import ByteTokenizer
+
+BYTE_MODEL = "glimmer-bytes"   # tokenizer.MODEL_NAME; tokenizer.py imports this package
+SUPPORTED_MODELS = (BYTE_MODEL,) + MODELS
+
+
+def tokenizer_from_metadata(metadata: Mapping[str, Any]) -> "ByteTokenizer | GGUFTokenizer | None":
+    """The tokenizer a file's metadata describes; None when it has no
+    ``tokenizer.ggml.model``. Bad keys raise ``MetadataError`` naming the key."""
+    name = metadata.get(MODEL_KEY)
+    if name is None:
+        return None
+    if name == BYTE_MODEL:
+        from ..tokenizer import ByteTokenizer   # imported here: tokenizer.py imports .metadata
+        return ByteTokenizer.from_metadata(metadata)
+    if name in MODELS:
+        return GGUFTokenizer.from_metadata(metadata)
+    raise MetadataError(f"{MODEL_KEY} is {name!r}; the tokenizer models supported are "
+                        f"{list(SUPPORTED_MODELS)}")
+
+
+__all__ = ["SUPPORTED_MODELS", "GGUFTokenizer", "tokenizer_from_metadata"]
