@@ -32,6 +32,7 @@ from .triton_layout import (  # noqa: F401  (every name is a tl.constexpr read b
     K_SCALE_SIZE, Q4_K, Q4_K_BYTES, Q4_K_D, Q4_K_DMIN, Q4_K_QS, Q4_K_SCALES, Q5_K, Q5_K_BYTES,
     Q5_K_D, Q5_K_DMIN, Q5_K_QH, Q5_K_QS, Q5_K_SCALES, Q6_K, Q6_K_BYTES, Q6_K_D, Q6_K_QH, Q6_K_QL,
     Q6_K_SCALES, TILE, require)
+from .triton_tile import _k4_scale_min  # noqa: F401  (called by _scale_min_words)
 
 for _name, _bb, _d, _dmin, _sc, _qs, _qh in (
         ("Q4_K", Q4_K_BYTES, Q4_K_D, Q4_K_DMIN, Q4_K_SCALES, Q4_K_QS, 0),
@@ -97,13 +98,14 @@ def _f16_lo(w):
 def _scale_min_words(s0, s1, s2, j):
     """(sc, m) of sub-blocks ``j`` from the scale strip as words s0, s1, s2 ([BN, 1])."""
     sh = 8 * (j % 4)
-    lo_sc = (s0 >> sh) & 0xFF
-    lo_m = (s1 >> sh) & 0xFF
-    mixed = (s2 >> sh) & 0xFF
-    low = j < 4
-    sc = tl.where(low, lo_sc & 63, (mixed & 0xF) | ((lo_sc >> 6) << 4))
-    m = tl.where(low, lo_m & 63, (mixed >> 4) | ((lo_m >> 6) << 4))
-    return sc, m
+    return _k4_scale_min((s0 >> sh) & 0xFF, (s1 >> sh) & 0xFF, (s2 >> sh) & 0xFF, j)
+
+
+@triton.jit
+def _q45k_header(h0, kb, BW: tl.constexpr, DW: tl.constexpr, SCW: tl.constexpr):
+    """Super-block ``kb``'s header words: d | dmin << 16, then the scale strip's three."""
+    base = h0 + kb * BW
+    return tl.load(base + DW), tl.load(base + SCW), tl.load(base + SCW + 1), tl.load(base + SCW + 2)
 
 
 @triton.jit
@@ -157,10 +159,7 @@ def _mv_q45k_kernel(xp_ptr, p, y_ptr, n_out, KB_PER: tl.constexpr,
     qh = w                                                    # Q4_K: never read
     if QTYPE == Q5_K:
         qh = tl.load(hp + k0 * BW, eviction_policy="evict_first")
-    a0 = tl.load(h0 + k0 * BW + DW)
-    a1 = tl.load(h0 + k0 * BW + SCW)
-    a2 = tl.load(h0 + k0 * BW + SCW + 1)
-    a3 = tl.load(h0 + k0 * BW + SCW + 2)
+    a0, a1, a2, a3 = _q45k_header(h0, k0, BW, DW, SCW)
     acc = tl.zeros((BN,), dtype=tl.float32)
     for i in range(0, KB_PER):
         kb = k0 + i
@@ -168,10 +167,7 @@ def _mv_q45k_kernel(xp_ptr, p, y_ptr, n_out, KB_PER: tl.constexpr,
         w_next = tl.load(wp + kn * BW, eviction_policy="evict_first")
         if QTYPE == Q5_K:
             qh_next = tl.load(hp + kn * BW, eviction_policy="evict_first")
-        b0 = tl.load(h0 + kn * BW + DW)
-        b1 = tl.load(h0 + kn * BW + SCW)
-        b2 = tl.load(h0 + kn * BW + SCW + 1)
-        b3 = tl.load(h0 + kn * BW + SCW + 2)
+        b0, b1, b2, b3 = _q45k_header(h0, kn, BW, DW, SCW)
         d = _f16_lo(a0)[:, None]
         dmin = _f16_lo(a0 >> 16)[:, None]
         xb = xp_ptr + kb * TILE + n
@@ -295,10 +291,7 @@ def _mm_q45k_mt_kernel(xp_ptr, p, y_ptr, M, n_out, KB_PER: tl.constexpr,
     qh = w                                                    # Q4_K: never read
     if QTYPE == Q5_K:
         qh = tl.load(hp + k0 * BW, eviction_policy="evict_first")
-    a0 = tl.load(h0 + k0 * BW + DW)
-    a1 = tl.load(h0 + k0 * BW + SCW)
-    a2 = tl.load(h0 + k0 * BW + SCW + 1)
-    a3 = tl.load(h0 + k0 * BW + SCW + 2)
+    a0, a1, a2, a3 = _q45k_header(h0, k0, BW, DW, SCW)
     acc = tl.zeros((MT, BN), dtype=tl.float32)
     for i in range(0, KB_PER):
         kb = k0 + i
@@ -306,10 +299,7 @@ def _mm_q45k_mt_kernel(xp_ptr, p, y_ptr, M, n_out, KB_PER: tl.constexpr,
         w_next = tl.load(wp + kn * BW, eviction_policy="evict_first")
         if QTYPE == Q5_K:
             qh_next = tl.load(hp + kn * BW, eviction_policy="evict_first")
-        b0 = tl.load(h0 + kn * BW + DW)
-        b1 = tl.load(h0 + kn * BW + SCW)
-        b2 = tl.load(h0 + kn * BW + SCW + 1)
-        b3 = tl.load(h0 + kn * BW + SCW + 2)
+        b0, b1, b2, b3 = _q45k_header(h0, kn, BW, DW, SCW)
         d = _f16_lo(a0)[:, None]
         dmin = _f16_lo(a0 >> 16)[:, None]
         xb = xp_ptr + tt.to(tl.int64) * (NB * TILE) + kb * TILE + n3

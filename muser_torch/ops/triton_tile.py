@@ -44,16 +44,23 @@ def _f16_at(p, off, mask):
 
 
 @triton.jit
-def _scale_min_k4(p, sbase, j, mask):
-    """6-bit (sc, m) of sub-blocks ``j`` (0..7) from the 12-byte strip at ``sbase``."""
-    t = j % 4
-    lo_sc = tl.load(p + sbase + t, mask=mask, other=0).to(tl.int32)
-    lo_m = tl.load(p + sbase + 4 + t, mask=mask, other=0).to(tl.int32)
-    mixed = tl.load(p + sbase + 8 + t, mask=mask, other=0).to(tl.int32)
+def _k4_scale_min(lo_sc, lo_m, mixed, j):
+    """6-bit (sc, m) of K-quant sub-blocks ``j`` (0..7) from bytes j % 4, 4 + j % 4
+    and 8 + j % 4 of the 12-byte scale strip."""
     low = j < 4
     sc = tl.where(low, lo_sc & 63, (mixed & 0xF) | ((lo_sc >> 6) << 4))
     m = tl.where(low, lo_m & 63, (mixed >> 4) | ((lo_m >> 6) << 4))
     return sc, m
+
+
+@triton.jit
+def _scale_min_k4(p, sbase, j, mask):
+    """(sc, m) of sub-blocks ``j`` from the 12-byte strip at byte ``sbase`` of ``p``."""
+    t = j % 4
+    lo_sc = tl.load(p + sbase + t, mask=mask, other=0).to(tl.int32)
+    lo_m = tl.load(p + sbase + 4 + t, mask=mask, other=0).to(tl.int32)
+    mixed = tl.load(p + sbase + 8 + t, mask=mask, other=0).to(tl.int32)
+    return _k4_scale_min(lo_sc, lo_m, mixed, j)
 
 
 @triton.jit
