@@ -1,14 +1,14 @@
-"""``muser-torch bench {formats,ops,model}``: throughput reported as ratios
+"""``muser-torch bench {formats,ops,model,triton}``: throughput reported as ratios
 measured in one run, never asserted by tests."""
 from __future__ import annotations
 
 import importlib
 
-_BENCHES = ("formats", "ops", "model")
+_BENCHES = ("formats", "ops", "model", "triton_kernels")
 
 
 def register(subparsers) -> None:
-    parser = subparsers.add_parser("bench", help="benchmarks (formats, ops, model)")
+    parser = subparsers.add_parser("bench", help="benchmarks (formats, ops, model, triton)")
     sub = parser.add_subparsers(dest="bench", required=True)
     for name in _BENCHES:
         try:

@@ -54,7 +54,7 @@ def build(args: argparse.Namespace, device: torch.device, dtype: torch.dtype):
     return Glimmer.from_gguf(path, device=device, dtype=dtype), path.name
 
 
-GRAPH_REPS = 4   # ops/triton_bench.graph_time replays 5 x GRAPH_REPS + 1 times
+GRAPH_REPS = 4   # bench/cuda_timing.graph_time replays 5 x GRAPH_REPS + 1 times
 
 
 def main(args: argparse.Namespace) -> int:
@@ -94,7 +94,7 @@ def main(args: argparse.Namespace) -> int:
         decode_s = time.perf_counter() - t0
         graph_ms = None
         if device.type == "cuda":
-            from ..ops.triton_bench import graph_time
+            from .cuda_timing import graph_time
             graph_ms = graph_time([lambda: step(tok, slots)], reps=GRAPH_REPS) * 1e3
 
     per_token = model.weight_bytes_per_token()

@@ -16,7 +16,7 @@ On CUDA the op and the dense baseline are timed inside a CUDA graph that
 calls them once for each of several copies of the weights (>= 512 MB in all,
 so the 50 MB L2 holds none of them): the cost inside a decode graph, without
 Python's ~0.2 ms per eager call. The read bandwidth there is the same graph
-of ``sum``s over 1 GiB buffers (ops/triton_bench.py).
+of ``sum``s over 1 GiB buffers (bench/cuda_timing.py).
 """
 from __future__ import annotations
 
@@ -117,22 +117,22 @@ def _time(fn, device: torch.device, min_s: float = 0.3, max_iters: int = 50) -> 
 
 def _cuda_graph_time(fn, weights: list) -> float:
     """Seconds per call of ``fn(w)`` for each ``w`` in one CUDA graph."""
-    from ..ops.triton_bench import graph_time
+    from .cuda_timing import graph_time
     return graph_time([lambda w=w: fn(w) for w in weights])
 
 
 def _copies(t: torch.Tensor) -> list:
     """``t`` and enough copies of it to overflow the GPU's L2 when read in turn."""
-    from ..ops.triton_bench import ROTATE_BYTES
-    n = max(1, min(16, -(-ROTATE_BYTES // (t.numel() * t.element_size()))))
+    from .cuda_timing import copies_for
+    n = copies_for(t.numel() * t.element_size(), at_most=16)
     return [t] + [t.clone() for _ in range(n - 1)]
 
 
 def read_bandwidth(device: torch.device, nbytes: int = 512 << 20) -> float:
     """Bytes per second of a sum over a large buffer (read once per call)."""
     if device.type == "cuda":
-        from ..ops import triton_bench
-        return triton_bench.read_bandwidth()
+        from .cuda_timing import read_bandwidth as cuda_read_bandwidth
+        return cuda_read_bandwidth()
     buf = torch.ones(nbytes // 8, dtype=torch.int64, device=device)
     dt = _time(lambda: buf.sum(), device, min_s=0.5, max_iters=10)
     return nbytes / dt

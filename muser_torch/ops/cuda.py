@@ -4,61 +4,82 @@
 Triton imports; Triton is an optional dependency (``pip install
 muser-torch[cuda]``), so a CPU install never pulls it.
 
-Dispatch ladder of ``qmatmul`` (activation rows M = prod(x.shape[:-1])):
+``SUPPORTED`` is the one set of types the CUDA ops take (the tests
+parametrize over it); ``LADDER`` is the one table ``qmatmul`` dispatches by
+(activation rows M = prod(x.shape[:-1])): the first rung whose token bound
+holds M and which serves the type runs.
 
-=========  ==============================  =====================================
-M          kernel                          arithmetic
-=========  ==============================  =====================================
-1          Q4_K/Q5_K ``_mv_q45k_v4``,      float32 FFMA, rel. error ~1e-6
-           Q6_K ``_mv_q6k_v3``; other      (the K-quant kernels sum 128 + q,
-           types ``_mv_generic_kernel``    see triton_kquant.py)
-2          Q4_K/Q5_K ``_mm_q45k_mt``:      float32 FFMA, as above
-           one decode for all tokens
-2 .. 16    other types / more tokens:      tensor cores: tiles rounded to x's
-           ``_qmm_kernel`` BM=16, one      dtype, float32 accumulation, rel.
-           decode per tile for all tokens  error ~1e-3 (float32 x: IEEE
-                                           float32 products, ~3e-7)
-> 16       ``_qmm_kernel`` BM=64 tiles     as above
-=========  ==============================  =====================================
+===========  ======  =====================================  ================================
+rung         M       kernel                                 arithmetic
+===========  ======  =====================================  ================================
+mv_kquant    1       Q4_K/Q5_K ``_mv_q45k_kernel``,         float32 FFMA, rel. error ~1e-6
+                     Q6_K ``_mv_q6k_kernel``                (128 + q, see triton_kquant.py)
+mv_tile      1       ``_mv_tile_kernel``: the other types   float32 FFMA
+token_axis   2       Q4_K/Q5_K ``_mm_q45k_mt_kernel``:      float32 FFMA, as mv_kquant
+                     one decode for all tokens
+qmm_small    <= 16   ``_qmm_kernel`` BM=16: one decode per  tensor cores: tiles rounded to x's
+                     tile for all tokens                    dtype, float32 accumulation, rel.
+                                                            error ~1e-3 (float32 x: IEEE
+                                                            float32 products, ~3e-7)
+qmm_tiled    any     ``_qmm_kernel`` BM=64 tiles            as qmm_small
+===========  ======  =====================================  ================================
 
 Small matrices split the K dimension across programs; the partial sums are
 added by ``torch.sum`` (deterministic, no atomics). ``dequantize`` and
-``embedding`` are bit-exact with ``muser_torch.formats.dequantize_reference``
-(and ``muser_torch.dequantize`` runs this ``dequantize`` for CUDA tensors).
+``embedding`` are bit-exact with gguf's numpy ``dequantize`` (and
+``muser_torch.dequantize`` runs this ``dequantize`` for CUDA tensors).
 
 Arguments arrive validated by ``muser_torch.ops``; nothing here synchronizes
 with the host, so every op can be captured in a CUDA graph.
 """
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
+from typing import Callable, Mapping
+
 import torch
 import triton
 
 from ..formats.types import GGMLType
 from . import triton_kquant as tk
+from . import triton_tile as tt
+from .triton_layout import TILE
 
-# The kernels spell out each block's byte layout (triton_kquant.py); make sure it is
-# the registry's geometry.
-_KERNEL_GEOMETRY = {GGMLType.Q4_K: (256, 144), GGMLType.Q5_K: (256, 176), GGMLType.Q6_K: (256, 210),
-                    GGMLType.Q8_0: (32, 34), GGMLType.F16: (1, 2), GGMLType.NVFP4_E2M1: (16, 8)}
-for _t, _g in _KERNEL_GEOMETRY.items():
-    if (_t.block_elems, _t.block_bytes) != _g or int(_t) != getattr(tk, _t.name).value:
-        raise RuntimeError(f"triton_kquant's layout of {_t.name} disagrees with GGMLType")
+T = GGMLType
+SUPPORTED = frozenset({T.F32, T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0,
+                       T.Q4_K, T.Q5_K, T.Q6_K, T.NVFP4_E2M1})
+_COLS = TILE.value           # columns of one kernel tile (and of a K-quant super-block)
+_PERMUTE_BLOCK = 1024
 
-SUPPORTED = frozenset({GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K, GGMLType.NVFP4_E2M1,
-                       GGMLType.Q8_0, GGMLType.F16})
-KQUANT = frozenset({GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K})
 
-# Launch parameters; the benchmark (``muser_torch.ops.triton_bench``) sweeps them.
-# One-token K-quant kernels: (BN, warps, split target per SM, version).
-# Picked by ``triton_bench --what sweep`` on the H200 (docs/performance.md).
-MV_KQUANT = {GGMLType.Q4_K: (64, 8, 4, 4), GGMLType.Q5_K: (64, 8, 8, 4),
-             GGMLType.Q6_K: (32, 4, 8, 3)}
-# The one-token kernel versions each type has (triton_kquant.py): the sweep
-# compares them; the default is the last.
-MV_VERSIONS = {GGMLType.Q4_K: (3, 4), GGMLType.Q5_K: (3, 4), GGMLType.Q6_K: (2, 3)}
-QMM_SMALL = (16, 32, 4)        # (BM, BN, warps) for 2..16 tokens
-QMM_LARGE = (64, 64, 8)
+@dataclass(frozen=True)
+class Launch:
+    """Launch parameters of one rung for one type: ``bn`` weight rows and ``bm``
+    activation rows per program, ``warps``, and the split-K target in programs
+    per SM (``target``, when set, is the absolute number instead)."""
+    bn: int
+    warps: int
+    per_sm: int
+    bm: int = 1
+    target: int | None = None
+
+
+@dataclass(frozen=True)
+class Rung:
+    """One rung of the ladder: it takes up to ``max_tokens`` activation rows
+    (None: any number), serves the types ``launch`` names with their launch
+    parameters, and runs ``run(x2, packed, qt, n_out, n_in, scales, scale_2,
+    launch)`` on ``x2[M, n_in]``, returning ``[M, n_out]`` in x's dtype."""
+    name: str
+    max_tokens: int | None
+    launch: Mapping[GGMLType, Launch]
+    run: Callable[..., torch.Tensor]
+
+    @property
+    def types(self) -> frozenset[GGMLType]:
+        return frozenset(self.launch)
+
 
 _SM_COUNT: dict[int, int] = {}
 
@@ -72,11 +93,15 @@ def _sm_count(device: torch.device) -> int:
     return _SM_COUNT[idx]
 
 
+def _target(launch: Launch, device: torch.device) -> int:
+    return launch.target if launch.target is not None else launch.per_sm * _sm_count(device)
+
+
 def _qtype(qtype: int) -> GGMLType:
-    qt = GGMLType(int(qtype))
+    qt = GGMLType.parse(qtype)
     if qt not in SUPPORTED:
         raise ValueError(f"the CUDA kernels do not support {qt.name}; "
-                         f"supported: {sorted(t.name for t in SUPPORTED)}")
+                         f"supported: {', '.join(sorted(t.name for t in SUPPORTED))}")
     return qt
 
 
@@ -95,12 +120,17 @@ def _companions(qt, packed, scales, scale_2):
 
 
 def _split(n_row_blocks: int, n_kb: int, target: int) -> tuple[int, int]:
-    """(split, kb_per): split the K blocks until about ``target`` programs run.
+    """(split, kb_per): split the K tiles until about ``target`` programs run.
 
-    ``split`` divides ``n_kb`` (every program gets the same number of blocks)."""
+    ``split`` divides ``n_kb`` (every program gets the same number of tiles)."""
     want = max(1, min(n_kb, -(-target // max(1, n_row_blocks))))
     split = max(d for d in range(1, want + 1) if n_kb % d == 0)
     return split, n_kb // split
+
+
+def _partials(split: int, M: int, n_out: int, x: torch.Tensor) -> torch.Tensor:
+    return torch.empty((split, M, n_out), dtype=x.dtype if split == 1 else torch.float32,
+                       device=x.device)
 
 
 def _finish(part: torch.Tensor, split: int, dtype: torch.dtype) -> torch.Tensor:
@@ -108,100 +138,123 @@ def _finish(part: torch.Tensor, split: int, dtype: torch.dtype) -> torch.Tensor:
     return out if out.dtype == dtype else out.to(dtype)
 
 
-def matvec(x: torch.Tensor, packed: torch.Tensor, qt: GGMLType, n_out: int, n_in: int,
-           scales=None, scale_2=None, *, bn: int | None = None, warps: int | None = None,
-           target: int | None = None, version: int | None = None) -> torch.Tensor:
-    """One activation row ``x[n_in]`` to ``y[n_out]`` in x's dtype."""
-    x = x.reshape(n_in)
-    if not x.is_contiguous():
-        x = x.contiguous()
-    n_kb = triton.cdiv(n_in, 256)
-    if qt in KQUANT:
-        dbn, dwarps, dper_sm, dversion = MV_KQUANT[qt]
-        bn, warps, version = bn or dbn, warps or dwarps, version or dversion
-        target = target or _sm_count(x.device) * dper_sm
-        xp = torch.empty(n_in, dtype=torch.float32, device=x.device)
-        tk._permute_x_kernel[(triton.cdiv(n_in, 1024), 1)](x, xp, n_in, 0, QTYPE=int(qt), BLOCK=1024)
-        rb = triton.cdiv(n_out, bn)
-        split, kb_per = _split(rb, n_kb, target)
-        part = torch.empty((split, n_out), dtype=x.dtype if split == 1 else torch.float32,
-                           device=x.device)
-        if version not in MV_VERSIONS[qt]:
-            raise ValueError(f"matvec: {qt.name} has kernel versions {MV_VERSIONS[qt]}, not {version}")
-        if qt is GGMLType.Q6_K:
-            kern = tk._mv_q6k_v2_kernel if version == 2 else tk._mv_q6k_v3_kernel
-            kern[(rb, split)](xp, packed, part, n_out, KB_PER=kb_per, NB=n_kb, BN=bn,
-                              num_warps=warps)
-        else:
-            kern = tk._mv_q45k_v3_kernel if version == 3 else tk._mv_q45k_v4_kernel
-            kern[(rb, split)](xp, packed, part, n_out, KB_PER=kb_per, QTYPE=int(qt), NB=n_kb,
-                              BN=bn, num_warps=warps)
-        return _finish(part, split, x.dtype)
-    bn, warps, target = bn or 16, warps or 4, target or _sm_count(x.device) * 4
+def _permuted(x2: torch.Tensor, qt: GGMLType, n_in: int) -> torch.Tensor:
+    """float32 activations in the K-quant words' nibble order (triton_kquant.py)."""
+    M = x2.shape[0]
+    xp = torch.empty((M, n_in), dtype=torch.float32, device=x2.device)
+    tk._permute_x_kernel[(triton.cdiv(n_in, _PERMUTE_BLOCK), M)](
+        x2, xp, n_in, x2.stride(0), QTYPE=int(qt), BLOCK=_PERMUTE_BLOCK)
+    return xp
+
+
+# ---- the rungs' launchers ------------------------------------------------------------
+
+def _mv_kquant(x2, packed, qt, n_out, n_in, scales, scale_2, launch: Launch) -> torch.Tensor:
+    """One activation row of Q4_K / Q5_K / Q6_K: words in storage order."""
+    n_kb = n_in // _COLS
+    xp = _permuted(x2, qt, n_in)
+    rb = triton.cdiv(n_out, launch.bn)
+    split, kb_per = _split(rb, n_kb, _target(launch, x2.device))
+    part = _partials(split, 1, n_out, x2)
+    kw = dict(KB_PER=kb_per, NB=n_kb, BN=launch.bn, num_warps=launch.warps)
+    if qt is GGMLType.Q6_K:
+        tk._mv_q6k_kernel[(rb, split)](xp, packed, part, n_out, **kw)
+    else:
+        tk._mv_q45k_kernel[(rb, split)](xp, packed, part, n_out, QTYPE=int(qt), **kw)
+    return _finish(part, split, x2.dtype)
+
+
+def _mv_tile(x2, packed, qt, n_out, n_in, scales, scale_2, launch: Launch) -> torch.Tensor:
+    """One activation row of any type: decoded tiles times x."""
     s, s2 = _companions(qt, packed, scales, scale_2)
-    rb = triton.cdiv(n_out, bn)
-    split, kb_per = _split(rb, n_kb, target)
-    part = torch.empty((split, n_out), dtype=x.dtype if split == 1 else torch.float32,
-                       device=x.device)
-    tk._mv_generic_kernel[(rb, split)](x, packed, s, s2, part, n_out, n_in, n_kb,
-                                       KB_PER=kb_per,
-                                       QTYPE=int(qt), ROW_BYTES=packed.shape[1], BN=bn,
-                                       num_warps=warps)
-    return _finish(part, split, x.dtype)
+    rb = triton.cdiv(n_out, launch.bn)
+    split, kb_per = _split(rb, triton.cdiv(n_in, _COLS), _target(launch, x2.device))
+    part = _partials(split, 1, n_out, x2)
+    tt._mv_tile_kernel[(rb, split)](x2, packed, s, s2, part, n_out, n_in, KB_PER=kb_per,
+                                    QTYPE=int(qt), ROW_BYTES=packed.shape[1], BN=launch.bn,
+                                    num_warps=launch.warps)
+    return _finish(part, split, x2.dtype)
 
 
-# Q4_K/Q5_K with 2..MT_MAX tokens take _mm_q45k_mt_kernel. Measured on the H200 it
-# beats the tensor-core tile at 2 tokens (ffn_up 123 vs 166 us) but not at 3-4.
-MT_MAX = 2
-MT_KQUANT = (64, 8, 4)         # (BN, warps, split target per SM)
-
-
-def matmul_mt(x2: torch.Tensor, packed: torch.Tensor, qt: GGMLType, n_out: int, n_in: int, *,
-              bn: int | None = None, warps: int | None = None,
-              target: int | None = None) -> torch.Tensor:
+def _mm_token_axis(x2, packed, qt, n_out, n_in, scales, scale_2, launch: Launch) -> torch.Tensor:
     """2..8 activation rows of Q4_K / Q5_K: one decode of each weight for all rows."""
     M = x2.shape[0]
-    if x2.stride(-1) != 1:
-        x2 = x2.contiguous()
-    dbn, dwarps, dper_sm = MT_KQUANT
-    bn, warps = bn or dbn, warps or dwarps
-    target = target or _sm_count(x2.device) * dper_sm
-    n_kb = n_in // 256
-    xp = torch.empty((M, n_in), dtype=torch.float32, device=x2.device)
-    tk._permute_x_kernel[(triton.cdiv(n_in, 1024), M)](x2, xp, n_in, x2.stride(0), QTYPE=int(qt),
-                                                       BLOCK=1024)
-    rb = triton.cdiv(n_out, bn)
-    split, kb_per = _split(rb, n_kb, target)
-    part = torch.empty((split, M, n_out), dtype=x2.dtype if split == 1 else torch.float32,
-                       device=x2.device)
+    if M > 8:
+        raise ValueError(f"the token-axis kernel takes at most 8 activation rows, got {M}")
+    n_kb = n_in // _COLS
+    xp = _permuted(x2, qt, n_in)
+    rb = triton.cdiv(n_out, launch.bn)
+    split, kb_per = _split(rb, n_kb, _target(launch, x2.device))
+    part = _partials(split, M, n_out, x2)
     mt = 2 if M <= 2 else 4 if M <= 4 else 8
     tk._mm_q45k_mt_kernel[(rb, split)](xp, packed, part, M, n_out, KB_PER=kb_per, QTYPE=int(qt),
-                                       NB=n_kb, BN=bn, MT=mt, num_warps=warps)
+                                       NB=n_kb, BN=launch.bn, MT=mt, num_warps=launch.warps)
     return _finish(part, split, x2.dtype)
 
 
-def matmul(x2: torch.Tensor, packed: torch.Tensor, qt: GGMLType, n_out: int, n_in: int,
-           scales=None, scale_2=None, *, bm: int | None = None, bn: int | None = None,
-           warps: int | None = None, target: int | None = None,
-           stages: int | None = None) -> torch.Tensor:
-    """``x2[M, n_in]`` (M >= 2) to ``[M, n_out]`` on tensor cores."""
+def _qmm(x2, packed, qt, n_out, n_in, scales, scale_2, launch: Launch) -> torch.Tensor:
+    """``x2[M, n_in]`` to ``[M, n_out]`` on tensor cores, ``bm`` x ``bn`` output tiles."""
     M = x2.shape[0]
+    bm, bn = launch.bm, launch.bn
+    stages = 2 if bm * bn <= 16 * 64 and x2.dtype != torch.float32 else 1
+    s, s2 = _companions(qt, packed, scales, scale_2)
+    tiles = triton.cdiv(M, bm) * triton.cdiv(n_out, bn)
+    split, kb_per = _split(tiles, triton.cdiv(n_in, _COLS), _target(launch, x2.device))
+    part = _partials(split, M, n_out, x2)
+    grid = (triton.cdiv(M, bm), triton.cdiv(n_out, bn), split)
+    tt._qmm_kernel[grid](x2, packed, s, s2, part, M, n_out, n_in, x2.stride(0), KB_PER=kb_per,
+                         QTYPE=int(qt), ROW_BYTES=packed.shape[1], BM=bm, BN=bn,
+                         DOT_F32=x2.dtype == torch.float32, num_warps=launch.warps,
+                         num_stages=stages)
+    return _finish(part, split, x2.dtype)
+
+
+# ---- the ladder ----------------------------------------------------------------------
+
+def _each(types, launch: Launch) -> dict[GGMLType, Launch]:
+    return {t: launch for t in types}
+
+
+_KQUANT = (T.Q4_K, T.Q5_K, T.Q6_K)
+# mv_kquant's launch parameters were picked by the sweep (``muser_torch.bench.triton_kernels
+# --what sweep``) on the H200 (docs/performance.md). token_axis beats the tensor-core tile
+# at 2 tokens there (ffn_up 123 vs 166 us) but not at 3-4, hence max_tokens=2.
+LADDER: tuple[Rung, ...] = (
+    Rung("mv_kquant", 1, {T.Q4_K: Launch(64, 8, 4), T.Q5_K: Launch(64, 8, 8),
+                          T.Q6_K: Launch(32, 4, 8)}, _mv_kquant),
+    Rung("mv_tile", 1, _each(SUPPORTED - set(_KQUANT), Launch(16, 4, 4)), _mv_tile),
+    Rung("token_axis", 2, _each((T.Q4_K, T.Q5_K), Launch(64, 8, 4)), _mm_token_axis),
+    Rung("qmm_small", 16, _each(SUPPORTED, Launch(32, 4, 2, bm=16)), _qmm),
+    Rung("qmm_tiled", None, _each(SUPPORTED, Launch(64, 8, 2, bm=64)), _qmm),
+)
+RUNGS: dict[str, Rung] = {r.name: r for r in LADDER}
+
+for _t in SUPPORTED:   # every supported type has a kernel at every token count
+    for _m in (1, 2, 17):
+        if not any(_t in r.types and (r.max_tokens is None or _m <= r.max_tokens) for r in LADDER):
+            raise RuntimeError(f"the CUDA ladder has no rung for {_t.name} at {_m} tokens")
+
+
+def rung_for(qt: GGMLType, tokens: int) -> Rung:
+    """The rung ``qmatmul`` runs for ``tokens`` activation rows of ``qt``."""
+    for rung in LADDER:
+        if qt in rung.types and (rung.max_tokens is None or tokens <= rung.max_tokens):
+            return rung
+    raise ValueError(f"the CUDA kernels do not support {qt.name}")
+
+
+def run_rung(rung: "Rung | str", x2: torch.Tensor, packed: torch.Tensor, qt: GGMLType,
+             n_out: int, n_in: int, scales=None, scale_2=None, **launch) -> torch.Tensor:
+    """Run one rung on ``x2[M, n_in]`` whatever M, with its launch parameters
+    optionally overridden (``bn=``, ``warps=``, ``target=``...): for the tests
+    and the benchmark's sweep."""
+    rung = RUNGS[rung] if isinstance(rung, str) else rung
+    if qt not in rung.types:
+        raise ValueError(f"rung {rung.name} does not serve {qt.name}")
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
-    dbm, dbn, dwarps = QMM_SMALL if M <= 16 else QMM_LARGE
-    bm, bn, warps = bm or dbm, bn or dbn, warps or dwarps
-    stages = stages or (2 if bm * bn <= 16 * 64 and x2.dtype != torch.float32 else 1)
-    s, s2 = _companions(qt, packed, scales, scale_2)
-    n_kb = triton.cdiv(n_in, 256)
-    tiles = triton.cdiv(M, bm) * triton.cdiv(n_out, bn)
-    split, kb_per = _split(tiles, n_kb, target or _sm_count(x2.device) * 2)
-    part = torch.empty((split, M, n_out), dtype=x2.dtype if split == 1 else torch.float32,
-                       device=x2.device)
-    grid = (triton.cdiv(M, bm), triton.cdiv(n_out, bn), split)
-    tk._qmm_kernel[grid](x2, packed, s, s2, part, M, n_out, n_in, n_kb, x2.stride(0), KB_PER=kb_per,
-                         QTYPE=int(qt), ROW_BYTES=packed.shape[1], BM=bm, BN=bn,
-                         DOT_F32=x2.dtype == torch.float32, num_warps=warps, num_stages=stages)
-    return _finish(part, split, x2.dtype)
+    return rung.run(x2, packed, qt, n_out, n_in, scales, scale_2,
+                    dataclasses.replace(rung.launch[qt], **launch))
 
 
 # ---- the ops' CUDA implementations (signatures of muser_torch.ops) ----------------
@@ -213,11 +266,8 @@ def qmatmul(x: torch.Tensor, packed: torch.Tensor, qtype: int, n_out: int, n_in:
     M = x.numel() // n_in if n_in else 0
     if M == 0:
         return x.new_empty((*lead, n_out))
-    if M == 1:
-        return matvec(x, packed, qt, n_out, n_in, scales, scale_2).reshape(*lead, n_out)
-    if M <= MT_MAX and qt in (GGMLType.Q4_K, GGMLType.Q5_K):
-        return matmul_mt(x.reshape(M, n_in), packed, qt, n_out, n_in).reshape(*lead, n_out)
-    return matmul(x.reshape(M, n_in), packed, qt, n_out, n_in, scales, scale_2).reshape(*lead, n_out)
+    y = run_rung(rung_for(qt, M), x.reshape(M, n_in), packed, qt, n_out, n_in, scales, scale_2)
+    return y.reshape(*lead, n_out)
 
 
 def _decode_rows(packed, qt, n_out, n_in, scales, scale_2, ids=None) -> torch.Tensor:
@@ -227,8 +277,8 @@ def _decode_rows(packed, qt, n_out, n_in, scales, scale_2, ids=None) -> torch.Te
     if n_rows == 0:
         return out
     bn = 8
-    grid = (triton.cdiv(n_rows, bn), triton.cdiv(n_in, 256))
-    tk._dequant_kernel[grid](packed, s, s2, packed if ids is None else ids, out, n_rows, n_out,
+    grid = (triton.cdiv(n_rows, bn), triton.cdiv(n_in, _COLS))
+    tt._dequant_kernel[grid](packed, s, s2, packed if ids is None else ids, out, n_rows, n_out,
                              n_in, QTYPE=int(qt), ROW_BYTES=packed.shape[1], BN=bn,
                              HAS_IDS=ids is not None, num_warps=4, enable_fp_fusion=False)
     return out

@@ -1,0 +1,42 @@
+"""The block layouts as Triton constants, read from ``formats/layout.py``.
+
+Every number ``layout_constants()`` derives becomes a module constant of the
+same name wrapped in ``tl.constexpr`` (the only kind of global a Triton kernel
+may read): ``{TYPE}_BYTES`` and ``{TYPE}_ELEMS`` of a block, ``{TYPE}_{FIELD}``
+the byte offset of a field (``Q4_K_QS``, ``Q6_K_D``, ...), and the shared
+``QK_K``, ``QK_LEGACY``, ``NVFP4_GROUP``. Each GGML type's id is a constant
+named after the type (``Q4_K``), for the kernels' ``QTYPE`` branches. No
+offset is typed anywhere in the Triton kernels; they import these names.
+"""
+from __future__ import annotations
+
+import triton.language as tl
+
+from ..formats.layout import layout_constants
+from ..formats.types import GGMLType
+
+_CONSTANTS = {name: tl.constexpr(value) for name, value in layout_constants().items()}
+_TYPE_IDS = {t.name: tl.constexpr(int(t)) for t in GGMLType}
+globals().update(_CONSTANTS)
+globals().update(_TYPE_IDS)
+
+# Columns one kernel tile decodes: a K-quant super-block, 8 legacy blocks,
+# 16 NVFP4 groups. Every block size the kernels take divides it.
+TILE = tl.constexpr(layout_constants()["QK_K"])
+
+__all__ = sorted([*_CONSTANTS, *_TYPE_IDS, "TILE", "require"])
+
+
+def require(condition: bool, what: str) -> None:
+    """Refuse to import kernels whose word loads assume something about a layout
+    that ``formats/layout.py`` no longer says (the Metal prelude's static_asserts,
+    for Triton)."""
+    if not condition:
+        raise RuntimeError(f"the Triton kernels assume {what}, which formats/layout.py "
+                           f"does not declare")
+
+
+for _t in GGMLType:
+    if _t.block_elems > 1 and layout_constants()["QK_K"] % _t.block_elems:
+        raise RuntimeError(f"{_t.name}: a {_t.block_elems}-element block does not divide the "
+                           f"{layout_constants()['QK_K']}-column kernel tile")

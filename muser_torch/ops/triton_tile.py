@@ -1,0 +1,313 @@
+"""Triton kernels built on one tile decoder, for every type CUDA takes.
+
+``_tile`` decodes ``BN`` packed rows x ``TILE`` (256) columns of any supported
+type to float32 in element order; field offsets come from ``formats/layout.py``
+through ``triton_layout``. Three kernels use it:
+
+* ``_dequant_kernel``: ``dequantize`` (rows 0..n_out) and ``embedding`` (rows
+  gathered by token id). Launched with ``enable_fp_fusion=False`` so every
+  product and sum rounds as in gguf's numpy ``dequantize``: bit-exact.
+* ``_mv_tile_kernel``: one activation row, ``sum(tile * x)`` in float32 (the
+  one-token path of every type without a K-quant kernel of its own).
+* ``_qmm_kernel``: 2 or more activation rows on tensor cores. The tile is
+  decoded once per program and used for all ``BM`` activation rows (``tl.dot``
+  of half/bfloat16 tiles, or IEEE float32 products for float32 activations, as
+  torch's matmul gives by default; float32 accumulation).
+
+Split K: ``KB_PER`` tiles per program, dividing the row's tiles exactly; every
+kernel writes each output once (partials are summed by ``torch.sum``, never
+with atomics), so results are deterministic. Columns past ``n_in`` (rows of
+32-element blocks that do not fill the last tile) and masked rows decode to 0.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .triton_layout import (  # noqa: F401  (every name is a tl.constexpr read by the kernels)
+    BF16, F16, F32, NVFP4_E2M1, NVFP4_E2M1_BYTES, NVFP4_E2M1_QS, NVFP4_GROUP, Q4_0, Q4_0_BYTES,
+    Q4_0_D, Q4_0_QS, Q4_1, Q4_1_BYTES, Q4_1_D, Q4_1_M, Q4_1_QS, Q4_K, Q4_K_BYTES, Q4_K_D,
+    Q4_K_DMIN, Q4_K_QS, Q4_K_SCALES, Q5_0, Q5_0_BYTES, Q5_0_D, Q5_0_QH, Q5_0_QS, Q5_1,
+    Q5_1_BYTES, Q5_1_D, Q5_1_M, Q5_1_QH, Q5_1_QS, Q5_K, Q5_K_BYTES, Q5_K_D, Q5_K_DMIN, Q5_K_QH,
+    Q5_K_QS, Q5_K_SCALES, Q6_K, Q6_K_BYTES, Q6_K_D, Q6_K_QH, Q6_K_QL, Q6_K_SCALES, Q8_0,
+    Q8_0_BYTES, Q8_0_D, Q8_0_QS, QK_LEGACY, TILE)
+
+
+# ---- field decoders ---------------------------------------------------------------
+
+@triton.jit
+def _f16_at(p, off, mask):
+    """The little-endian f16 at byte offsets ``off`` of uint8 pointer ``p``, as float32."""
+    lo = tl.load(p + off, mask=mask, other=0).to(tl.uint16)
+    hi = tl.load(p + off + 1, mask=mask, other=0).to(tl.uint16)
+    return (lo | (hi << 8)).to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def _k4_scale_min(lo_sc, lo_m, mixed, j):
+    """6-bit (sc, m) of K-quant sub-blocks ``j`` (0..7) from bytes j % 4, 4 + j % 4
+    and 8 + j % 4 of the 12-byte scale strip."""
+    low = j < 4
+    sc = tl.where(low, lo_sc & 63, (mixed & 0xF) | ((lo_sc >> 6) << 4))
+    m = tl.where(low, lo_m & 63, (mixed >> 4) | ((lo_m >> 6) << 4))
+    return sc, m
+
+
+@triton.jit
+def _scale_min_k4(p, sbase, j, mask):
+    """(sc, m) of sub-blocks ``j`` from the 12-byte strip at byte ``sbase`` of ``p``."""
+    t = j % 4
+    lo_sc = tl.load(p + sbase + t, mask=mask, other=0).to(tl.int32)
+    lo_m = tl.load(p + sbase + 4 + t, mask=mask, other=0).to(tl.int32)
+    mixed = tl.load(p + sbase + 8 + t, mask=mask, other=0).to(tl.int32)
+    return _k4_scale_min(lo_sc, lo_m, mixed, j)
+
+
+@triton.jit
+def _e4m3fn(b):
+    """E4M3FN bytes (int32) to float32, exactly (0x7F / 0xFF are NaN)."""
+    sign = (b >> 7) & 1
+    e = (b >> 3) & 0xF
+    m = b & 7
+    normal = ((sign << 31) | ((e + 120) << 23) | (m << 20)).to(tl.float32, bitcast=True)
+    sub = m.to(tl.float32) * 0.001953125
+    sub = tl.where(sign == 1, -sub, sub)
+    v = tl.where(e == 0, sub, normal)
+    return tl.where((b & 0x7F) == 0x7F, float("nan"), v)
+
+
+@triton.jit
+def _e2m1(c):
+    """E2M1 codes (int32, 0..15) to float32: +-{0, .5, 1, 1.5, 2, 3, 4, 6}."""
+    sign = (c >> 3) & 1
+    e = (c >> 1) & 3
+    m = c & 1
+    normal = ((e + 126) << 23) | (m << 22)
+    bits = tl.where(e == 0, tl.where(m == 1, 0x3F000000, 0), normal)
+    return (bits | (sign << 31)).to(tl.float32, bitcast=True)
+
+
+# ---- per-family tiles: [BN, TILE] float32 -----------------------------------------
+
+@triton.jit
+def _q45k_tile(p, rbase, rmask, kb, BN: tl.constexpr, BB: tl.constexpr, D: tl.constexpr,
+               DMIN: tl.constexpr, SCALES: tl.constexpr, QH: tl.constexpr, QS: tl.constexpr,
+               FIFTH_BIT: tl.constexpr):
+    """Q4_K / Q5_K (``FIFTH_BIT``): 8 sub-blocks of 32, d * sc * q - dmin * m."""
+    base = rbase + kb * BB
+    d = _f16_at(p, base + D, rmask)
+    dmin = _f16_at(p, base + DMIN, rmask)
+    j = tl.arange(0, 8)[None, :]
+    sc, m = _scale_min_k4(p, base[:, None] + SCALES, j, rmask[:, None])
+    scale = d[:, None] * sc.to(tl.float32)                     # [BN, 8]
+    shift = dmin[:, None] * m.to(tl.float32)
+    j3 = tl.arange(0, 8)[None, :, None]
+    i3 = tl.arange(0, 32)[None, None, :]
+    b3 = base[:, None, None]
+    m3 = rmask[:, None, None]
+    q = tl.load(p + b3 + QS + 32 * (j3 // 2) + i3, mask=m3, other=0).to(tl.int32)
+    q = (q >> (4 * (j3 % 2))) & 0xF
+    if FIFTH_BIT:
+        qh = tl.load(p + b3 + QH + i3, mask=m3, other=0).to(tl.int32)
+        q = q | (((qh >> j3) & 1) << 4)
+    w = scale[:, :, None] * q.to(tl.float32) - shift[:, :, None]
+    return tl.reshape(w, (BN, TILE))
+
+
+@triton.jit
+def _q6k_tile(p, rbase, rmask, kb, BN: tl.constexpr):
+    """Q6_K: 16 sub-blocks of 16, d * sc * (q - 32)."""
+    base = rbase + kb * Q6_K_BYTES
+    d = _f16_at(p, base + Q6_K_D, rmask)
+    s3 = tl.arange(0, 16)[None, :, None]                       # sub-block of 16
+    l3 = tl.arange(0, 16)[None, None, :]
+    b3 = base[:, None, None]
+    m3 = rmask[:, None, None]
+    h = s3 // 8
+    c = (s3 // 2) % 4
+    l = 16 * (s3 % 2) + l3
+    ql = tl.load(p + b3 + Q6_K_QL + 64 * h + 32 * (c % 2) + l, mask=m3, other=0).to(tl.int32)
+    qh = tl.load(p + b3 + Q6_K_QH + 32 * h + l, mask=m3, other=0).to(tl.int32)
+    q = ((ql >> (4 * (c // 2))) & 0xF) | (((qh >> (2 * c)) & 3) << 4)
+    sc = tl.load(p + base[:, None] + Q6_K_SCALES + tl.arange(0, 16)[None, :],
+                 mask=rmask[:, None], other=0).to(tl.int8, bitcast=True).to(tl.float32)
+    w = (d[:, None] * sc)[:, :, None] * (q - 32).to(tl.float32)
+    return tl.reshape(w, (BN, TILE))
+
+
+@triton.jit
+def _legacy_tile(p, rbase, rmask, kb, n_in, BN: tl.constexpr, BB: tl.constexpr,
+                 D: tl.constexpr, M: tl.constexpr, QH: tl.constexpr, QS: tl.constexpr,
+                 BITS: tl.constexpr, HAS_MIN: tl.constexpr):
+    """The 32-element blocks (TILE / 32 per tile): Q8_0 (``BITS`` 8: d * int8),
+    Q4_0 / Q5_0 (d * (q - 8) / d * (q - 16)), Q4_1 / Q5_1 (``HAS_MIN``: d * q + m).
+    A 4-bit code of element i is nibble i // 16 of qs byte i % 16; bit i of the
+    little-endian u32 qh is a 5-bit code's fifth bit."""
+    t3 = tl.arange(0, TILE // QK_LEGACY)[None, :, None]        # block within the tile
+    i3 = tl.arange(0, QK_LEGACY)[None, None, :]                # element within the block
+    blk = kb * (TILE // QK_LEGACY) + t3
+    valid = rmask[:, None, None] & (blk < n_in // QK_LEGACY)
+    b3 = rbase[:, None, None] + blk * BB
+    d = _f16_at(p, b3 + D, valid)                              # [BN, 8, 1]
+    if BITS == 8:
+        q = tl.load(p + b3 + QS + i3, mask=valid, other=0).to(tl.int8, bitcast=True)
+        w = d * q.to(tl.float32)
+    else:
+        half: tl.constexpr = QK_LEGACY // 2
+        q = tl.load(p + b3 + QS + i3 % half, mask=valid, other=0).to(tl.int32)
+        q = (q >> (4 * (i3 // half))) & 0xF
+        if BITS == 5:
+            qh = tl.load(p + b3 + QH + i3 // 8, mask=valid, other=0).to(tl.int32)
+            q = q | (((qh >> (i3 % 8)) & 1) << 4)
+        if HAS_MIN:
+            w = d * q.to(tl.float32) + _f16_at(p, b3 + M, valid)
+        else:
+            w = d * (q - (1 << (BITS - 1))).to(tl.float32)
+    return tl.reshape(w, (BN, TILE))
+
+
+@triton.jit
+def _float_tile(p, rows, rmask, kb, n_in, ROW_BYTES, QTYPE: tl.constexpr):
+    """F32, F16, BF16: each element its own bytes (BF16: the top half of a float32)."""
+    col = kb * TILE + tl.arange(0, TILE)[None, :]
+    mask = rmask[:, None] & (col < n_in)
+    if QTYPE == F32:
+        pw = p.to(tl.pointer_type(tl.float32))
+        w = tl.load(pw + (rows.to(tl.int64) * (ROW_BYTES // 4))[:, None] + col, mask=mask, other=0.0)
+    elif QTYPE == F16:
+        pw = p.to(tl.pointer_type(tl.float16))
+        w = tl.load(pw + (rows.to(tl.int64) * (ROW_BYTES // 2))[:, None] + col,
+                    mask=mask, other=0.0).to(tl.float32)
+    else:
+        pw = p.to(tl.pointer_type(tl.uint16))
+        u = tl.load(pw + (rows.to(tl.int64) * (ROW_BYTES // 2))[:, None] + col, mask=mask, other=0)
+        w = (u.to(tl.uint32) << 16).to(tl.float32, bitcast=True)
+    return w
+
+
+@triton.jit
+def _nvfp4_tile(p, s_ptr, s2_ptr, rows, rbase, rmask, kb, n_in, BN: tl.constexpr):
+    """NVFP4_E2M1: TILE / 16 groups, element 2i in byte i's low nibble, e2m1 * e4m3 * scale_2."""
+    g3 = tl.arange(0, TILE // NVFP4_GROUP)[None, :, None]
+    t3 = tl.arange(0, NVFP4_GROUP)[None, None, :]
+    grp = kb * (TILE // NVFP4_GROUP) + g3
+    valid = rmask[:, None, None] & (grp < n_in // NVFP4_GROUP)
+    byte = rbase[:, None, None] + grp * NVFP4_E2M1_BYTES + NVFP4_E2M1_QS + t3 // 2
+    code = (tl.load(p + byte, mask=valid, other=0).to(tl.int32) >> (4 * (t3 % 2))) & 0xF
+    sb = tl.load(s_ptr + (rows.to(tl.int64) * (n_in // NVFP4_GROUP))[:, None, None] + grp,
+                 mask=valid, other=0).to(tl.int32)
+    s2 = tl.load(s2_ptr)
+    w = (_e2m1(code) * _e4m3fn(sb)) * s2
+    w = tl.where(valid, w, 0.0)
+    return tl.reshape(w, (BN, TILE))
+
+
+# ---- one tile of any type --------------------------------------------------------
+
+@triton.jit
+def _tile(p, s_ptr, s2_ptr, rows, rmask, kb, n_in,
+          ROW_BYTES, QTYPE: tl.constexpr, BN: tl.constexpr):
+    """Decode columns ``TILE*kb .. TILE*kb+TILE-1`` of packed rows ``rows`` ([BN] int64)."""
+    rbase = rows.to(tl.int64) * ROW_BYTES                      # [BN]
+    if QTYPE == Q4_K:
+        w = _q45k_tile(p, rbase, rmask, kb, BN, Q4_K_BYTES, Q4_K_D, Q4_K_DMIN, Q4_K_SCALES,
+                       0, Q4_K_QS, False)
+    elif QTYPE == Q5_K:
+        w = _q45k_tile(p, rbase, rmask, kb, BN, Q5_K_BYTES, Q5_K_D, Q5_K_DMIN, Q5_K_SCALES,
+                       Q5_K_QH, Q5_K_QS, True)
+    elif QTYPE == Q6_K:
+        w = _q6k_tile(p, rbase, rmask, kb, BN)
+    elif QTYPE == Q8_0:
+        w = _legacy_tile(p, rbase, rmask, kb, n_in, BN, Q8_0_BYTES, Q8_0_D, 0, 0, Q8_0_QS, 8, False)
+    elif QTYPE == Q4_0:
+        w = _legacy_tile(p, rbase, rmask, kb, n_in, BN, Q4_0_BYTES, Q4_0_D, 0, 0, Q4_0_QS, 4, False)
+    elif QTYPE == Q4_1:
+        w = _legacy_tile(p, rbase, rmask, kb, n_in, BN, Q4_1_BYTES, Q4_1_D, Q4_1_M, 0, Q4_1_QS,
+                         4, True)
+    elif QTYPE == Q5_0:
+        w = _legacy_tile(p, rbase, rmask, kb, n_in, BN, Q5_0_BYTES, Q5_0_D, 0, Q5_0_QH, Q5_0_QS,
+                         5, False)
+    elif QTYPE == Q5_1:
+        w = _legacy_tile(p, rbase, rmask, kb, n_in, BN, Q5_1_BYTES, Q5_1_D, Q5_1_M, Q5_1_QH,
+                         Q5_1_QS, 5, True)
+    elif QTYPE == NVFP4_E2M1:
+        w = _nvfp4_tile(p, s_ptr, s2_ptr, rows, rbase, rmask, kb, n_in, BN)
+    else:
+        w = _float_tile(p, rows, rmask, kb, n_in, ROW_BYTES, QTYPE)
+    return w
+
+
+# ---- dequantize / embedding -------------------------------------------------------
+
+@triton.jit
+def _dequant_kernel(p, s_ptr, s2_ptr, ids_ptr, out_ptr, n_rows, n_out, n_in, ROW_BYTES,
+                    QTYPE: tl.constexpr, BN: tl.constexpr,
+                    HAS_IDS: tl.constexpr):
+    pid_r = tl.program_id(0)
+    kb = tl.program_id(1)
+    r = pid_r * BN + tl.arange(0, BN)
+    rmask = r < n_rows
+    if HAS_IDS:
+        rows = tl.load(ids_ptr + r, mask=rmask, other=0).to(tl.int64)
+        ok = (rows >= 0) & (rows < n_out)
+        rows = tl.where(ok, rows, 0)
+    else:
+        rows = r.to(tl.int64)
+        ok = rmask
+    w = _tile(p, s_ptr, s2_ptr, rows, rmask, kb, n_in, ROW_BYTES, QTYPE, BN)
+    if HAS_IDS:   # an id outside the table reads as NaN rather than another row
+        w = tl.where(ok[:, None], w, float("nan"))
+    col = kb * TILE + tl.arange(0, TILE)[None, :]
+    tl.store(out_ptr + r.to(tl.int64)[:, None] * n_in + col, w,
+             mask=rmask[:, None] & (col < n_in))
+
+
+# ---- one token, any type: tile * x ---------------------------------------------
+
+@triton.jit
+def _mv_tile_kernel(x_ptr, p, s_ptr, s2_ptr, y_ptr, n_out, n_in,
+                    ROW_BYTES, KB_PER: tl.constexpr, QTYPE: tl.constexpr, BN: tl.constexpr):
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    r = pid_n * BN + tl.arange(0, BN)
+    rmask = r < n_out
+    rows = tl.where(rmask, r, 0).to(tl.int64)
+    acc = tl.zeros((BN,), dtype=tl.float32)
+    k0 = pid_k * KB_PER
+    for i in range(0, KB_PER):
+        kb = k0 + i
+        col = kb * TILE + tl.arange(0, TILE)
+        xv = tl.load(x_ptr + col, mask=col < n_in, other=0.0).to(tl.float32)
+        w = _tile(p, s_ptr, s2_ptr, rows, rmask, kb, n_in, ROW_BYTES, QTYPE, BN)
+        acc += tl.sum(w * xv[None, :], axis=1)
+    tl.store(y_ptr + pid_k * n_out + r, acc.to(y_ptr.dtype.element_ty), mask=rmask)
+
+
+# ---- several tokens: decoded tile on tensor cores ------------------------------
+
+@triton.jit
+def _qmm_kernel(x_ptr, p, s_ptr, s2_ptr, y_ptr, M, n_out, n_in,
+                stride_xm, ROW_BYTES, KB_PER: tl.constexpr, QTYPE: tl.constexpr,
+                BM: tl.constexpr, BN: tl.constexpr, DOT_F32: tl.constexpr):
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    pid_k = tl.program_id(2)
+    rm = pid_m * BM + tl.arange(0, BM)
+    rn = pid_n * BN + tl.arange(0, BN)
+    mmask = rm < M
+    nmask = rn < n_out
+    rows = tl.where(nmask, rn, 0).to(tl.int64)
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    k0 = pid_k * KB_PER
+    for i in range(0, KB_PER):
+        kb = k0 + i
+        col = kb * TILE + tl.arange(0, TILE)
+        xt = tl.load(x_ptr + rm.to(tl.int64)[:, None] * stride_xm + col[None, :],
+                     mask=mmask[:, None] & (col[None, :] < n_in), other=0.0)
+        w = _tile(p, s_ptr, s2_ptr, rows, nmask, kb, n_in, ROW_BYTES, QTYPE, BN)
+        if DOT_F32:   # float32 activations get float32 products, as torch's default (no TF32)
+            acc += tl.dot(xt.to(tl.float32), tl.trans(w), input_precision="ieee")
+        else:
+            acc += tl.dot(xt, tl.trans(w.to(xt.dtype)))
+    out = y_ptr + pid_k * M * n_out + rm.to(tl.int64)[:, None] * n_out + rn[None, :]
+    tl.store(out, acc.to(y_ptr.dtype.element_ty), mask=mmask[:, None] & nmask[None, :])
