@@ -56,7 +56,11 @@ class ByteTokenizer:
                 got = [x.decode() if isinstance(x, bytes) else x for x in list(got)]
                 got = [int(x) if not isinstance(x, str) else x for x in got]
             elif got is not None and not isinstance(got, str):
-                got = int(got)
+                try:
+                    got = int(got)
+                except (ValueError, OverflowError, TypeError):   # NaN, +-inf, a non-number
+                    raise ValueError(f"{key} is {got!r}, expected {want!r} (the {MODEL_NAME} "
+                                     f"byte tokenizer)") from None
             if got != want:
                 raise ValueError(f"{key} does not match the {MODEL_NAME} byte tokenizer")
         return cls()
