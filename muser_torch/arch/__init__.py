@@ -8,12 +8,13 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import MetadataError
+from .gemma3 import GEMMA3
 from .glimmer import GLIMMER
 from .spec import Architecture, Role, TensorSpec
 
 __all__ = ["ARCHITECTURES", "architecture_of", "Architecture", "Role", "TensorSpec"]
 
-ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (GLIMMER,)}
+ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (GEMMA3, GLIMMER)}
 
 
 def architecture_of(md: dict[str, Any], where: str) -> Architecture:

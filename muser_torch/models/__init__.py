@@ -16,11 +16,12 @@ import torch
 from ..arch import architecture_of
 from ..gguf_io import load_gguf
 from .decoder import Decoder
+from .gemma3 import Gemma3
 from .glimmer import Glimmer
 
-__all__ = ["MODELS", "from_gguf", "Decoder", "Glimmer"]
+__all__ = ["MODELS", "from_gguf", "Decoder", "Gemma3", "Glimmer"]
 
-MODELS: dict[str, type[Decoder]] = {cls.ARCH.name: cls for cls in (Glimmer,)}
+MODELS: dict[str, type[Decoder]] = {cls.ARCH.name: cls for cls in (Gemma3, Glimmer)}
 
 
 def from_gguf(path: str | os.PathLike, device: torch.device | str | None = None,
