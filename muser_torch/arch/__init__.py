@@ -1,8 +1,10 @@
 """The architectures muser-torch runs, as tables (``spec.py`` says how one is
 described): ``ARCHITECTURES`` maps ``general.architecture`` to its facts.
 
-Adding one: a module here with its config (keys and ranges), tensor table and
-fences, a row below, and its model in ``muser_torch/models/``."""
+Adding one: a module here with its config (``spec.DECODER_KEYS`` plus its own
+keys and ranges), its tensor table (the llama.cpp names of ``names.py`` it
+has; new names go there) and fences, a row below, and its model in
+``muser_torch/models/``."""
 from __future__ import annotations
 
 from typing import Any
