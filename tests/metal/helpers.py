@@ -4,6 +4,7 @@ Shared by test_kernels.py (emulated) and test_mps.py (real MPS). Every call
 draws fresh data from a seed the test reports in its assertion messages."""
 from __future__ import annotations
 
+import os
 import random
 
 import torch
@@ -24,7 +25,9 @@ TOKEN_COUNTS = (1, 2, 3, 4, 5, 8, 9, 16, 17, 64)
 
 
 def fresh_seed() -> int:
-    return random.SystemRandom().randrange(1 << 31)
+    """A fresh random seed, or MUSER_TEST_SEED to replay one."""
+    fixed = os.environ.get("MUSER_TEST_SEED")
+    return int(fixed) if fixed else random.SystemRandom().randrange(1 << 31)
 
 
 def random_weights(qtype: GGMLType, n_out: int, n_in: int, seed: int, device="cpu"):
