@@ -1,11 +1,12 @@
 """Build Metal source into a shared library the emulator can load.
 
-``build(source)`` preprocesses the source with g++ against the shim,
-rewrites the translation unit (``msl_source.rewrite``), appends one
-``extern "C"`` wrapper per kernel, compiles it and links it with the fiber
-runtime. Results are cached by the hash of the source, the shim, the runtime,
-this driver, the compiler and its flags under ``MUSER_METAL_CACHE`` (default
-``~/.cache/muser_torch/metal-emu``).
+``build(source)`` preprocesses the source with g++ (Metal's headers stand-ins
+are empty; ``__METAL_VERSION__`` is 310), rewrites the translation unit
+(``msl_source.rewrite``), appends one ``extern "C"`` wrapper per kernel,
+compiles it with the shim force-included (from a precompiled header) and
+links it with the fiber runtime. Results are cached by the hash of the source,
+the shim, the runtime, this driver, the compiler and its flags under
+``MUSER_METAL_CACHE`` (default ``~/.cache/muser_torch/metal-emu``).
 """
 from __future__ import annotations
 
@@ -30,6 +31,9 @@ _CXX = os.environ.get("CXX", "g++")
 # arithmetic rounds per operation exactly as written (as Metal's safe math).
 _CFLAGS = ["-std=c++17", "-O2", "-fPIC", "-ffp-contract=off", "-fno-strict-aliasing", "-U_FORTIFY_SOURCE",
            "-Wno-attributes", "-Wno-literal-suffix", "-Wno-psabi", "-fmax-errors=12"]
+# What Metal's compiler predefines that sources test (PyTorch's headers check
+# __METAL_VERSION__ >= 310 for bfloat).
+_METAL_DEFINES = ["-D__METAL_VERSION__=310", "-D__METAL_MACOS__=1", "-D__HAVE_SIMDGROUP_MATRIX__=1"]
 # Headers a Metal source may include; the shim stands in for all of them.
 _METAL_HEADERS = ("metal_stdlib", "metal_math", "metal_simdgroup", "metal_simdgroup_matrix", "metal_atomic",
                   "metal_compute", "metal_integer", "metal_common", "metal_geometric", "metal_relational",
@@ -108,9 +112,19 @@ def _include_dir(root: Path, key: str) -> Path:
 
 
 def _flags(inc: Path) -> list[str]:
-    # -isystem marks the shim's lines as a system region of the translation
-    # unit, which msl_source.rewrite leaves untouched.
-    return [*_CFLAGS, "-isystem", str(_HERE), "-isystem", str(inc)]
+    # The include directory comes first so that its metal_shim.h.gch is found
+    # before the header itself.
+    return [*_CFLAGS, "-isystem", str(inc), "-isystem", str(_HERE)]
+
+
+def _precompiled_shim(root: Path, inc: Path) -> None:
+    pch = inc / "metal_shim.h.gch"
+    if not pch.exists():
+        with tempfile.TemporaryDirectory(dir=root) as tmp:
+            tmp_pch = Path(tmp) / "metal_shim.h.gch"
+            _run([_CXX, *_flags(inc), "-x", "c++-header", str(_HERE / "metal_shim.h"), "-o", str(tmp_pch)],
+                 "precompiling the Metal shim")
+            os.replace(tmp_pch, pch)
 
 
 def _runtime_object(root: Path, key: str, inc: Path) -> Path:
@@ -164,19 +178,21 @@ def build(source: str) -> tuple[Path, list[Kernel]]:
         return lib, _meta_from_json(meta.read_text())
     inc = _include_dir(root, key)
     runtime = _runtime_object(root, key, inc)
+    _precompiled_shim(root, inc)
     with tempfile.TemporaryDirectory(dir=root) as tmp:
         tmp = Path(tmp)
         (tmp / "source.metal").write_text(source)
         # Run in tmp with a relative name so call sites read "source.metal:LINE"
         # (ops/mps.py adds #line directives naming the real files).
-        _run([_CXX, *_flags(inc), "-E", "-x", "c++", "-include", "metal_shim.h", "source.metal",
-              "-o", "source.ii"], "preprocessing the Metal source", cwd=tmp)
+        _run([_CXX, *_flags(inc), *_METAL_DEFINES, "-E", "-x", "c++", "source.metal", "-o", "source.ii"],
+             "preprocessing the Metal source", cwd=tmp)
         unit, kernels = rewrite((tmp / "source.ii").read_text())
         if not kernels:
             raise MetalCompileError("the source defines no kernel functions")
-        (tmp / "unit.ii").write_text(unit + _wrappers(kernels))
-        _run([_CXX, *_flags(inc), "-shared", "-x", "c++-cpp-output", "unit.ii", "-x", "none", str(runtime),
-              "-o", "kernels.so"], "compiling the Metal source with g++", cwd=tmp)
+        # Compiled as C++ again, with the shim first: its macros (M_PI_F, HALF_MAX, ...) expand here.
+        (tmp / "unit.cpp").write_text(unit + _wrappers(kernels))
+        _run([_CXX, *_flags(inc), "-shared", "-include", "metal_shim.h", "-x", "c++", "unit.cpp", "-x", "none",
+              str(runtime), "-o", "kernels.so"], "compiling the Metal source with g++", cwd=tmp)
         (tmp / "kernels.json").write_text(_meta_to_json(kernels))
         out.mkdir(parents=True, exist_ok=True)
         os.replace(tmp / "kernels.json", meta)
