@@ -35,11 +35,12 @@ import ctypes
 import hashlib
 import os
 import threading
+from pathlib import Path
 
 import torch
 
 from .msl_build import build
-from .msl_source import Kernel, MetalCompileError, MetalEmulatorError
+from .msl_source import Kernel, MetalCompileError, MetalEmulatorError, check_source
 
 __all__ = ["compile_shader", "schedule", "MetalEmulatorError", "MetalCompileError", "SCHEDULES",
            "MAX_THREADS_PER_THREADGROUP", "THREAD_EXECUTION_WIDTH"]
@@ -365,5 +366,14 @@ def compile_shader(source: str) -> _Library:
     with _LOCK:
         lib = _LIBS.get(key)
         if lib is None:
-            lib = _LIBS[key] = _Library(*build(source))
+            check_source(source)
+            lib = _LIBS[key] = _Library(*build(_embed_torch_headers(source)))
         return lib
+
+
+def _embed_torch_headers(source: str) -> str:
+    """What torch.mps.compile_shader does first: inline #include <c10/metal/...> and
+    other headers found under torch's include directory."""
+    from torch.utils._cpp_embed_headers import _embed_headers
+    include = Path(torch.__file__).resolve().parent / "include"
+    return _embed_headers([line + "\n" for line in source.split("\n")], [include], set())

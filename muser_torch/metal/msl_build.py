@@ -18,7 +18,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from .msl_source import Kernel, MetalCompileError, Param, check_source, rewrite
+from .msl_source import Kernel, MetalCompileError, Param, rewrite
 
 __all__ = ["MetalCompileError", "build", "SHIM_FILES"]
 
@@ -33,12 +33,12 @@ _CFLAGS = ["-std=c++17", "-O2", "-fPIC", "-ffp-contract=off", "-fno-strict-alias
            "-Wno-attributes", "-Wno-literal-suffix", "-Wno-psabi", "-fmax-errors=12"]
 # What Metal's compiler predefines that sources test (PyTorch's headers check
 # __METAL_VERSION__ >= 310 for bfloat).
-_METAL_DEFINES = ["-D__METAL_VERSION__=310", "-D__METAL_MACOS__=1", "-D__HAVE_SIMDGROUP_MATRIX__=1"]
+_METAL_DEFINES = ["-D__METAL__=1", "-D__METAL_VERSION__=310", "-D__METAL_MACOS__=1", "-D__HAVE_SIMDGROUP_MATRIX__=1"]
 # Headers a Metal source may include; the shim stands in for all of them.
 _METAL_HEADERS = ("metal_stdlib", "metal_math", "metal_simdgroup", "metal_simdgroup_matrix", "metal_atomic",
                   "metal_compute", "metal_integer", "metal_common", "metal_geometric", "metal_relational",
                   "metal_types", "metal_numeric", "metal_limits", "metal_type_traits", "metal_utility",
-                  "metal_pack", "metal_matrix")
+                  "metal_pack", "metal_matrix", "metal_array", "metal_tensor", "simd/simd.h")
 
 
 def _swizzles() -> str:
@@ -107,6 +107,7 @@ def _include_dir(root: Path, key: str) -> Path:
     inc.mkdir(parents=True, exist_ok=True)
     _atomic_write(inc / "shim_swizzles.h", _swizzles())
     for name in _METAL_HEADERS:
+        (inc / name).parent.mkdir(exist_ok=True)
         _atomic_write(inc / name, "// the Metal emulator's shim stands in for this header\n")
     return inc
 
@@ -167,8 +168,8 @@ def _meta_from_json(text: str) -> list[Kernel]:
 
 
 def build(source: str) -> tuple[Path, list[Kernel]]:
-    """(shared library, kernels in definition order) for ``source``, from the cache when possible."""
-    check_source(source)
+    """(shared library, kernels in definition order) for ``source``, from the cache when possible.
+    The caller has checked the source (``check_source``)."""
     root = cache_root()
     root.mkdir(parents=True, exist_ok=True)
     key = _toolchain_key()
@@ -184,8 +185,9 @@ def build(source: str) -> tuple[Path, list[Kernel]]:
         (tmp / "source.metal").write_text(source)
         # Run in tmp with a relative name so call sites read "source.metal:LINE"
         # (ops/mps.py adds #line directives naming the real files).
-        _run([_CXX, *_flags(inc), *_METAL_DEFINES, "-E", "-x", "c++", "source.metal", "-o", "source.ii"],
-             "preprocessing the Metal source", cwd=tmp)
+        # No system headers: Metal has none of C++'s (a source that includes one fails here, by name).
+        _run([_CXX, *_flags(inc), *_METAL_DEFINES, "-nostdinc", "-E", "-x", "c++", "source.metal", "-o",
+              "source.ii"], "preprocessing the Metal source", cwd=tmp)
         unit, kernels = rewrite((tmp / "source.ii").read_text())
         if not kernels:
             raise MetalCompileError("the source defines no kernel functions")

@@ -1,7 +1,9 @@
 // shim_math.h: the metal:: math, integer, relational and geometric functions.
 //
-// Float functions are glibc's (within an ulp or two, where Metal's safe-math
-// bounds allow several); half and bfloat versions compute in float and round
+// Float functions are glibc's, reached through g++ builtins so that no C
+// math function is declared in the global namespace (Metal has none there, and
+// sources define their own, e.g. PyTorch's expm1f); within an ulp or two,
+// where Metal's safe-math bounds allow several; half and bfloat versions compute in float and round
 // once. Vector versions apply the scalar function per element. min/max on
 // floats ignore a NaN operand as Metal's fmin/fmax do. fast:: and precise::
 // name the same functions (the emulator has one math mode: safe).
@@ -10,6 +12,8 @@
 #include "shim_vec.h"
 
 namespace metal {
+
+constexpr double kEmuPi = 3.14159265358979323846;
 
 // ---- per-element lifting ---------------------------------------------------------
 #define MUSER_EMU_LIFT1(name)                                                                    \
@@ -37,20 +41,20 @@ namespace metal {
   inline half name(half x) { return half(name(float(x))); }                                      \
   inline bfloat name(bfloat x) { return bfloat(name(float(x))); }                                \
   MUSER_EMU_LIFT1(name)
-MUSER_EMU_F1(acos, std::acos(x)) MUSER_EMU_F1(acosh, std::acosh(x)) MUSER_EMU_F1(asin, std::asin(x))
-MUSER_EMU_F1(asinh, std::asinh(x)) MUSER_EMU_F1(atan, std::atan(x)) MUSER_EMU_F1(atanh, std::atanh(x))
-MUSER_EMU_F1(ceil, std::ceil(x)) MUSER_EMU_F1(cos, std::cos(x)) MUSER_EMU_F1(cosh, std::cosh(x))
-MUSER_EMU_F1(cospi, float(std::cos(double(x) * M_PI))) MUSER_EMU_F1(exp, std::exp(x))
-MUSER_EMU_F1(exp2, std::exp2(x)) MUSER_EMU_F1(exp10, float(std::pow(10.0, double(x))))
-MUSER_EMU_F1(fabs, std::fabs(x)) MUSER_EMU_F1(floor, std::floor(x))
-MUSER_EMU_F1(fract, std::fmin(x - std::floor(x), 0x1.fffffep-1f)) MUSER_EMU_F1(log, std::log(x))
-MUSER_EMU_F1(log2, std::log2(x)) MUSER_EMU_F1(log10, std::log10(x)) MUSER_EMU_F1(rint, std::nearbyint(x))
-MUSER_EMU_F1(round, std::round(x)) MUSER_EMU_F1(rsqrt, float(1.0 / std::sqrt(double(x))))
-MUSER_EMU_F1(sin, std::sin(x)) MUSER_EMU_F1(sinh, std::sinh(x)) MUSER_EMU_F1(sinpi, float(std::sin(double(x) * M_PI)))
-MUSER_EMU_F1(sqrt, std::sqrt(x)) MUSER_EMU_F1(tan, std::tan(x)) MUSER_EMU_F1(tanh, std::tanh(x))
-MUSER_EMU_F1(tanpi, float(std::tan(double(x) * M_PI))) MUSER_EMU_F1(trunc, std::trunc(x))
-MUSER_EMU_F1(saturate, std::fmin(std::fmax(x, 0.0f), 1.0f))
-MUSER_EMU_F1(sign, std::isnan(x) ? 0.0f : x > 0.0f ? 1.0f : x < 0.0f ? -1.0f : x)
+MUSER_EMU_F1(acos, __builtin_acosf(x)) MUSER_EMU_F1(acosh, __builtin_acoshf(x)) MUSER_EMU_F1(asin, __builtin_asinf(x))
+MUSER_EMU_F1(asinh, __builtin_asinhf(x)) MUSER_EMU_F1(atan, __builtin_atanf(x)) MUSER_EMU_F1(atanh, __builtin_atanhf(x))
+MUSER_EMU_F1(ceil, __builtin_ceilf(x)) MUSER_EMU_F1(cos, __builtin_cosf(x)) MUSER_EMU_F1(cosh, __builtin_coshf(x))
+MUSER_EMU_F1(cospi, float(__builtin_cos(double(x) * kEmuPi))) MUSER_EMU_F1(exp, __builtin_expf(x))
+MUSER_EMU_F1(exp2, __builtin_exp2f(x)) MUSER_EMU_F1(exp10, float(__builtin_pow(10.0, double(x))))
+MUSER_EMU_F1(fabs, __builtin_fabsf(x)) MUSER_EMU_F1(floor, __builtin_floorf(x))
+MUSER_EMU_F1(fract, __builtin_fminf(x - __builtin_floorf(x), 0x1.fffffep-1f)) MUSER_EMU_F1(log, __builtin_logf(x))
+MUSER_EMU_F1(log2, __builtin_log2f(x)) MUSER_EMU_F1(log10, __builtin_log10f(x)) MUSER_EMU_F1(rint, __builtin_nearbyintf(x))
+MUSER_EMU_F1(round, __builtin_roundf(x)) MUSER_EMU_F1(rsqrt, float(1.0 / __builtin_sqrt(double(x))))
+MUSER_EMU_F1(sin, __builtin_sinf(x)) MUSER_EMU_F1(sinh, __builtin_sinhf(x)) MUSER_EMU_F1(sinpi, float(__builtin_sin(double(x) * kEmuPi)))
+MUSER_EMU_F1(sqrt, __builtin_sqrtf(x)) MUSER_EMU_F1(tan, __builtin_tanf(x)) MUSER_EMU_F1(tanh, __builtin_tanhf(x))
+MUSER_EMU_F1(tanpi, float(__builtin_tan(double(x) * kEmuPi))) MUSER_EMU_F1(trunc, __builtin_truncf(x))
+MUSER_EMU_F1(saturate, __builtin_fminf(__builtin_fmaxf(x, 0.0f), 1.0f))
+MUSER_EMU_F1(sign, __builtin_isnan(x) ? 0.0f : x > 0.0f ? 1.0f : x < 0.0f ? -1.0f : x)
 #undef MUSER_EMU_F1
 
 #define MUSER_EMU_F2(name, expr)                                                                 \
@@ -58,10 +62,10 @@ MUSER_EMU_F1(sign, std::isnan(x) ? 0.0f : x > 0.0f ? 1.0f : x < 0.0f ? -1.0f : x
   inline half name(half x, half y) { return half(name(float(x), float(y))); }                    \
   inline bfloat name(bfloat x, bfloat y) { return bfloat(name(float(x), float(y))); }            \
   MUSER_EMU_LIFT2(name)
-MUSER_EMU_F2(atan2, std::atan2(x, y)) MUSER_EMU_F2(copysign, std::copysign(x, y))
-MUSER_EMU_F2(fdim, std::fdim(x, y)) MUSER_EMU_F2(fmax, std::fmax(x, y)) MUSER_EMU_F2(fmin, std::fmin(x, y))
-MUSER_EMU_F2(fmod, std::fmod(x, y)) MUSER_EMU_F2(pow, std::pow(x, y)) MUSER_EMU_F2(powr, std::pow(x, y))
-MUSER_EMU_F2(step, y < x ? 0.0f : 1.0f) MUSER_EMU_F2(nextafter, std::nextafter(x, y))
+MUSER_EMU_F2(atan2, __builtin_atan2f(x, y)) MUSER_EMU_F2(copysign, __builtin_copysignf(x, y))
+MUSER_EMU_F2(fdim, __builtin_fdimf(x, y)) MUSER_EMU_F2(fmax, __builtin_fmaxf(x, y)) MUSER_EMU_F2(fmin, __builtin_fminf(x, y))
+MUSER_EMU_F2(fmod, __builtin_fmodf(x, y)) MUSER_EMU_F2(pow, __builtin_powf(x, y)) MUSER_EMU_F2(powr, __builtin_powf(x, y))
+MUSER_EMU_F2(step, y < x ? 0.0f : 1.0f) MUSER_EMU_F2(nextafter, __builtin_nextafterf(x, y))
 #undef MUSER_EMU_F2
 
 #define MUSER_EMU_F3(name, expr)                                                                 \
@@ -69,24 +73,24 @@ MUSER_EMU_F2(step, y < x ? 0.0f : 1.0f) MUSER_EMU_F2(nextafter, std::nextafter(x
   inline half name(half x, half y, half z) { return half(name(float(x), float(y), float(z))); }  \
   inline bfloat name(bfloat x, bfloat y, bfloat z) { return bfloat(name(float(x), float(y), float(z))); } \
   MUSER_EMU_LIFT3(name)
-MUSER_EMU_F3(fma, std::fma(x, y, z)) MUSER_EMU_F3(mix, x + (y - x) * z)
-MUSER_EMU_F3(smoothstep, [&] { float t = std::fmin(std::fmax((z - x) / (y - x), 0.0f), 1.0f); return t * t * (3.0f - 2.0f * t); }())
+MUSER_EMU_F3(fma, __builtin_fmaf(x, y, z)) MUSER_EMU_F3(mix, x + (y - x) * z)
+MUSER_EMU_F3(smoothstep, [&] { float t = __builtin_fminf(__builtin_fmaxf((z - x) / (y - x), 0.0f), 1.0f); return t * t * (3.0f - 2.0f * t); }())
 #undef MUSER_EMU_F3
 
-inline float ldexp(float x, int k) { return std::ldexp(x, k); }
-inline half ldexp(half x, int k) { return half(std::ldexp(float(x), k)); }
-inline float frexp(float x, int& k) { return std::frexp(x, &k); }
-inline float modf(float x, float& ip) { return std::modf(x, &ip); }
-inline float sincos(float x, float& c) { c = std::cos(x); return std::sin(x); }
-inline half sincos(half x, half& c) { c = half(std::cos(float(x))); return half(std::sin(float(x))); }
+inline float ldexp(float x, int k) { return __builtin_ldexpf(x, k); }
+inline half ldexp(half x, int k) { return half(__builtin_ldexpf(float(x), k)); }
+inline float frexp(float x, int& k) { return __builtin_frexpf(x, &k); }
+inline float modf(float x, float& ip) { return __builtin_modff(x, &ip); }
+inline float sincos(float x, float& c) { c = __builtin_cosf(x); return __builtin_sinf(x); }
+inline half sincos(half x, half& c) { c = half(__builtin_cosf(float(x))); return half(__builtin_sinf(float(x))); }
 
 // ---- min / max / clamp / abs (floats and integers) ------------------------------------------
 template <class T> inline T emu_min(T a, T b) {
-  if constexpr (is_float_scalar_v<T>) return T(std::fmin(float(a), float(b)));
+  if constexpr (is_float_scalar_v<T>) return T(__builtin_fminf(float(a), float(b)));
   else return b < a ? b : a;
 }
 template <class T> inline T emu_max(T a, T b) {
-  if constexpr (is_float_scalar_v<T>) return T(std::fmax(float(a), float(b)));
+  if constexpr (is_float_scalar_v<T>) return T(__builtin_fmaxf(float(a), float(b)));
   else return a < b ? b : a;
 }
 template <class T, std::enable_if_t<is_scalar_v<T>, int> = 0> inline T min(T a, T b) { return emu_min(a, b); }
@@ -102,7 +106,7 @@ template <class T, std::enable_if_t<is_scalar_v<T>, int> = 0> inline T median3(T
 MUSER_EMU_LIFT2(min) MUSER_EMU_LIFT2(max) MUSER_EMU_LIFT3(clamp)
 template <class T> inline T abs(T x) {
   if constexpr (emu_is_vec<T>) return emu_map(emu_as_vec(x), [](auto v) { return abs(v); });
-  else if constexpr (is_float_scalar_v<T>) return T(std::fabs(float(x)));
+  else if constexpr (is_float_scalar_v<T>) return T(__builtin_fabsf(float(x)));
   else if constexpr (std::is_signed_v<T>) return x < 0 ? T(-x) : x;
   else return x;
 }
@@ -169,12 +173,12 @@ MUSER_EMU_LIFT1(popcount) MUSER_EMU_LIFT1(clz) MUSER_EMU_LIFT1(ctz) MUSER_EMU_LI
   inline bool name(half x) { return name(float(x)); }                                            \
   inline bool name(bfloat x) { return name(float(x)); }                                          \
   MUSER_EMU_LIFT1(name)
-MUSER_EMU_PRED(isnan, std::isnan(x)) MUSER_EMU_PRED(isinf, std::isinf(x))
-MUSER_EMU_PRED(isfinite, std::isfinite(x)) MUSER_EMU_PRED(isnormal, std::isnormal(x))
-MUSER_EMU_PRED(signbit, std::signbit(x))
+MUSER_EMU_PRED(isnan, __builtin_isnan(x)) MUSER_EMU_PRED(isinf, __builtin_isinf(x))
+MUSER_EMU_PRED(isfinite, __builtin_isfinite(x)) MUSER_EMU_PRED(isnormal, __builtin_isnormal(x))
+MUSER_EMU_PRED(signbit, __builtin_signbit(x))
 #undef MUSER_EMU_PRED
-inline bool isordered(float a, float b) { return !std::isnan(a) && !std::isnan(b); }
-inline bool isunordered(float a, float b) { return std::isnan(a) || std::isnan(b); }
+inline bool isordered(float a, float b) { return !__builtin_isnan(a) && !__builtin_isnan(b); }
+inline bool isunordered(float a, float b) { return __builtin_isnan(a) || __builtin_isnan(b); }
 
 inline bool all(bool b) { return b; }
 inline bool any(bool b) { return b; }

@@ -8,9 +8,9 @@
 
 #include <cfloat>
 #include <climits>
-#include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <array>
 #include <cstring>
 #include <limits>
 #include <type_traits>
@@ -98,6 +98,14 @@ using std::remove_cv; using std::remove_cv_t; using std::remove_reference; using
 using std::remove_pointer; using std::remove_pointer_t; using std::decay; using std::decay_t;
 using std::true_type; using std::false_type; using std::is_pointer; using std::is_void;
 using std::make_unsigned; using std::make_unsigned_t; using std::make_signed; using std::make_signed_t;
+using std::is_integral_v; using std::is_signed_v; using std::is_unsigned_v; using std::is_pointer_v; using std::is_void_v;
+using std::is_const_v; using std::is_convertible; using std::is_convertible_v; using std::is_base_of;
+using std::is_base_of_v; using std::declval; using std::void_t; using std::remove_const; using std::remove_const_t;
+using std::remove_volatile; using std::remove_volatile_t; using std::is_reference; using std::is_reference_v;
+using std::is_scalar; using std::is_trivially_copyable; using std::underlying_type; using std::underlying_type_t;
+using std::common_type; using std::common_type_t; using std::forward; using std::move; using std::swap;
+using std::integer_sequence; using std::make_integer_sequence;
+template <class T, size_t N> using array = std::array<T, N>;
 template <class T> struct is_floating_point : std::bool_constant<is_float_scalar_v<std::remove_cv_t<T>>> {};
 template <class T> inline constexpr bool is_floating_point_v = is_floating_point<T>::value;
 template <class T> struct is_arithmetic : std::bool_constant<is_scalar_v<T>> {};
@@ -139,6 +147,9 @@ constexpr metal::half operator""h(unsigned long long v) { return metal::half(v);
 constexpr metal::half operator""H(long double v) { return metal::half(v); }
 
 // ---- Metal's constants (metal_math / metal_limits) -----------------------------------
+#define NAN __builtin_nanf("")
+#define INFINITY __builtin_inff()
+#define HUGE_VALF __builtin_huge_valf()
 #ifndef MAXFLOAT
 #define MAXFLOAT FLT_MAX
 #endif

@@ -309,6 +309,21 @@ def test_pytorch_style(pytorch_style, lane_schedule):
     assert torch.equal(oi, ints + 1) and torch.equal(out, x + 1), lane_schedule
 
 
+def test_pytorch_metal_headers(lane_schedule):
+    """compile_shader inlines PyTorch's own headers (#include <c10/metal/...>);
+    so does the emulator, and they run."""
+    lib = em.compile_shader("#include <c10/metal/special_math.h>\nusing namespace metal;\n"
+                            "kernel void erf_k(device float* out, device const float* x,\n"
+                            "                  uint i [[thread_position_in_grid]]) {\n"
+                            "  out[i] = c10::metal::erf(x[i]);\n}\n")
+    seed = fresh_seed()
+    (x,) = _arrays(seed, (200,))
+    out = torch.zeros(200)
+    lib.erf_k(out, 2 * x)
+    err = float((out.double() - torch.erf(2 * x.double())).abs().max())
+    assert err < 1e-6, f"{err:.3g} ({lane_schedule}, seed {seed})"
+
+
 def test_vectors_swizzles_and_conversions(pytorch_style, lane_schedule):
     seed = fresh_seed()
     (x,) = _arrays(seed, (40, 4))
