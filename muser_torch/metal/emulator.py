@@ -33,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import hashlib
+import operator
 import os
 import threading
 from pathlib import Path
@@ -86,8 +87,13 @@ def _sizes(v, what: str) -> list[int] | None:
     vals = [v] if isinstance(v, int) else list(v)
     if not 0 < len(vals) < 4:
         raise RuntimeError(f"{what} must have 1 to 3 dimensions, got {len(vals)}")
-    if any(not isinstance(x, int) or isinstance(x, bool) or x < 1 for x in vals):
-        raise ValueError(f"{what} must be positive integers, got {vals}")
+    try:
+        vals = [operator.index(x) for x in vals]
+    except TypeError:
+        raise TypeError(f"{what} must be integers, got {vals}") from None
+    if any(x < 1 for x in vals):
+        # Metal's dispatchThreads takes no empty grid (the emulator refuses rather than guess).
+        raise ValueError(f"{what} must be positive, got {vals}")
     return vals
 
 
@@ -152,9 +158,9 @@ def _check_scalar(kname: str, i: int, b: _Bytes, decl: str, meta) -> None:
             raise MetalEmulatorError(f"{where}: the parameter reads {size} bytes, the argument has {len(b.raw)}")
         return
     if (cat == "f") != (b.kind == "f"):
-        raise MetalEmulatorError(f"{where}: Metal would read the bits of {'an integer' if b.kind == 'i' else 'a float'} "
-                                 f"as {'a float' if cat == 'f' else 'an integer'}; pass the other kind or use "
-                                 f"arg_casts")
+        given, read = ("an integer", "a float") if b.kind == "i" else ("a float", "an integer")
+        raise MetalEmulatorError(f"{where}: Metal would read the bits of {given} as {read}; pass the other kind "
+                                 f"or use arg_casts")
     if indirect == 2 and len(b.raw) < size:
         raise MetalEmulatorError(f"{where}: the parameter reads {size} bytes, the argument has {len(b.raw)}")
     if elem_size != b.elem:
@@ -225,7 +231,7 @@ class _Kernel:
             first = next((a for a in args if isinstance(a, torch.Tensor)), None)
             if first is None:
                 raise RuntimeError("Number of threads is undefined or has wrong dimension")
-            threads = [max(1, first.numel())]
+            threads = _sizes(first.numel(), "threads (the first tensor's numel)")
         if group is not None and len(group) != len(threads):
             raise RuntimeError(f"size and group_size must have same number of dimensions (threads {threads}, "
                                f"group_size {group})")

@@ -58,7 +58,8 @@ def check_source(src: str) -> None:
     body = _strip_comments(src)
     for lineno, line in enumerate(body.split("\n"), 1):
         s = line.strip()
-        if re.match(r"#\s*pragma\s+METAL\s+fp\b", s) and not re.search(r"math_mode\(\s*safe\s*\)|contract\(\s*off\s*\)", s):
+        safe = re.search(r"math_mode\(\s*safe\s*\)|contract\(\s*off\s*\)", s)
+        if re.match(r"#\s*pragma\s+METAL\s+fp\b", s) and not safe:
             raise MetalCompileError(f"line {lineno}: {s!r}: the emulator models safe math only")
         if re.search(r"\bdouble\b", line) and not s.startswith("#"):
             raise MetalCompileError(f"line {lineno}: double is not supported by Metal: {s}")
@@ -73,7 +74,10 @@ _TOKEN = re.compile(r"""
   | (?P<op>::|->|<<=|>>=|<<|>>|<=|>=|==|!=|&&|\|\||\+\+|--|[-+*/%&|^~!=<>?:;,.(){}\[\]#@$\\])
 """, re.X)
 _MARKER = re.compile(r'#\s*(\d+)\s+"((?:\\.|[^"\\])*)"([ \d]*)')
-FLOAT_LITERAL = re.compile(r"(?:0[xX][\da-fA-F.']*[pP][+-]?\d+|(?:\d[\d']*\.[\d']*|\.\d[\d']*)(?:[eE][+-]?\d+)?|\d[\d']*[eE][+-]?\d+)$")
+# An unsuffixed floating literal: hex with an exponent, decimal with a point, or with an exponent.
+FLOAT_LITERAL = re.compile(r"(?:0[xX][\da-fA-F.']*[pP][+-]?\d+"
+                           r"|(?:\d[\d']*\.[\d']*|\.\d[\d']*)(?:[eE][+-]?\d+)?"
+                           r"|\d[\d']*[eE][+-]?\d+)$")
 
 
 @dataclass

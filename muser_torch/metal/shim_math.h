@@ -48,9 +48,11 @@ MUSER_EMU_F1(cospi, float(__builtin_cos(double(x) * kEmuPi))) MUSER_EMU_F1(exp, 
 MUSER_EMU_F1(exp2, __builtin_exp2f(x)) MUSER_EMU_F1(exp10, float(__builtin_pow(10.0, double(x))))
 MUSER_EMU_F1(fabs, __builtin_fabsf(x)) MUSER_EMU_F1(floor, __builtin_floorf(x))
 MUSER_EMU_F1(fract, __builtin_fminf(x - __builtin_floorf(x), 0x1.fffffep-1f)) MUSER_EMU_F1(log, __builtin_logf(x))
-MUSER_EMU_F1(log2, __builtin_log2f(x)) MUSER_EMU_F1(log10, __builtin_log10f(x)) MUSER_EMU_F1(rint, __builtin_nearbyintf(x))
+MUSER_EMU_F1(log2, __builtin_log2f(x)) MUSER_EMU_F1(log10, __builtin_log10f(x))
+MUSER_EMU_F1(rint, __builtin_nearbyintf(x))
 MUSER_EMU_F1(round, __builtin_roundf(x)) MUSER_EMU_F1(rsqrt, float(1.0 / __builtin_sqrt(double(x))))
-MUSER_EMU_F1(sin, __builtin_sinf(x)) MUSER_EMU_F1(sinh, __builtin_sinhf(x)) MUSER_EMU_F1(sinpi, float(__builtin_sin(double(x) * kEmuPi)))
+MUSER_EMU_F1(sin, __builtin_sinf(x)) MUSER_EMU_F1(sinh, __builtin_sinhf(x))
+MUSER_EMU_F1(sinpi, float(__builtin_sin(double(x) * kEmuPi)))
 MUSER_EMU_F1(sqrt, __builtin_sqrtf(x)) MUSER_EMU_F1(tan, __builtin_tanf(x)) MUSER_EMU_F1(tanh, __builtin_tanhf(x))
 MUSER_EMU_F1(tanpi, float(__builtin_tan(double(x) * kEmuPi))) MUSER_EMU_F1(trunc, __builtin_truncf(x))
 MUSER_EMU_F1(saturate, __builtin_fminf(__builtin_fmaxf(x, 0.0f), 1.0f))
@@ -63,8 +65,9 @@ MUSER_EMU_F1(sign, __builtin_isnan(x) ? 0.0f : x > 0.0f ? 1.0f : x < 0.0f ? -1.0
   inline bfloat name(bfloat x, bfloat y) { return bfloat(name(float(x), float(y))); }            \
   MUSER_EMU_LIFT2(name)
 MUSER_EMU_F2(atan2, __builtin_atan2f(x, y)) MUSER_EMU_F2(copysign, __builtin_copysignf(x, y))
-MUSER_EMU_F2(fdim, __builtin_fdimf(x, y)) MUSER_EMU_F2(fmax, __builtin_fmaxf(x, y)) MUSER_EMU_F2(fmin, __builtin_fminf(x, y))
-MUSER_EMU_F2(fmod, __builtin_fmodf(x, y)) MUSER_EMU_F2(pow, __builtin_powf(x, y)) MUSER_EMU_F2(powr, __builtin_powf(x, y))
+MUSER_EMU_F2(fdim, __builtin_fdimf(x, y)) MUSER_EMU_F2(fmax, __builtin_fmaxf(x, y))
+MUSER_EMU_F2(fmin, __builtin_fminf(x, y)) MUSER_EMU_F2(fmod, __builtin_fmodf(x, y))
+MUSER_EMU_F2(pow, __builtin_powf(x, y)) MUSER_EMU_F2(powr, __builtin_powf(x, y))
 MUSER_EMU_F2(step, y < x ? 0.0f : 1.0f) MUSER_EMU_F2(nextafter, __builtin_nextafterf(x, y))
 #undef MUSER_EMU_F2
 
@@ -74,7 +77,11 @@ MUSER_EMU_F2(step, y < x ? 0.0f : 1.0f) MUSER_EMU_F2(nextafter, __builtin_nextaf
   inline bfloat name(bfloat x, bfloat y, bfloat z) { return bfloat(name(float(x), float(y), float(z))); } \
   MUSER_EMU_LIFT3(name)
 MUSER_EMU_F3(fma, __builtin_fmaf(x, y, z)) MUSER_EMU_F3(mix, x + (y - x) * z)
-MUSER_EMU_F3(smoothstep, [&] { float t = __builtin_fminf(__builtin_fmaxf((z - x) / (y - x), 0.0f), 1.0f); return t * t * (3.0f - 2.0f * t); }())
+inline float emu_smoothstep(float e0, float e1, float x) {
+  const float t = __builtin_fminf(__builtin_fmaxf((x - e0) / (e1 - e0), 0.0f), 1.0f);
+  return t * t * (3.0f - 2.0f * t);
+}
+MUSER_EMU_F3(smoothstep, emu_smoothstep(x, y, z))
 #undef MUSER_EMU_F3
 
 inline float ldexp(float x, int k) { return __builtin_ldexpf(x, k); }
@@ -208,7 +215,8 @@ inline auto dot(const A& a, const B& b) {
   for (int i = 1; i < emu_ncomp<A>; ++i) s += x.e[i] * y.e[i];
   return s;
 }
-template <class A, std::enable_if_t<emu_is_vec<A>, int> = 0> inline auto length_squared(const A& a) { return dot(a, a); }
+template <class A, std::enable_if_t<emu_is_vec<A>, int> = 0>
+inline auto length_squared(const A& a) { return dot(a, a); }
 template <class A, std::enable_if_t<emu_is_vec<A>, int> = 0> inline auto length(const A& a) { return sqrt(dot(a, a)); }
 template <class A, class B, std::enable_if_t<emu_is_vec<A>, int> = 0>
 inline auto distance(const A& a, const B& b) { return length(emu_as_vec(a) - emu_as_vec(b)); }

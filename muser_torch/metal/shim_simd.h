@@ -74,7 +74,10 @@ struct And { template <class T> T operator()(T a, T b) const { return a & b; } }
 struct Or { template <class T> T operator()(T a, T b) const { return a | b; } };
 struct Xor { template <class T> T operator()(T a, T b) const { return a ^ b; } };
 template <class T> struct SumOf { T operator()(T a, T b) const { return a + b; } static T identity() { return T(0); } };
-template <class T> struct ProductOf { T operator()(T a, T b) const { return a * b; } static T identity() { return T(1); } };
+template <class T> struct ProductOf {
+  T operator()(T a, T b) const { return a * b; }
+  static T identity() { return T(1); }
+};
 
 EmuLane* find_lane(EmuLane** lanes, int n, int64_t simd_lane);
 
@@ -265,7 +268,8 @@ inline simd_vote simd_active_threads_mask(MUSER_EMU_SITE) {
   return emu_detail::vote("simd_active_threads_mask", true, MUSER_EMU_AT);
 }
 inline bool simd_is_first(MUSER_EMU_SITE) {
-  return emu_detail::collective<bool>("simd_is_first", false, emu_detail::resolve_first_lane, 0, false, 0, MUSER_EMU_AT);
+  return emu_detail::collective<bool>("simd_is_first", false, emu_detail::resolve_first_lane, 0, false, 0,
+                                      MUSER_EMU_AT);
 }
 inline bool quad_is_first(MUSER_EMU_SITE) {
   return emu_detail::collective<bool>("quad_is_first", false, emu_detail::resolve_quad_first_lane, 0, false, 0,

@@ -98,7 +98,8 @@ using std::remove_cv; using std::remove_cv_t; using std::remove_reference; using
 using std::remove_pointer; using std::remove_pointer_t; using std::decay; using std::decay_t;
 using std::true_type; using std::false_type; using std::is_pointer; using std::is_void;
 using std::make_unsigned; using std::make_unsigned_t; using std::make_signed; using std::make_signed_t;
-using std::is_integral_v; using std::is_signed_v; using std::is_unsigned_v; using std::is_pointer_v; using std::is_void_v;
+using std::is_integral_v; using std::is_signed_v; using std::is_unsigned_v; using std::is_pointer_v;
+using std::is_void_v;
 using std::is_const_v; using std::is_convertible; using std::is_convertible_v; using std::is_base_of;
 using std::is_base_of_v; using std::declval; using std::void_t; using std::remove_const; using std::remove_const_t;
 using std::remove_volatile; using std::remove_volatile_t; using std::is_reference; using std::is_reference_v;

@@ -11,24 +11,18 @@ import torch
 
 from muser_torch import GGMLType
 from muser_torch.formats import dequantize_reference as ref_dequantize
+from muser_torch.ops.mps import SUPPORTED
 
-# (type, n_out, n_in) for every type with Metal kernels (a test checks the list
-# against ops.mps.SUPPORTED): n_out never a multiple of the 4 rows of an mv
+# (n_out, n_in) per type: n_out never a multiple of the 4 rows of an mv
 # threadgroup or the 32 of an mm tile; most n_in leave a partial 64-wide K step.
-SHAPES = [
-    (GGMLType.Q4_K, 37, 512),
-    (GGMLType.Q5_K, 13, 256),
-    (GGMLType.Q6_K, 7, 512),
-    (GGMLType.NVFP4_E2M1, 13, 208),
-    (GGMLType.F16, 7, 80),
-    (GGMLType.Q4_0, 11, 96),
-    (GGMLType.Q4_1, 9, 160),
-    (GGMLType.Q5_0, 13, 224),
-    (GGMLType.Q5_1, 7, 288),
-    (GGMLType.Q8_0, 19, 96),
-    (GGMLType.BF16, 7, 80),
-]
-SHAPE_OF = {t: (o, i) for t, o, i in SHAPES}
+SHAPE_OF = {
+    GGMLType.Q4_K: (37, 512), GGMLType.Q5_K: (13, 256), GGMLType.Q6_K: (7, 512),
+    GGMLType.NVFP4_E2M1: (13, 208), GGMLType.F16: (7, 80), GGMLType.BF16: (7, 80),
+    GGMLType.Q4_0: (11, 96), GGMLType.Q4_1: (9, 160), GGMLType.Q5_0: (13, 224), GGMLType.Q5_1: (7, 288),
+    GGMLType.Q8_0: (19, 96),
+}
+# The tests sweep exactly ops.mps.SUPPORTED (a type without a shape above fails here).
+SHAPES = [(t, *SHAPE_OF[t]) for t in sorted(SUPPORTED)]
 IDS = [f"{t.name}-{o}x{i}" for t, o, i in SHAPES]
 TOKEN_COUNTS = (1, 2, 3, 4, 5, 8, 9, 16, 17, 64)
 

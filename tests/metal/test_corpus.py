@@ -193,8 +193,8 @@ using namespace metal;
 
 template <bool B_TRANSPOSED>
 kernel void gemm(device const half* A, device const half* B, device float* C, constant uint& M, constant uint& N,
-                 constant uint& K, uint2 tg [[threadgroup_position_in_grid]], ushort tid [[thread_index_in_threadgroup]],
-                 ushort sg [[simdgroup_index_in_threadgroup]]) {
+                 constant uint& K, uint2 tg [[threadgroup_position_in_grid]],
+                 ushort tid [[thread_index_in_threadgroup]], ushort sg [[simdgroup_index_in_threadgroup]]) {
   threadgroup half As[BM * BK];
   threadgroup half Bs[BK * BN];
   const uint row0 = tg.y * BM, col0 = tg.x * BN;

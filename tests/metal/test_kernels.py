@@ -16,8 +16,7 @@ pytestmark = pytest.mark.usefixtures("emulate")
 
 
 def test_the_tests_cover_every_supported_type():
-    assert [t for t, _, _ in SHAPES if t in mps.SUPPORTED] == [t for t, _, _ in SHAPES]
-    assert set(SHAPE_OF) == mps.SUPPORTED
+    assert {t for t, _, _ in SHAPES} == mps.SUPPORTED == set(SHAPE_OF)
 
 
 def test_every_type_and_rung_has_its_kernel():
@@ -121,7 +120,8 @@ def test_emulator_catches_a_missing_barrier_in_the_tiled_matmul(lane_schedule):
     src = src.split(cut)[0]          # the prelude, the shared loops and the K-quants: enough for muser_mm_q4_k
     lib = emulator.compile_shader(src.replace(barrier, "    for (int kk"))
     seed = fresh_seed()
-    qtype, n_out, n_in = SHAPES[0]
+    qtype = GGMLType.Q4_K
+    n_out, n_in = SHAPE_OF[qtype]
     packed, _, _ = random_weights(qtype, n_out, n_in, seed)
     x = torch.randn(17, n_in, generator=torch.Generator().manual_seed(seed))
     y = torch.zeros(17, n_out)
@@ -161,7 +161,8 @@ def test_gpu_limits_are_checked_on_first_use():
 
 def test_cpu_tensors_need_emulate_mode(monkeypatch):
     monkeypatch.delenv("MUSER_METAL")
-    qtype, n_out, n_in = SHAPES[0]
+    qtype = GGMLType.Q4_K
+    n_out, n_in = SHAPE_OF[qtype]
     packed, _, _ = random_weights(qtype, n_out, n_in, 0)
     with pytest.raises(ValueError, match="MUSER_METAL=emulate"):
         mps.dequantize(packed, int(qtype), n_out, n_in)
