@@ -6,13 +6,15 @@
 // op) or its end, and its simd collectives resolve as soon as all its live
 // lanes arrive, until every lane waits at a threadgroup barrier or returns.
 // Once all simdgroups are there, the barrier is released, or the divergence
-// is reported with the call sites involved. Threadgroup memory is one arena,
-// refilled with NaN bytes per group. Device buffers come from
-// emu_buffer_alloc: their last byte touches a PROT_NONE page, and the SIGSEGV
-// handler names the buffer.
-#define MUSER_EMU_NO_KEYWORDS
+// is reported with the call sites involved. Lanes that have returned are
+// inactive: simd collectives resolve over the rest. Threadgroup memory is one
+// arena, refilled with NaN bytes per group; each declaration site gets one
+// allocation. Device buffers come from emu_buffer_alloc: their last byte
+// touches a PROT_NONE page, buffers bound only to const parameters are made
+// read-only, and the SIGSEGV handler names the buffer.
 #include "metal_shim.h"
 
+#include <algorithm>
 #include <csetjmp>
 #include <csignal>
 #include <cstdarg>
@@ -77,9 +79,9 @@ void* fiber_init(void* stack, size_t bytes) {
 #endif
 
 // ------------------------------------------------------------ dispatch state
-struct TgAlloc { size_t offset, bytes; const char* file; int line; };
+struct TgAlloc { size_t offset, bytes; const char* name; const char* file; int line; };
 
-struct Buffer { uintptr_t data, end, map; size_t map_bytes; int index; };
+struct Buffer { uintptr_t data, end, map; size_t map_bytes; int index; bool read_only; };
 
 struct Dispatch {
   void (*entry)(void**) = nullptr;
@@ -87,7 +89,10 @@ struct Dispatch {
   EmuLane lanes[kMaxThreads];
   unsigned n_lanes = 0;
   std::vector<TgAlloc> allocs;
-  size_t tg_used = 0;
+  size_t tg_used = 0, tg_high = 0;
+  const uint64_t* tg_param_bytes = nullptr;   // [[threadgroup(i)]] lengths, n_tg_params of them
+  int n_tg_params = 0;
+  void* tg_params[32];
   alignas(64) unsigned char arena[kThreadgroupLimit];
   char* err = nullptr;
   int errlen = 0;
@@ -140,7 +145,11 @@ void on_fault(int sig, siginfo_t* info, void* ctx) {
     const char* what = nullptr;
     char buf[256] = "";
     for (const Buffer& b : g_buffers) {
-      if (a >= b.end && a < b.end + page_size()) {
+      if (b.read_only && a >= b.data && a < b.end) {
+        snprintf(buf, sizeof buf, "write to buffer(%d), which is bound only to const or constant parameters "
+                 "(byte %lld)", b.index, (long long)(a - b.data));
+        what = buf;
+      } else if (a >= b.end && a < b.end + page_size()) {
         snprintf(buf, sizeof buf, "out-of-bounds access to buffer(%d): byte %lld of a %lld-byte buffer",
                  b.index, (long long)(a - b.data), (long long)(b.end - b.data));
         what = buf;
@@ -212,39 +221,31 @@ void fail_at(Dispatch* d, const char* fmt, ...) {
 // threadgroup barrier (or are done), -1 (d->failed) on divergence.
 int resolve_simd(Dispatch* d, unsigned s) {
   EmuLane* parked[32];
-  int n = 0, done = 0, at_barrier = 0;
-  EmuLane* first_done = nullptr;
+  int n = 0, at_barrier = 0;
   for (unsigned i = 0; i < d->n_lanes; ++i) {
     EmuLane* l = &d->lanes[i];
-    if (l->simd_index != s) continue;
-    if (l->state == 2) { ++done; if (!first_done) first_done = l; continue; }
+    if (l->simd_index != s || l->state == 2) continue;   // returned lanes are inactive
     if (l->coll.scope == EMU_THREADGROUP) { ++at_barrier; continue; }
     parked[n++] = l;
   }
   if (n == 0) return 0;
-  char who[160];
   if (at_barrier) {
     fail_at(d, "divergent collectives in simdgroup %u: some lanes wait at %s (%s:%d), others at a "
                "threadgroup_barrier", s, parked[0]->coll.name, parked[0]->coll.file, parked[0]->coll.line);
     return -1;
   }
-  if (done) {
-    describe_lane(who, sizeof who, first_done);
-    fail_at(d, "divergent %s at %s:%d: %s has already returned while %d lanes wait", parked[0]->coll.name,
-            parked[0]->coll.file, parked[0]->coll.line, who, n);
-    return -1;
-  }
   for (int i = 1; i < n; ++i) {
     if (!same_site(parked[i]->coll, parked[0]->coll)) {
-      fail_at(d, "divergent collectives in simdgroup %u: lane %u is at %s (%s:%d), lane %u at %s (%s:%d)", s,
+      fail_at(d, "divergent collectives in simdgroup %u: lane %u is at %s (%s:%d), lane %u at %s (%s:%d) (the "
+                 "emulator needs every live lane of a simdgroup at the same collective)", s,
               parked[0]->simd_lane, parked[0]->coll.name, parked[0]->coll.file, parked[0]->coll.line,
               parked[i]->simd_lane, parked[i]->coll.name, parked[i]->coll.file, parked[i]->coll.line);
       return -1;
     }
     if (parked[0]->coll.uniform && parked[i]->coll.key != parked[0]->coll.key) {
-      fail_at(d, "%s at %s:%d needs the same address and stride on every lane (lanes %u and %u differ)",
-              parked[0]->coll.name, parked[0]->coll.file, parked[0]->coll.line, parked[0]->simd_lane,
-              parked[i]->simd_lane);
+      fail_at(d, "%s at %s:%d needs the same address, stride, delta or lane on every lane (lanes %u and %u "
+                 "differ)", parked[0]->coll.name, parked[0]->coll.file, parked[0]->coll.line,
+              parked[0]->simd_lane, parked[i]->simd_lane);
       return -1;
     }
   }
@@ -336,6 +337,10 @@ EmuLane* find_lane(EmuLane** lanes, int n, int64_t simd_lane) {
     if (int64_t(lanes[i]->simd_lane) == simd_lane) return lanes[i];
   return nullptr;
 }
+void fail_inactive(const EmuLane* reader, int64_t src) {
+  emu_fail("%s:%d: %s on lane %u reads lane %lld, which is not active (Metal leaves the result undefined)",
+           reader->coll.file, reader->coll.line, reader->coll.name, reader->simd_lane, (long long)src);
+}
 }}  // namespace metal::emu_detail
 
 extern "C" {
@@ -366,25 +371,31 @@ void emu_fail(const char* fmt, ...) {
   siglongjmp(d->fault_jmp, 1);
 }
 
-void* emu_tg_alloc(size_t bytes, size_t align, const char* file, int line) {
+// One allocation per declaration site (name, file, line, size) and threadgroup:
+// every lane that reaches the declaration, however often, gets the same memory.
+void* emu_tg_alloc(size_t bytes, size_t align, const char* name, const char* file, int line) {
   Dispatch* d = g_dispatch;
-  EmuLane* l = g_lane;
-  unsigned k = l->tg_allocs++;
-  if (k < d->allocs.size()) {
-    const TgAlloc& a = d->allocs[k];
-    if (a.bytes != bytes || a.line != line)
-      emu_fail("threadgroup array #%u declared differently by thread %u (%s:%d) than by another thread "
-               "(%s:%d)", k, l->tid, file, line, a.file, a.line);
-    return d->arena + a.offset;
-  }
+  for (const TgAlloc& a : d->allocs)
+    if (a.line == line && a.bytes == bytes && std::strcmp(a.name, name) == 0 && std::strcmp(a.file, file) == 0)
+      return d->arena + a.offset;
   size_t off = (d->tg_used + align - 1) / align * align;
   if (off + bytes > kThreadgroupLimit)
-    emu_fail("threadgroup memory %zu bytes (array at %s:%d) exceeds Metal's limit of %zu bytes", off + bytes,
-             file, line, kThreadgroupLimit);
+    emu_fail("threadgroup memory %zu bytes (array '%s' at %s:%d) exceeds Metal's limit of %zu bytes", off + bytes,
+             name, file, line, kThreadgroupLimit);
   std::memset(d->arena + off, 0xFF, bytes);  // NaN as float and as half
-  d->allocs.push_back({off, bytes, file, line});
+  d->allocs.push_back({off, bytes, name, file, line});
   d->tg_used = off + bytes;
+  if (d->tg_used > d->tg_high) d->tg_high = d->tg_used;
   return d->arena + off;
+}
+
+// [[threadgroup(i)]] parameters: allocated at the start of each threadgroup.
+void* emu_tg_param(int index) {
+  Dispatch* d = g_dispatch;
+  if (index < 0 || index >= d->n_tg_params || !d->tg_params[index])
+    emu_fail("[[threadgroup(%d)]] has no memory: torch.mps.compile_shader never sets threadgroup memory lengths; "
+             "the emulator takes them as threadgroup_memory={%d: bytes}", index, index);
+  return d->tg_params[index];
 }
 
 // A zero-filled buffer whose last byte sits against a PROT_NONE page (and one
@@ -402,8 +413,20 @@ void* emu_buffer_alloc(size_t bytes, size_t align, int index) {
   uintptr_t end = map + (data_pages + 1) * ps;
   mprotect(reinterpret_cast<void*>(end), ps, PROT_NONE);
   uintptr_t data = (end - bytes) / align * align;
-  g_buffers.push_back({data, end, map, total, index});
+  g_buffers.push_back({data, end, map, total, index, false});
   return reinterpret_cast<void*>(data);
+}
+
+// After the driver has filled it: writes through any parameter then fault.
+void emu_buffer_protect(void* p) {
+  uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  for (Buffer& b : g_buffers) {
+    if (b.data == a) {
+      size_t ps = page_size();
+      mprotect(reinterpret_cast<void*>(b.map + ps), b.end - b.map - ps, PROT_READ);
+      b.read_only = true;
+    }
+  }
 }
 
 void emu_buffer_free(void* p) {
@@ -417,20 +440,25 @@ void emu_buffer_free(void* p) {
   }
 }
 
-// Runs a whole dispatch. grid and group are in threads (dispatchThreads:
-// edge groups may be partial). schedule: 0 forward, 1 reverse, 2 random.
-// Returns 0, or -1 with a message in err.
+// Runs a whole dispatch. grid and group are in threads (dispatchThreads: an
+// edge threadgroup is smaller, with its own shape). schedule: 0 forward, 1
+// reverse, 2 random. tg_bytes[i] sizes [[threadgroup(i)]] (0: none given).
+// Returns 0, or -1 with a message in err; *tg_high is the most threadgroup
+// memory any group declared.
 int emu_dispatch(void (*entry)(void**), const char* name, void** bufs, const unsigned* grid,
-                 const unsigned* group, int schedule, uint64_t seed, char* err, int errlen) {
+                 const unsigned* group, int schedule, uint64_t seed, const uint64_t* tg_bytes, int n_tg,
+                 uint64_t* tg_high, char* err, int errlen) {
   static Dispatch* disp = nullptr;
   if (!disp) disp = new Dispatch();
   Dispatch* d = disp;
   d->entry = entry; d->bufs = bufs; d->err = err; d->errlen = errlen; d->failed = false;
   d->kernel_name = name;
+  d->tg_param_bytes = tg_bytes; d->n_tg_params = n_tg > 32 ? 32 : n_tg; d->tg_high = 0;
   err[0] = 0;
+  *tg_high = 0;
   g_rng = seed * 0x9E3779B97F4A7C15ull + 0x1234567ull;
   if (!g_rng) g_rng = 1;
-  unsigned tg_threads = group[0] * group[1] * group[2];
+  const unsigned tg_threads = group[0] * group[1] * group[2];
   if (tg_threads == 0 || tg_threads > kMaxThreads) {
     snprintf(err, errlen, "%s: threadgroup of %u threads (Metal allows 1..%u)", name, tg_threads, kMaxThreads);
     return -1;
@@ -451,37 +479,56 @@ int emu_dispatch(void (*entry)(void**), const char* name, void** bufs, const uns
   for (unsigned gz = 0; gz < ng[2]; ++gz)
     for (unsigned gy = 0; gy < ng[1]; ++gy)
       for (unsigned gx = 0; gx < ng[0]; ++gx) {
-        d->n_lanes = 0;
+        const unsigned g[3] = {gx, gy, gz};
+        unsigned dims[3];
+        for (int k = 0; k < 3; ++k) dims[k] = std::min(group[k], grid[k] - g[k] * group[k]);
+        const unsigned n = dims[0] * dims[1] * dims[2];
+        d->n_lanes = n;
         d->allocs.clear();
         d->tg_used = 0;
-        unsigned tid = 0;
-        for (unsigned lz = 0; lz < group[2]; ++lz)
-          for (unsigned ly = 0; ly < group[1]; ++ly)
-            for (unsigned lx = 0; lx < group[0]; ++lx, ++tid) {
-              metal::uint3 pos(gx * group[0] + lx, gy * group[1] + ly, gz * group[2] + lz);
-              if (pos.x >= grid[0] || pos.y >= grid[1] || pos.z >= grid[2]) continue;  // partial edge group
-              EmuLane* l = &d->lanes[d->n_lanes];
+        for (int t = 0; t < d->n_tg_params; ++t) {
+          d->tg_params[t] = nullptr;
+          if (!tg_bytes[t]) continue;
+          size_t off = (d->tg_used + 15) / 16 * 16;
+          if (off + tg_bytes[t] > kThreadgroupLimit) {
+            snprintf(err, errlen, "%s: threadgroup memory %zu bytes ([[threadgroup(%d)]]) exceeds Metal's limit "
+                     "of %zu bytes", name, size_t(off + tg_bytes[t]), t, kThreadgroupLimit);
+            rc = -1;
+            goto out;
+          }
+          std::memset(d->arena + off, 0xFF, tg_bytes[t]);
+          d->tg_params[t] = d->arena + off;
+          d->tg_used = off + tg_bytes[t];
+        }
+        d->tg_high = std::max(d->tg_high, d->tg_used);
+        for (unsigned lz = 0, tid = 0; lz < dims[2]; ++lz)
+          for (unsigned ly = 0; ly < dims[1]; ++ly)
+            for (unsigned lx = 0; lx < dims[0]; ++lx, ++tid) {
+              EmuLane* l = &d->lanes[tid];
               std::memset(l, 0, sizeof *l);
-              l->tpig = pos;
+              l->tpig = metal::uint3(gx * group[0] + lx, gy * group[1] + ly, gz * group[2] + lz);
               l->tgpig = metal::uint3(gx, gy, gz);
               l->tptg = metal::uint3(lx, ly, lz);
-              l->tptg_dims = metal::uint3(group[0], group[1], group[2]);
+              l->tptg_dims = metal::uint3(dims[0], dims[1], dims[2]);
+              l->dispatch_dims = metal::uint3(group[0], group[1], group[2]);
               l->groups = metal::uint3(ng[0], ng[1], ng[2]);
               l->grid = metal::uint3(grid[0], grid[1], grid[2]);
               l->tid = tid;
               l->simd_lane = tid % 32;
               l->simd_index = tid / 32;
-              l->simds = (tg_threads + 31) / 32;
-              l->stack = g_stacks[d->n_lanes];
+              l->simds = (n + 31) / 32;
+              l->dispatch_simds = (tg_threads + 31) / 32;
+              l->quad_lane = tid % 4;
+              l->quad_index = tid / 4;
+              l->quads = (n + 3) / 4;
+              l->stack = g_stacks[tid];
               l->sp = fiber_init(l->stack, kStackBytes);
-              ++d->n_lanes;
             }
-        // Lanes are packed in thread-index order, so the simdgroup of lane i is
-        // i / 32 only when no lane is skipped before it; the grid check above
-        // skips only trailing lanes of each row, which Metal also leaves out.
         if (!run_group(d, schedule)) { rc = -1; goto out; }
+        d->tg_high = std::max(d->tg_high, d->tg_used);
       }
 out:
+  *tg_high = d->tg_high;
   remove_fault_handler();
   g_in_dispatch = false;
   g_dispatch = nullptr;

@@ -1,78 +1,56 @@
-"""Run Metal Shading Language kernels on the CPU, strictly.
+"""Run Metal Shading Language compute kernels on the CPU, strictly.
 
-``compile_shader(source)`` mirrors ``torch.mps.compile_shader``: it returns a
-library whose attributes are kernels, called as
-``lib.name(*args, threads=..., group_size=..., arg_casts=...)`` with
-positional argument i bound to ``[[buffer(i)]]``, a tensor bound at its data
-pointer, a Python int as int64 (``constant long&``), a float as float32, and
-``dispatchThreads`` semantics (an edge threadgroup may be partial).
+``compile_shader(source)`` mirrors ``torch.mps.compile_shader``: it takes
+the same unmodified source and returns a library whose attributes are
+kernels, called as ``lib.name(*args, threads=..., group_size=...,
+arg_casts=...)`` with PyTorch's contract (``torch/csrc/mps/Module.cpp``,
+``MetalKernelFunction::dispatch``):
 
-The source is compiled unmodified by g++ against ``metal_shim.h`` into a
-shared library (cached by source hash under ``MUSER_METAL_CACHE``, default
-``~/.cache/muser_torch/metal-emu``), each lane runs as a fiber
-(``emu_runtime.cpp``), and the checks are strict: see ``docs/metal.md``.
-Lane order comes from :func:`schedule` or ``MUSER_METAL_SCHEDULE``
-(forward | reverse | random, seeded by ``MUSER_METAL_SEED``).
-Tensors must be contiguous CPU tensors; each is copied into a buffer whose
-last byte touches a guard page, and written back if the kernel's parameter
-is a non-const pointer.
+- positional argument i binds buffer index i (``[[buffer(i)]]``, or the i-th
+  buffer parameter in declaration order when the kernel gives no indices);
+- a tensor binds at its data pointer; a Python int binds as int64, a float
+  as float32, a list as an array of either, a list of tensors as an array of
+  their addresses; ``arg_casts`` (a string for every scalar, or
+  ``{index: str}``) converts to ``fp16``, ``bf16``, ``int32``, ``int16``,
+  ``int8`` or ``uint8``;
+- ``threads`` defaults to the first tensor's numel; ``group_size`` must
+  have as many dimensions; a group above the kernel's
+  ``max_threads_per_threadgroup`` is refused (ValueError); an unknown kernel
+  name raises RuntimeError.
+
+Stricter than Metal, never looser: a scalar whose bytes the parameter would
+misread (a float for an int, an int64 too large for ``constant int&``, a
+float32 for ``constant half&``) is refused, as are non-contiguous and
+partially overlapping tensors. Tensors must be contiguous CPU tensors; each
+is copied into a buffer whose last byte touches a guard page and copied back
+if a parameter can write it (buffers only const parameters see are made
+read-only). Lane order comes from :func:`schedule` or
+``MUSER_METAL_SCHEDULE`` (forward | reverse | random, seeded by
+``MUSER_METAL_SEED``). See ``docs/metal.md``.
 """
 from __future__ import annotations
 
 import contextlib
 import ctypes
 import hashlib
-import json
+import operator
 import os
-import re
-import subprocess
-import tempfile
 import threading
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-__all__ = ["compile_shader", "schedule", "MetalEmulatorError", "SCHEDULES"]
+from .msl_build import build
+from .msl_source import Kernel, MetalCompileError, MetalEmulatorError, check_source
 
-_HERE = Path(__file__).resolve().parent
-_SHIM = _HERE / "metal_shim.h"
-_RUNTIME = _HERE / "emu_runtime.cpp"
+__all__ = ["compile_shader", "schedule", "MetalEmulatorError", "MetalCompileError", "SCHEDULES",
+           "MAX_THREADS_PER_THREADGROUP", "THREAD_EXECUTION_WIDTH"]
+
 SCHEDULES = ("forward", "reverse", "random")
-_CXX = os.environ.get("CXX", "g++")
-# No -march: without FMA instructions g++ cannot contract a*b+c, so float
-# arithmetic rounds per operation exactly as written.
-_CFLAGS = ["-std=c++17", "-O2", "-fPIC", "-Wno-attributes", "-ffp-contract=off",
-           "-fno-strict-aliasing", "-U_FORTIFY_SOURCE"]
-
-_BUILTINS = {
-    "thread_position_in_grid": "L->tpig",
-    "threadgroup_position_in_grid": "L->tgpig",
-    "thread_position_in_threadgroup": "L->tptg",
-    "thread_index_in_threadgroup": "metal::uint3(L->tid, 0, 0)",
-    "thread_index_in_simdgroup": "metal::uint3(L->simd_lane, 0, 0)",
-    "simdgroup_index_in_threadgroup": "metal::uint3(L->simd_index, 0, 0)",
-    "threads_per_threadgroup": "L->tptg_dims",
-    "threadgroups_per_grid": "L->groups",
-    "threads_per_grid": "L->grid",
-    "threads_per_simdgroup": "metal::uint3(32, 0, 0)",
-    "simdgroups_per_threadgroup": "metal::uint3(L->simds, 0, 0)",
-}
-
-_SCALAR_CASTS = {
-    torch.int64: ctypes.c_int64, torch.int32: ctypes.c_int32, torch.int16: ctypes.c_int16,
-    torch.int8: ctypes.c_int8, torch.uint8: ctypes.c_uint8, torch.float32: ctypes.c_float,
-    torch.bool: ctypes.c_bool,
-}
-_CAST_NAMES = {"int64": torch.int64, "long": torch.int64, "int32": torch.int32, "int": torch.int32,
-               "int16": torch.int16, "short": torch.int16, "int8": torch.int8, "uint8": torch.uint8,
-               "float32": torch.float32, "float": torch.float32, "fp32": torch.float32,
-               "float16": torch.float16, "half": torch.float16, "fp16": torch.float16,
-               "bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "bool": torch.bool}
-
-
-class MetalEmulatorError(RuntimeError):
-    """A kernel broke a Metal rule the emulator checks (divergence, bounds, limits)."""
+MAX_THREADS_PER_THREADGROUP = 1024   # Apple GPUs' limit; a kernel may lower it with an attribute
+THREAD_EXECUTION_WIDTH = 32
+_CASTS = {"fp16": torch.float16, "bf16": torch.bfloat16, "int32": torch.int32, "int16": torch.int16,
+          "int8": torch.int8, "uint8": torch.uint8}
 
 
 # ------------------------------------------------------------------ schedules
@@ -101,283 +79,278 @@ def schedule(name: str, seed: int = 0):
         _sched.name, _sched.seed = old
 
 
-# ------------------------------------------------------------------ parsing
-@dataclass(frozen=True)
-class _Param:
-    type: str
-    name: str
-    buffer: int | None      # [[buffer(i)]]
-    builtin: str | None     # attribute name of a builtin input
-    writable: bool
-
-
-def _strip_comments(src: str) -> str:
-    src = re.sub(r"/\*.*?\*/", lambda m: "\n" * m.group(0).count("\n"), src, flags=re.S)
-    return re.sub(r"//[^\n]*", "", src)
-
-
-_RAW_TG = re.compile(r"\bthreadgroup\s+(?:const\s+)?[A-Za-z_][\w:<>]*\s+[A-Za-z_]\w*\s*\[")
-
-
-def _check_portable(src: str) -> None:
-    """Reject what the emulator would silently get wrong."""
-    body = _strip_comments(src)
-    for lineno, line in enumerate(body.split("\n"), 1):
-        if line.lstrip().startswith("#"):
-            continue
-        if _RAW_TG.search(line):
-            raise MetalEmulatorError(
-                f"line {lineno} of the source declares a threadgroup array directly; declare it "
-                f"with MUSER_TG_ARRAY(type, name, count) so the emulator can share it between "
-                f"lanes: {line.strip()}")
-
-
-def _split_top(s: str) -> list[str]:
-    parts, depth, cur = [], 0, []
-    for ch in s:
-        if ch in "([<":
-            depth += 1
-        elif ch in ")]>":
-            depth -= 1
-        if ch == "," and depth == 0:
-            parts.append("".join(cur))
-            cur = []
-        else:
-            cur.append(ch)
-    if "".join(cur).strip():
-        parts.append("".join(cur))
-    return parts
-
-
-def _parse_kernels(pre: str) -> dict[str, list[_Param]]:
-    kernels: dict[str, list[_Param]] = {}
-    for m in re.finditer(r"__emu_kernel__\s+void\s+(\w+)\s*\(", pre):
-        i, depth = m.end(), 1
-        while depth:
-            depth += {"(": 1, ")": -1}.get(pre[i], 0)
-            i += 1
-        params = []
-        for raw in _split_top(pre[m.end():i - 1]):
-            attrs = re.findall(r"\[\[\s*(.*?)\s*\]\]", raw)
-            decl = re.sub(r"\[\[.*?\]\]", "", raw).strip()
-            nm = re.search(r"([A-Za-z_]\w*)\s*$", decl)
-            if not nm or not attrs:
-                raise MetalEmulatorError(f"kernel {m.group(1)}: cannot bind parameter {raw.strip()!r} "
-                                         f"(every parameter needs [[buffer(i)]] or a builtin attribute)")
-            ptype = decl[:nm.start()].strip()
-            buf = re.fullmatch(r"buffer\s*\(\s*(\d+)\s*\)", attrs[0])
-            if buf:
-                writable = "*" in ptype and not re.search(r"\bconst\b", ptype.split("*")[0])
-                params.append(_Param(ptype, nm.group(1), int(buf.group(1)), None, writable))
-            elif attrs[0] in _BUILTINS:
-                params.append(_Param(ptype, nm.group(1), None, attrs[0], False))
-            else:
-                raise MetalEmulatorError(f"kernel {m.group(1)}: unsupported attribute [[{attrs[0]}]]")
-        kernels[m.group(1)] = params
-    return kernels
-
-
-def _wrappers(kernels: dict[str, list[_Param]]) -> str:
-    out = ["\n// ---- generated by muser_torch/metal/emulator.py ----"]
-    for name, params in kernels.items():
-        args = []
-        for p in params:
-            if p.buffer is not None:
-                args.append(f"emu_bind<{p.type}>(b[{p.buffer}])")
-            else:
-                args.append(f"emu_attr<{p.type}>({_BUILTINS[p.builtin]})")
-        out.append(f'extern "C" void muser_emu_k_{name}(void** b) {{\n'
-                   f"  EmuLane* L = emu_current_lane(); (void)L; (void)b;\n"
-                   f"  {name}({', '.join(args)});\n}}")
-    return "\n".join(out) + "\n"
-
-
-# ------------------------------------------------------------------ building
-def _cache_root() -> Path:
-    root = os.environ.get("MUSER_METAL_CACHE")
-    if root:
-        return Path(root)
-    home = Path.home() / ".cache" / "muser_torch" / "metal-emu"
+# ------------------------------------------------------------------ arguments
+def _sizes(v, what: str) -> list[int] | None:
+    """optional_vec_from_pyobject: None, an int, or a sequence of 1 to 3 sizes."""
+    if v is None:
+        return None
+    vals = [v] if isinstance(v, int) else list(v)
+    if not 0 < len(vals) < 4:
+        raise RuntimeError(f"{what} must have 1 to 3 dimensions, got {len(vals)}")
     try:
-        home.mkdir(parents=True, exist_ok=True)
-        if os.access(home, os.W_OK):
-            return home
-    except OSError:
-        pass
-    return Path(tempfile.gettempdir()) / f"muser_torch-metal-emu-{os.getuid()}"
+        vals = [operator.index(x) for x in vals]
+    except TypeError:
+        raise TypeError(f"{what} must be integers, got {vals}") from None
+    if any(x < 1 for x in vals):
+        # Metal's dispatchThreads takes no empty grid (the emulator refuses rather than guess).
+        raise ValueError(f"{what} must be positive, got {vals}")
+    return vals
 
 
-def _run(cmd: list[str], what: str, cwd: Path | None = None) -> str:
-    r = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd)
-    if r.returncode:
-        raise MetalEmulatorError(f"{what} failed ({' '.join(cmd[:3])} ...):\n{r.stderr[-6000:]}")
-    return r.stderr
+def _caster(arg_casts) -> tuple[str, dict[int, str]]:
+    if arg_casts is None:
+        return "", {}
+    if isinstance(arg_casts, str):
+        return arg_casts, {}
+    if isinstance(arg_casts, dict):
+        if any(not isinstance(k, int) or k < 0 or not isinstance(v, str) for k, v in arg_casts.items()):
+            raise RuntimeError(f"arg_casts must map argument indices to cast names, got {arg_casts!r}")
+        return "", dict(arg_casts)
+    raise RuntimeError(f"Unexpected caster arg type {type(arg_casts).__name__}")
 
 
-def _digest(*parts: str) -> str:
-    h = hashlib.sha256()
-    for p in parts:
-        h.update(p.encode())
-        h.update(b"\0")
-    return h.hexdigest()[:24]
+class _Bytes:
+    """A setBytes argument: its bytes, element kind ('i' | 'f'), element size, values."""
+
+    def __init__(self, t: torch.Tensor, kind: str):
+        self.raw = t.contiguous().view(torch.uint8).numpy().tobytes()
+        self.kind, self.elem, self.values = kind, t.element_size(), t.tolist()
+        self.describe = ""
 
 
-def _runtime_object(root: Path) -> Path:
-    key = _digest(_SHIM.read_text(), _RUNTIME.read_text(), _CXX, *_CFLAGS)
-    obj = root / f"runtime-{key}.o"
-    if not obj.exists():
-        root.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=root) as tmp:
-            tmp_obj = Path(tmp) / "runtime.o"
-            _run([_CXX, *_CFLAGS, "-I", str(_HERE), "-c", str(_RUNTIME), "-o", str(tmp_obj)],
-                 "compiling the emulator runtime")
-            os.replace(tmp_obj, obj)
-    return obj
+def _scalar_bytes(name: str, i: int, a, cast: str) -> _Bytes:
+    if isinstance(a, (list, tuple)):
+        if not a:
+            raise RuntimeError("Empty list/tuple can not be an argument to metal kernel")
+        if isinstance(a[0], int):
+            if not all(isinstance(x, int) for x in a):
+                raise RuntimeError(f"{name}: argument {i}: a list that starts with an int must hold only ints")
+            t, kind = torch.tensor(a, dtype=torch.int64), "i"
+        elif isinstance(a[0], float):
+            t, kind = torch.tensor(a, dtype=torch.float32), "f"
+        else:
+            raise RuntimeError("Unexpected argument types")
+        what = f"a list of {len(a)} {'ints' if kind == 'i' else 'floats'}"
+    elif isinstance(a, float):
+        t, kind, what = torch.tensor([a], dtype=torch.float32), "f", "a Python float"
+    elif isinstance(a, int):
+        t, kind, what = torch.tensor([int(a)], dtype=torch.int64), "i", "a Python int"
+    else:
+        raise RuntimeError(f"Unsupported argument type {type(a).__name__} (argument {i} of {name})")
+    if cast:
+        if cast not in _CASTS:
+            raise RuntimeError(f"Unsupported cast instruction {cast}")
+        if _CASTS[cast].is_floating_point and kind == "i":
+            t = t.to(torch.float32)      # c10::Half / BFloat16 are built from a float
+        t, kind = t.to(_CASTS[cast]), "f" if _CASTS[cast].is_floating_point else "i"
+    b = _Bytes(t, kind)
+    b.describe = f"{what} bound as {str(t.dtype).replace('torch.', '')}"
+    return b
 
 
-def _build(source: str) -> tuple[Path, dict[str, list[_Param]]]:
-    _check_portable(source)
-    root = _cache_root()
-    key = _digest(source, _SHIM.read_text(), _RUNTIME.read_text(), Path(__file__).read_text(),
-                  _CXX, *_CFLAGS)
-    out = root / key
-    lib, meta = out / "kernels.so", out / "kernels.json"
-    if lib.exists() and meta.exists():
-        raw = json.loads(meta.read_text())
-        return lib, {k: [_Param(**p) for p in v] for k, v in raw.items()}
-    runtime = _runtime_object(root)
-    root.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=root) as tmp:
-        tmp = Path(tmp)
-        (tmp / "source.metal").write_text(source)
-        (tmp / "metal_stdlib").write_text("// the shim is force-included instead\n")
-        # Run in tmp with a relative name so call sites read "source.metal:LINE"
-        # (ops/mps.py adds #line directives naming the real files).
-        warnings = _run([_CXX, *_CFLAGS, "-E", "-x", "c++", "-I", ".", "-I", str(_HERE),
-                         "-include", "metal_shim.h", "source.metal", "-o", "source.ii"],
-                        "preprocessing the Metal source", cwd=tmp)
-        if "MUSER_TG_ARRAY" in warnings and "redefined" in warnings:
-            raise MetalEmulatorError(
-                "the source redefines MUSER_TG_ARRAY; guard its Metal definition with "
-                "#ifndef MUSER_TG_ARRAY so the emulator's shared version is used")
-        pre = (tmp / "source.ii").read_text()
-        kernels = _parse_kernels(pre)
-        if not kernels:
-            raise MetalEmulatorError("the source defines no kernel functions")
-        (tmp / "unit.cpp").write_text("#define __emu_kernel__\n#include \"source.ii\"\n" + _wrappers(kernels))
-        _run([_CXX, *_CFLAGS, "-shared", "-I", str(tmp), "-I", str(_HERE), str(tmp / "unit.cpp"),
-              str(runtime), "-o", str(tmp / "kernels.so")], "compiling the Metal source with g++")
-        (tmp / "kernels.json").write_text(json.dumps(
-            {k: [p.__dict__ for p in v] for k, v in kernels.items()}))
-        out.mkdir(parents=True, exist_ok=True)
-        os.replace(tmp / "kernels.json", meta)
-        os.replace(tmp / "kernels.so", lib)
-    return lib, kernels
+def _check_scalar(kname: str, i: int, b: _Bytes, decl: str, meta) -> None:
+    """Refuse bytes the parameter would misread."""
+    cat, size, indirect = meta.category.decode(), meta.elem_bytes, meta.indirect
+    elem_size = size // max(1, meta.lanes)
+    where = f"{kname}: argument {i} ({b.describe}) for parameter '{decl}'"
+    if cat == "o":
+        if indirect == 2 and len(b.raw) < size:
+            raise MetalEmulatorError(f"{where}: the parameter reads {size} bytes, the argument has {len(b.raw)}")
+        return
+    if (cat == "f") != (b.kind == "f"):
+        given, read = ("an integer", "a float") if b.kind == "i" else ("a float", "an integer")
+        raise MetalEmulatorError(f"{where}: Metal would read the bits of {given} as {read}; pass the other kind "
+                                 f"or use arg_casts")
+    if indirect == 2 and len(b.raw) < size:
+        raise MetalEmulatorError(f"{where}: the parameter reads {size} bytes, the argument has {len(b.raw)}")
+    if elem_size != b.elem:
+        if indirect == 2 and meta.lanes == 1 and len(b.values) == 1 and b.kind == "i" and elem_size < b.elem:
+            lo, hi = (-(1 << (8 * elem_size - 1)), (1 << (8 * elem_size - 1)) - 1) if cat == "i" else \
+                (0, (1 << (8 * elem_size)) - 1)
+            if cat == "b":
+                lo, hi = 0, 1
+            if lo <= b.values[0] <= hi:
+                return       # little-endian: the parameter reads the low bytes, which hold the value
+            raise MetalEmulatorError(f"{where}: {b.values[0]} does not fit the parameter's {elem_size} bytes")
+        raise MetalEmulatorError(f"{where}: elements of {b.elem} bytes, the parameter reads elements of "
+                                 f"{elem_size}; use arg_casts")
 
 
-# ------------------------------------------------------------------ running
-def _dims(v, what: str) -> tuple[int, int, int]:
-    if isinstance(v, int):
-        v = (v,)
-    v = tuple(int(x) for x in v)
-    if not 1 <= len(v) <= 3 or any(x < 1 for x in v):
-        raise ValueError(f"{what} must be 1 to 3 positive sizes, got {v}")
-    return v + (1,) * (3 - len(v))
+class _Meta(ctypes.Structure):
+    _fields_ = [("indirect", ctypes.c_int), ("writable", ctypes.c_int), ("elem_bytes", ctypes.c_int),
+                ("category", ctypes.c_char), ("lanes", ctypes.c_int)]
 
 
+# ------------------------------------------------------------------ kernels
 class _Kernel:
-    def __init__(self, lib: "_Library", name: str, params: list[_Param]):
-        self._lib, self.name, self._params = lib, name, params
-        self._fn = ctypes.cast(getattr(lib._dll, f"muser_emu_k_{name}"), ctypes.c_void_p)
-        self._n_buffers = 1 + max((p.buffer for p in params if p.buffer is not None), default=-1)
-        self._writable = {p.buffer for p in params if p.writable}
+    def __init__(self, lib: "_Library", n: int, info: Kernel):
+        self._lib, self.name, self._info = lib, info.host_name, info
+        dll = lib._dll
+        self._fn = ctypes.cast(getattr(dll, f"muser_emu_k_{n}"), ctypes.c_void_p)
+        metas = (_Meta * (len(info.params) + 1))()
+        arity = getattr(dll, f"muser_emu_m_{n}")(metas)
+        if arity != len(info.params):
+            raise MetalCompileError(f"{self.name}: the emulator read {len(info.params)} parameters, C++ sees {arity}")
+        self._meta = list(metas)[:arity]
+        for p, m in zip(info.params, self._meta):
+            if p.kind == "buffer" and m.indirect == 0:
+                raise MetalCompileError(f"{info.file}:{info.line}: parameter '{p.decl}' of {self.name} binds a "
+                                        f"buffer but is neither a pointer nor a reference")
+        self._buffers = {p.index: (p, m) for p, m in zip(info.params, self._meta) if p.kind == "buffer"}
+        self._n_buffers = 1 + max(self._buffers, default=-1)
+        self._tg_params = sorted(p.index for p in info.params if p.kind == "threadgroup")
+        self._static_tg: int | None = None
 
-    def __call__(self, *args, threads=None, group_size=None, arg_casts=None):
+    @property
+    def max_threads_per_threadgroup(self) -> int:
+        return self._info.max_threads or MAX_THREADS_PER_THREADGROUP
+
+    @property
+    def thread_execution_width(self) -> int:
+        return THREAD_EXECUTION_WIDTH
+
+    @property
+    def static_thread_group_memory_length(self) -> int:
+        """Threadgroup memory the kernel's declarations took in its last dispatch
+        (the emulator learns it by running the kernel; Metal knows it at compile time)."""
+        if self._static_tg is None:
+            raise MetalEmulatorError(f"{self.name}: the emulator knows the threadgroup memory length only after "
+                                     f"a dispatch")
+        return self._static_tg
+
+    def __call__(self, *args, threads=None, group_size=None, arg_casts=None, error_buf_idx=None,
+                 threadgroup_memory=None):
+        threads, group = _sizes(threads, "threads"), _sizes(group_size, "group_size")
+        default_cast, cast_map = _caster(arg_casts)
+        if error_buf_idx is not None:
+            raise MetalEmulatorError(f"{self.name}: error_buf_idx (PyTorch's TORCH_CHECK error buffer) is not "
+                                     f"supported by the emulator")
         if len(args) != self._n_buffers:
             raise TypeError(f"{self.name} binds {self._n_buffers} buffers, got {len(args)} arguments")
-        casts = {int(k): (_CAST_NAMES[v] if isinstance(v, str) else v)
-                 for k, v in (arg_casts or {}).items()}
         if threads is None:
             first = next((a for a in args if isinstance(a, torch.Tensor)), None)
             if first is None:
-                raise TypeError(f"{self.name}: threads= is required when no tensor is passed")
-            threads = first.numel()
-        grid = _dims(threads, "threads")
-        group = _dims(group_size if group_size is not None else min(grid[0], 1024), "group_size")
+                raise RuntimeError("Number of threads is undefined or has wrong dimension")
+            threads = _sizes(first.numel(), "threads (the first tensor's numel)")
+        if group is not None and len(group) != len(threads):
+            raise RuntimeError(f"size and group_size must have same number of dimensions (threads {threads}, "
+                               f"group_size {group})")
+        limit = self.max_threads_per_threadgroup
+        if group is None:
+            group = [min(threads[0], limit)] if len(threads) == 1 else [limit]
+        grid3 = threads + [1] * (3 - len(threads))
+        group3 = group + [1] * (3 - len(group))
+        if group3[0] * group3[1] * group3[2] > limit:
+            raise ValueError(f"Threadgroup size exceeds {limit} limit")
+        tg_bytes = [0] * (max(self._tg_params, default=-1) + 1)
+        for t in self._tg_params:
+            n = (threadgroup_memory or {}).get(t)
+            if not n:
+                raise MetalEmulatorError(
+                    f"{self.name}: [[threadgroup({t})]] needs a threadgroup memory length, which "
+                    f"torch.mps.compile_shader never sets (setThreadgroupMemoryLength); the emulator takes "
+                    f"threadgroup_memory={{{t}: bytes}}")
+            tg_bytes[t] = int(n)
         with _DISPATCH_LOCK:
-            self._dispatch(args, casts, grid, group)
+            self._dispatch(args, default_cast, cast_map, grid3, group3, tg_bytes)
 
-    def _dispatch(self, args, casts, grid, group):
+    # One guarded buffer per distinct tensor (identical tensors share one), copied
+    # back if any parameter bound to it can write; the rest become read-only.
+    def _dispatch(self, args, default_cast, cast_map, grid, group, tg_bytes):
         dll = self._lib._dll
         bufs = (ctypes.c_void_p * max(1, len(args)))()
-        held: list[tuple[int, int, torch.Tensor | None]] = []
+        live: list[int] = []
+        tensors: dict[tuple[int, int], list] = {}      # (address, bytes) -> [buffer, tensor, writable, arg]
+
+        def alloc(raw, nbytes: int, align: int, index: int) -> int:
+            ptr = dll.emu_buffer_alloc(nbytes, align, index)
+            if not ptr:
+                raise MemoryError(f"{self.name}: cannot map a guarded buffer of {nbytes} bytes")
+            live.append(ptr)
+            if nbytes:
+                ctypes.memmove(ptr, raw, nbytes)
+            return ptr
+
+        def tensor_buffer(i: int, t: torch.Tensor, writable: bool) -> int:
+            if t.device.type != "cpu":
+                raise ValueError(f"{self.name}: argument {i} is on {t.device}; the emulator runs CPU tensors")
+            if not t.is_contiguous():
+                raise ValueError(f"{self.name}: argument {i} must be contiguous (compile_shader binds the raw "
+                                 f"storage, ignoring strides)")
+            nbytes = t.numel() * t.element_size()
+            key = (t.data_ptr(), nbytes)
+            if key not in tensors:
+                for (lo, n), entry in tensors.items():
+                    if nbytes and n and t.data_ptr() < lo + n and lo < t.data_ptr() + nbytes:
+                        raise MetalEmulatorError(f"{self.name}: arguments {entry[3]} and {i} overlap in memory; "
+                                                 f"the emulator copies each argument and cannot model partial "
+                                                 f"aliasing")
+                tensors[key] = [alloc(t.data_ptr(), nbytes, max(1, t.element_size()), i), t, False, i]
+            tensors[key][2] |= writable
+            return tensors[key][0]
+
         try:
             for i, a in enumerate(args):
-                data, nbytes, align = self._marshal(i, a, casts.get(i))
-                ptr = dll.emu_buffer_alloc(nbytes, align, i)
-                if not ptr:
-                    raise MemoryError(f"{self.name}: cannot map a guarded buffer of {nbytes} bytes")
-                if nbytes:
-                    ctypes.memmove(ptr, data, nbytes)
-                bufs[i] = ptr
-                held.append((ptr, nbytes, a if isinstance(a, torch.Tensor) and i in self._writable else None))
+                if isinstance(a, torch.Tensor):
+                    bufs[i] = tensor_buffer(i, a, i in self._buffers and bool(self._buffers[i][1].writable))
+                elif isinstance(a, (list, tuple)) and a and isinstance(a[0], torch.Tensor):
+                    if not all(isinstance(t, torch.Tensor) for t in a):
+                        raise RuntimeError(f"{self.name}: argument {i}: a list that starts with a tensor must "
+                                           f"hold only tensors")
+                    # The kernel can reach these tensors only through addresses: all writable.
+                    ptrs = [tensor_buffer(i, t, True) for t in a]
+                    bufs[i] = alloc((ctypes.c_uint64 * len(ptrs))(*ptrs), 8 * len(ptrs), 8, i)
+                else:
+                    b = _scalar_bytes(self.name, i, a, cast_map.get(i, default_cast))
+                    if i in self._buffers:
+                        p, m = self._buffers[i]
+                        _check_scalar(self.name, i, b, p.decl, m)
+                    bufs[i] = alloc(b.raw, len(b.raw), b.elem, i)
+                    dll.emu_buffer_protect(ctypes.c_void_p(bufs[i]))
+            for ptr, _, writable, _ in tensors.values():
+                if not writable:
+                    dll.emu_buffer_protect(ctypes.c_void_p(ptr))
             name, seed = _current_schedule()
             err = ctypes.create_string_buffer(2048)
-            g3, t3 = (ctypes.c_uint * 3)(*grid), (ctypes.c_uint * 3)(*group)
-            rc = dll.emu_dispatch(self._fn, self.name.encode(), bufs, g3, t3, SCHEDULES.index(name),
-                                  ctypes.c_uint64(seed), err, len(err))
+            high = ctypes.c_uint64(0)
+            tgb = (ctypes.c_uint64 * max(1, len(tg_bytes)))(*tg_bytes)
+            rc = dll.emu_dispatch(self._fn, self.name.encode(), bufs, (ctypes.c_uint * 3)(*grid),
+                                  (ctypes.c_uint * 3)(*group), SCHEDULES.index(name), ctypes.c_uint64(seed),
+                                  tgb, len(tg_bytes), ctypes.byref(high), err, len(err))
             if rc:
                 raise MetalEmulatorError(err.value.decode(errors="replace"))
-            for ptr, nbytes, t in held:
-                if t is not None and nbytes:
-                    ctypes.memmove(t.data_ptr(), ptr, nbytes)
+            self._static_tg = int(high.value) - sum(tg_bytes)
+            for ptr, t, writable, _ in tensors.values():
+                if writable and t.numel():
+                    ctypes.memmove(t.data_ptr(), ptr, t.numel() * t.element_size())
         finally:
-            for ptr, _, _ in held:
+            for ptr in live:
                 dll.emu_buffer_free(ctypes.c_void_p(ptr))
-
-    def _marshal(self, i: int, a, cast):
-        """(address or bytes, nbytes, alignment) of argument i."""
-        if isinstance(a, torch.Tensor):
-            if a.device.type != "cpu":
-                raise ValueError(f"{self.name}: argument {i} is on {a.device}; the emulator runs CPU tensors")
-            if not a.is_contiguous():
-                raise ValueError(f"{self.name}: argument {i} must be contiguous (compile_shader binds the "
-                                 f"raw storage, ignoring strides)")
-            return a.data_ptr(), a.numel() * a.element_size(), max(1, a.element_size())
-        if isinstance(a, (list, tuple)):
-            t = torch.tensor(a, dtype=cast or (torch.float32 if any(isinstance(x, float) for x in a)
-                                               else torch.int64))
-            raw = t.numpy().tobytes()
-            return raw, len(raw), t.element_size()
-        if isinstance(a, bool) or isinstance(a, (int, float)):
-            dtype = cast or (torch.bool if isinstance(a, bool) else
-                             torch.int64 if isinstance(a, int) else torch.float32)
-            raw = torch.tensor([a], dtype=dtype).view(torch.uint8).numpy().tobytes()
-            return raw, len(raw), len(raw)
-        raise TypeError(f"{self.name}: argument {i} has unsupported type {type(a).__name__}")
 
 
 class _Library:
-    def __init__(self, path: Path, kernels: dict[str, list[_Param]]):
-        self._dll = ctypes.CDLL(str(path))
-        self._dll.emu_buffer_alloc.restype = ctypes.c_void_p
-        self._dll.emu_buffer_alloc.argtypes = [ctypes.c_size_t, ctypes.c_size_t, ctypes.c_int]
-        self._dll.emu_buffer_free.argtypes = [ctypes.c_void_p]
-        self._dll.emu_dispatch.restype = ctypes.c_int
-        self._dll.emu_dispatch.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p,
-                                           ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
-                                           ctypes.c_uint64, ctypes.c_char_p, ctypes.c_int]
-        self._kernels = kernels
+    def __init__(self, path, kernels: list[Kernel]):
+        self._dll = dll = ctypes.CDLL(str(path))
+        dll.emu_buffer_alloc.restype = ctypes.c_void_p
+        dll.emu_buffer_alloc.argtypes = [ctypes.c_size_t, ctypes.c_size_t, ctypes.c_int]
+        dll.emu_buffer_free.argtypes = [ctypes.c_void_p]
+        dll.emu_buffer_protect.argtypes = [ctypes.c_void_p]
+        dll.emu_dispatch.restype = ctypes.c_int
+        dll.emu_dispatch.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p, ctypes.c_void_p,
+                                     ctypes.c_void_p, ctypes.c_int, ctypes.c_uint64, ctypes.c_void_p, ctypes.c_int,
+                                     ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int]
+        self._kernels = {k.host_name: (n, k) for n, k in enumerate(kernels)}
         self._cache: dict[str, _Kernel] = {}
 
     def __getattr__(self, name: str) -> _Kernel:
-        if name.startswith("_"):
+        if name.startswith("__"):
             raise AttributeError(name)
         if name not in self._kernels:
-            raise AttributeError(f"the Metal library has no kernel {name!r}")
+            raise RuntimeError(f"Failed to create function state object for: {name} (the library has "
+                               f"{', '.join(sorted(self._kernels)) or 'no kernels'})")
         k = self._cache.get(name)
         if k is None:
-            k = self._cache[name] = _Kernel(self, name, self._kernels[name])
+            k = self._cache[name] = _Kernel(self, *self._kernels[name])
         return k
 
     def __dir__(self):
@@ -391,9 +364,22 @@ _DISPATCH_LOCK = threading.Lock()   # the runtime keeps one dispatch's state in 
 
 def compile_shader(source: str) -> _Library:
     """Compile MSL ``source`` for the CPU emulator (cached); see the module docstring."""
+    fast = os.environ.get("PYTORCH_MPS_FAST_MATH")
+    if fast is not None and fast != "0":
+        raise MetalEmulatorError("PYTORCH_MPS_FAST_MATH is set: PyTorch would compile with fast math, which the "
+                                 "emulator does not model (it runs safe math); unset it")
     key = hashlib.sha256(source.encode()).hexdigest()
     with _LOCK:
         lib = _LIBS.get(key)
         if lib is None:
-            lib = _LIBS[key] = _Library(*_build(source))
+            check_source(source)
+            lib = _LIBS[key] = _Library(*build(_embed_torch_headers(source)))
         return lib
+
+
+def _embed_torch_headers(source: str) -> str:
+    """What torch.mps.compile_shader does first: inline #include <c10/metal/...> and
+    other headers found under torch's include directory."""
+    from torch.utils._cpp_embed_headers import _embed_headers
+    include = Path(torch.__file__).resolve().parent / "include"
+    return _embed_headers([line + "\n" for line in source.split("\n")], [include], set())

@@ -1,11 +1,13 @@
 """Metal kernels for the ``muser`` ops (``torch.mps.compile_shader``).
 
 The .metal sources in ``muser_torch/csrc/metal`` are concatenated behind a
-generated prelude that #defines the block geometry (from
-``formats/types.py``) and the launch geometry below, compiled once, and their
-kernel objects cached. ``qmatmul`` picks a rung by token count
-(:func:`rung_for`): ``mv`` for one token, ``ext`` for 2..8 (weights read once
-for all tokens), ``mm`` (simdgroup-matrix tiles) above. See ``docs/metal.md``.
+generated prelude that #defines every block's geometry and field offsets
+(``formats.layout.c_header``) and the launch geometry below, compiled once,
+and their kernel objects cached. ``SUPPORTED`` is the set of weight types
+with Metal kernels; ``LADDER`` is the qmatmul ladder, rung -> kernel by token
+count (:func:`rung_for`): ``mv`` for one token, ``ext`` for 2..8 (weights
+read once for all tokens), ``mm`` (simdgroup-matrix tiles) above. Every type
+also has a ``dequant`` and an ``embed`` kernel. See ``docs/metal.md``.
 
 With ``MUSER_METAL=emulate`` the same functions run on CPU tensors through
 ``muser_torch.metal.emulator``, which mirrors ``compile_shader``'s calling
@@ -15,21 +17,27 @@ from __future__ import annotations
 
 import functools
 import os
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 
-from ..formats.types import K_SCALE_SIZE, NVFP4_GROUP, QK_K, GGMLType
+from ..formats.layout import c_header
+from ..formats.types import GGMLType
 
 __all__ = ["qmatmul", "dequantize", "embedding", "kernel_name", "rung_for", "source",
-           "ACCELERATED", "RUNGS"]
+           "SUPPORTED", "LADDER", "KERNEL_KINDS"]
 
 _SRC_DIR = Path(__file__).resolve().parent.parent / "csrc" / "metal"
-_FILES = ("common.metal", "kquant.metal", "nvfp4.metal", "f16.metal")
+_FILES = ("common.metal", "kquant.metal", "legacy.metal", "nvfp4.metal", "floats.metal")
 
-# Types with Metal kernels, and the order the tests sweep them in.
-ACCELERATED = (GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K, GGMLType.NVFP4_E2M1, GGMLType.F16)
-RUNGS = ("mv", "ext", "mm", "dequant", "embed")
+# The weight types with Metal kernels (each file's MUSER_DEFINE_KERNELS lines;
+# a test checks the compiled library has exactly these).
+SUPPORTED = frozenset({
+    GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0,
+    GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K, GGMLType.NVFP4_E2M1, GGMLType.F16, GGMLType.BF16,
+})
 
 # Launch geometry, #defined into the source (common.metal static_asserts it).
 CHUNK = 16             # elements every decoder produces at once
@@ -41,37 +49,58 @@ MV_THREADS = MV_SIMDGROUPS * MV_LANES
 MAX_EXT_TOKENS = 8     # the ext rung covers 2..8 tokens
 MM_BM, MM_BN, MM_BK, MM_THREADS = 32, 32, 64, 128
 FLAT_GROUP = 256       # dequant / embed: one thread per chunk
+SIMD_WIDTH = 32        # the kernels assume 32-lane simdgroups
 
 
-def rung_for(n_tok: int) -> str:
-    """The qmatmul rung for ``n_tok`` activation rows (the dispatch ladder)."""
-    if n_tok <= 1:
-        return "mv"
-    if n_tok <= MAX_EXT_TOKENS:
-        return "ext"
-    return "mm"
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
 
 
-def kernel_name(qtype: "GGMLType | int", rung: str) -> str:
-    """The kernel for (type, rung); common.metal's MUSER_DEFINE_KERNELS names them alike."""
+@dataclass(frozen=True)
+class Rung:
+    """One qmatmul kernel: the largest token count it takes (None: any above
+    the rung before) and its launch, threads and group size for (n_tok, n_out)."""
+    kernel: str
+    max_tokens: int | None
+    launch: Callable[[int, int], tuple[tuple[int, ...], tuple[int, ...]]]
+
+
+def _rows_launch(n_tok: int, n_out: int):
+    return (_cdiv(n_out, MV_ROWS_PER_GROUP) * MV_THREADS,), (MV_THREADS,)
+
+
+def _tiles_launch(n_tok: int, n_out: int):
+    # x: token tiles (fastest), y: row tiles; see matmul_impl.
+    return (_cdiv(n_tok, MM_BN) * MM_THREADS, _cdiv(n_out, MM_BM)), (MM_THREADS, 1)
+
+
+LADDER = (
+    Rung("mv", 1, _rows_launch),
+    Rung("ext", MAX_EXT_TOKENS, _rows_launch),
+    Rung("mm", None, _tiles_launch),
+)
+# Every kernel a supported type has: the ladder's rungs, dequantize, embedding.
+KERNEL_KINDS = tuple(r.kernel for r in LADDER) + ("dequant", "embed")
+_GROUP_OF = {"mv": MV_THREADS, "ext": MV_THREADS, "mm": MM_THREADS, "dequant": FLAT_GROUP, "embed": FLAT_GROUP}
+
+
+def rung_for(n_tok: int) -> Rung:
+    """The qmatmul rung for ``n_tok`` activation rows (the first that takes them)."""
+    return next(r for r in LADDER if r.max_tokens is None or n_tok <= r.max_tokens)
+
+
+def kernel_name(qtype: "GGMLType | int", kind: str) -> str:
+    """The kernel for (type, kind); common.metal's MUSER_DEFINE_KERNELS names them alike."""
     qt = GGMLType.parse(qtype)
-    if qt not in ACCELERATED:
+    if qt not in SUPPORTED:
         raise ValueError(f"{qt.name} has no Metal kernels")
-    if rung not in RUNGS:
-        raise ValueError(f"unknown rung {rung!r}; expected one of {RUNGS}")
-    return f"muser_{rung}_{qt.name.lower()}"
+    if kind not in KERNEL_KINDS:
+        raise ValueError(f"unknown kernel kind {kind!r}; expected one of {KERNEL_KINDS}")
+    return f"muser_{kind}_{qt.name.lower()}"
 
 
 def _prelude() -> str:
     defines = {
-        "MUSER_QK_K": QK_K,
-        "MUSER_K_SCALE_SIZE": K_SCALE_SIZE,
-        "MUSER_Q4_K_BYTES": GGMLType.Q4_K.block_bytes,
-        "MUSER_Q5_K_BYTES": GGMLType.Q5_K.block_bytes,
-        "MUSER_Q6_K_BYTES": GGMLType.Q6_K.block_bytes,
-        "MUSER_NVFP4_GROUP": NVFP4_GROUP,
-        "MUSER_NVFP4_E2M1_BYTES": GGMLType.NVFP4_E2M1.block_bytes,
-        "MUSER_F16_BYTES": GGMLType.F16.block_bytes,
         "MUSER_CHUNK": CHUNK,
         "MUSER_MV_SIMDGROUPS": MV_SIMDGROUPS,
         "MUSER_MV_LANES": MV_LANES,
@@ -81,7 +110,8 @@ def _prelude() -> str:
         "MUSER_MM_BM": MM_BM, "MUSER_MM_BN": MM_BN, "MUSER_MM_BK": MM_BK,
         "MUSER_MM_THREADS": MM_THREADS,
     }
-    lines = ["// generated by muser_torch/ops/mps.py from formats/types.py"]
+    lines = ["// generated by muser_torch/ops/mps.py: block layouts from formats/layout.py, then launch geometry",
+             c_header("MUSER_").rstrip()]
     lines += [f"#define {k} {v}" for k, v in defines.items()]
     return "\n".join(lines) + "\n"
 
@@ -105,6 +135,13 @@ def _emulating() -> bool:
 def _compile(src: str, emulate: bool):
     """The one seam between real Metal and the CPU emulator: both return a
     library whose attributes are kernels with compile_shader's calling convention."""
+    fast = os.environ.get("PYTORCH_MPS_FAST_MATH")
+    if fast is not None and fast != "0":
+        # PyTorch compiles with safe math unless this is set; the E4M3 decoder's
+        # NaN branch, the -0.0 table entries and the bit identity of mv and ext
+        # depend on safe math.
+        raise RuntimeError("muser: PYTORCH_MPS_FAST_MATH is set; the Metal kernels need safe math "
+                           "(unset it, or set it to 0)")
     if emulate:
         from ..metal import emulator
         return emulator.compile_shader(src)
@@ -113,6 +150,17 @@ def _compile(src: str, emulate: bool):
 
 _LIBS: dict[bool, object] = {}
 _KERNELS: dict[tuple[bool, str], object] = {}
+
+
+def _check_limits(k, name: str, kind: str) -> None:
+    """The launch geometry assumes 32-lane simdgroups and groups the pipeline accepts."""
+    width, limit = k.thread_execution_width, k.max_threads_per_threadgroup
+    if width != SIMD_WIDTH:
+        raise RuntimeError(f"muser: {name} runs with {width}-wide simdgroups; the Metal kernels assume "
+                           f"{SIMD_WIDTH}")
+    if limit < _GROUP_OF[kind]:
+        raise RuntimeError(f"muser: {name} allows {limit} threads per threadgroup; it is launched with "
+                           f"{_GROUP_OF[kind]}")
 
 
 def _kernel(device: torch.device, name: str, op: str):
@@ -128,7 +176,9 @@ def _kernel(device: torch.device, name: str, op: str):
         if lib is None:
             lib = _LIBS[emulate] = _compile(source(), emulate)
         # compile_shader builds a new wrapper per attribute access: keep one.
-        k = _KERNELS[(emulate, name)] = getattr(lib, name)
+        k = getattr(lib, name)
+        _check_limits(k, name, name.split("_")[1])
+        _KERNELS[(emulate, name)] = k
     return k
 
 
@@ -136,9 +186,9 @@ def _kernel(device: torch.device, name: str, op: str):
 
 def _fence(op: str, qtype, n_in: int) -> GGMLType:
     qt = GGMLType.parse(qtype)
-    if qt not in ACCELERATED:
+    if qt not in SUPPORTED:
         raise ValueError(f"muser.{op} on Metal: {qt.name} has no Metal kernel (Metal runs "
-                         f"{', '.join(t.name for t in ACCELERATED)}; use the CPU for others)")
+                         f"{', '.join(t.name for t in sorted(SUPPORTED))}; use the CPU for others)")
     if n_in % CHUNK:
         raise ValueError(f"muser.{op} on Metal: n_in={n_in} must be a multiple of {CHUNK} "
                          f"for {qt.name}")
@@ -160,6 +210,14 @@ def _weights(qt: GGMLType, packed, scales, scale_2):
     return W, W, _one(packed.device)
 
 
+def _flat_threads(op: str, rows: int, n_in: int) -> int:
+    """One thread per chunk; the kernels index chunks with 32-bit integers."""
+    n = rows * (n_in // CHUNK)
+    if n >= 1 << 32:
+        raise ValueError(f"muser.{op} on Metal: {rows} rows of {n_in} make {n} chunks; at most 2^32 - 1 per call")
+    return n
+
+
 # ---- the ops ------------------------------------------------------------------------------
 
 def qmatmul(x, packed, qtype, n_out, n_in, scales=None, scale_2=None):
@@ -172,15 +230,9 @@ def qmatmul(x, packed, qtype, n_out, n_in, scales=None, scale_2=None):
     if n_tok:
         W, S, S2 = _weights(qt, packed, scales, scale_2)
         rung = rung_for(n_tok)
-        k = _kernel(x.device, kernel_name(qt, rung), "qmatmul")
-        if rung == "mm":
-            # x: token tiles (fastest), y: row tiles; see matmul_impl.
-            k(W, S, S2, xf, y, n_out, n_in, n_tok,
-              threads=(-(-n_tok // MM_BN) * MM_THREADS, -(-n_out // MM_BM)), group_size=(MM_THREADS, 1))
-        else:
-            groups = -(-n_out // MV_ROWS_PER_GROUP)
-            k(W, S, S2, xf, y, n_out, n_in, n_tok, threads=groups * MV_THREADS,
-              group_size=MV_THREADS)
+        k = _kernel(x.device, kernel_name(qt, rung.kernel), "qmatmul")
+        threads, group = rung.launch(n_tok, n_out)
+        k(W, S, S2, xf, y, n_out, n_in, n_tok, threads=threads, group_size=group)
     return y.reshape(*lead, n_out).to(x.dtype)
 
 
@@ -190,7 +242,7 @@ def dequantize(packed, qtype, n_out, n_in, scales=None, scale_2=None):
     out = torch.empty(n_out, n_in, dtype=torch.float32, device=packed.device)
     W, S, S2 = _weights(qt, packed, scales, scale_2)
     k = _kernel(packed.device, kernel_name(qt, "dequant"), "dequantize")
-    k(W, S, S2, out, n_out, n_in, threads=n_out * (n_in // CHUNK), group_size=FLAT_GROUP)
+    k(W, S, S2, out, n_out, n_in, threads=_flat_threads("dequantize", n_out, n_in), group_size=FLAT_GROUP)
     return out
 
 
@@ -204,7 +256,7 @@ def embedding(ids, packed, qtype, n_out, n_in, scales=None, scale_2=None):
         check_ids_in_range("embedding", flat, n_out)   # the kernel reads rows unchecked
         W, S, S2 = _weights(qt, packed, scales, scale_2)
         k = _kernel(packed.device, kernel_name(qt, "embed"), "embedding")
-        k(W, S, S2, flat, out, flat.numel(), n_in, threads=flat.numel() * (n_in // CHUNK),
+        k(W, S, S2, flat, out, flat.numel(), n_in, threads=_flat_threads("embedding", flat.numel(), n_in),
           group_size=FLAT_GROUP)
     return out.reshape(*ids.shape, n_in)
 

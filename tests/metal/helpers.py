@@ -4,37 +4,45 @@ Shared by test_kernels.py (emulated) and test_mps.py (real MPS). Every call
 draws fresh data from a seed the test reports in its assertion messages."""
 from __future__ import annotations
 
+import os
 import random
 
 import torch
 
 from muser_torch import GGMLType
 from muser_torch.formats import dequantize_reference as ref_dequantize
+from muser_torch.ops.mps import SUPPORTED
 
-# (type, n_out, n_in): n_out never a multiple of the 4 rows of an mv threadgroup
-# or the 32 of an mm tile; NVFP4/F16 n_in leaves a partial 64-wide K step.
-SHAPES = [
-    (GGMLType.Q4_K, 37, 512),
-    (GGMLType.Q5_K, 13, 256),
-    (GGMLType.Q6_K, 7, 512),
-    (GGMLType.NVFP4_E2M1, 13, 208),
-    (GGMLType.F16, 7, 80),
-]
+# (n_out, n_in) per type: n_out never a multiple of the 4 rows of an mv
+# threadgroup or the 32 of an mm tile; most n_in leave a partial 64-wide K step.
+SHAPE_OF = {
+    GGMLType.Q4_K: (37, 512), GGMLType.Q5_K: (13, 256), GGMLType.Q6_K: (7, 512),
+    GGMLType.NVFP4_E2M1: (13, 208), GGMLType.F16: (7, 80), GGMLType.BF16: (7, 80),
+    GGMLType.Q4_0: (11, 96), GGMLType.Q4_1: (9, 160), GGMLType.Q5_0: (13, 224), GGMLType.Q5_1: (7, 288),
+    GGMLType.Q8_0: (19, 96),
+}
+# The tests sweep exactly ops.mps.SUPPORTED (a type without a shape above fails here).
+SHAPES = [(t, *SHAPE_OF[t]) for t in sorted(SUPPORTED)]
+IDS = [f"{t.name}-{o}x{i}" for t, o, i in SHAPES]
 TOKEN_COUNTS = (1, 2, 3, 4, 5, 8, 9, 16, 17, 64)
 
 
 def fresh_seed() -> int:
-    return random.SystemRandom().randrange(1 << 31)
+    """A fresh random seed, or MUSER_TEST_SEED to replay one."""
+    fixed = os.environ.get("MUSER_TEST_SEED")
+    return int(fixed) if fixed else random.SystemRandom().randrange(1 << 31)
 
 
 def random_weights(qtype: GGMLType, n_out: int, n_in: int, seed: int, device="cpu"):
     """(packed, scales, scale_2) with finite, varied values; scales/scale_2 are None
-    except for NVFP4_E2M1."""
+    except for NVFP4_E2M1. Block formats are random bytes whose f16 fields (found
+    in the layout table) hold small scales: positive, except Q4_1/Q5_1's offset m."""
     g = torch.Generator().manual_seed(seed)
     scales = scale_2 = None
-    if qtype is GGMLType.F16:
+    if qtype in (GGMLType.F16, GGMLType.BF16):
         w = torch.randn(n_out, n_in, generator=g) * 2.0
-        packed = w.to(torch.float16).view(torch.uint8).reshape(n_out, 2 * n_in)
+        dtype = torch.float16 if qtype is GGMLType.F16 else torch.bfloat16
+        packed = w.to(dtype).view(torch.uint8).reshape(n_out, 2 * n_in)
     elif qtype is GGMLType.NVFP4_E2M1:
         packed = torch.randint(0, 256, (n_out, n_in // 2), generator=g, dtype=torch.uint8)
         # E4M3FN scales over 2^-6 .. 2^5 of both signs, never the NaN code 0x7F.
@@ -46,11 +54,11 @@ def random_weights(qtype: GGMLType, n_out: int, n_in: int, seed: int, device="cp
     else:
         nb = n_in // qtype.block_elems
         raw = torch.randint(0, 256, (n_out * nb, qtype.block_bytes), generator=g, dtype=torch.uint8)
-        d = (torch.rand(n_out * nb, 2, generator=g) * 0.02 + 0.001).to(torch.float16)
-        if qtype is GGMLType.Q6_K:
-            raw[:, 208:210] = d[:, :1].contiguous().view(torch.uint8)
-        else:
-            raw[:, 0:4] = d.contiguous().view(torch.uint8).reshape(-1, 4)
+        for f in qtype.layout.fields:
+            if f.kind == "f16":
+                v = torch.rand(n_out * nb, 1, generator=g) * 0.02
+                v = v - 0.01 if f.name == "m" else v + 0.001
+                raw[:, f.offset:f.offset + 2] = v.to(torch.float16).view(torch.uint8)
         packed = raw.reshape(n_out, nb * qtype.block_bytes)
     to = lambda t: None if t is None else t.to(device)  # noqa: E731
     return to(packed), to(scales), to(scale_2)

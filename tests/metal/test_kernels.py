@@ -10,24 +10,38 @@ from muser_torch import GGMLType
 from muser_torch.metal import emulator
 from muser_torch.ops import mps
 
-from .helpers import SHAPES, TOKEN_COUNTS, fresh_seed, random_weights, reference, rel_err
+from .helpers import IDS, SHAPE_OF, SHAPES, TOKEN_COUNTS, fresh_seed, random_weights, reference, rel_err
 
 pytestmark = pytest.mark.usefixtures("emulate")
-IDS = [f"{t.name}-{o}x{i}" for t, o, i in SHAPES]
+
+
+def test_the_tests_cover_every_supported_type():
+    assert {t for t, _, _ in SHAPES} == mps.SUPPORTED == set(SHAPE_OF)
 
 
 def test_every_type_and_rung_has_its_kernel():
     lib = mps._compile(mps.source(), emulate=True)
     names = set(dir(lib))
-    for qt in mps.ACCELERATED:
-        for rung in mps.RUNGS:
-            assert mps.kernel_name(qt, rung) in names, (qt, rung)
-    assert len(names) == len(mps.ACCELERATED) * len(mps.RUNGS)
+    for qt in mps.SUPPORTED:
+        for kind in mps.KERNEL_KINDS:
+            assert mps.kernel_name(qt, kind) in names, (qt, kind)
+    assert len(names) == len(mps.SUPPORTED) * len(mps.KERNEL_KINDS)
 
 
 def test_ladder():
-    assert [mps.rung_for(n) for n in TOKEN_COUNTS] == \
+    assert [mps.rung_for(n).kernel for n in TOKEN_COUNTS] == \
         ["mv", "ext", "ext", "ext", "ext", "ext", "mm", "mm", "mm", "mm"]
+    assert [r.kernel for r in mps.LADDER] == ["mv", "ext", "mm"]
+
+
+def test_the_source_is_ascii_and_plain_msl():
+    """PyTorch hands the source to Metal as ASCII; the prelude carries the layout
+    table's offsets; nothing emulator-specific is left in the kernels."""
+    src = mps.source()
+    assert src.isascii()
+    from muser_torch.formats.layout import c_header
+    assert c_header("MUSER_").rstrip() in src
+    assert "MUSER_TG_ARRAY" not in src and "emu_" not in src
 
 
 @pytest.mark.parametrize("qtype,n_out,n_in", SHAPES, ids=IDS)
@@ -42,7 +56,7 @@ def test_qmatmul_every_rung(qtype, n_out, n_in, lane_schedule):
         ref = x.double() @ w.T
         assert y.shape == (n_tok, n_out) and y.dtype == torch.float32
         err = rel_err(y, ref)
-        assert err < 1e-5, (f"{qtype.name} rung {mps.rung_for(n_tok)} n_tok={n_tok} schedule="
+        assert err < 1e-5, (f"{qtype.name} rung {mps.rung_for(n_tok).kernel} n_tok={n_tok} schedule="
                             f"{lane_schedule}: rel err {err:.3g} (seed {seed})")
 
 
@@ -70,10 +84,11 @@ def test_embedding_reads_requested_rows(qtype, n_out, n_in, lane_schedule):
     assert torch.equal(got, want), f"{qtype.name}: embedding rows differ (seed {seed}, schedule {lane_schedule})"
 
 
-@pytest.mark.parametrize("qtype,n_out,n_in", SHAPES[:1] + SHAPES[3:4], ids=IDS[:1] + IDS[3:4])
-def test_ext_rung_pins_matvec_order(qtype, n_out, n_in):
+@pytest.mark.parametrize("qtype", [GGMLType.Q4_K, GGMLType.NVFP4_E2M1, GGMLType.Q5_1], ids=lambda t: t.name)
+def test_ext_rung_pins_matvec_order(qtype):
     """The 2..8-token rung reduces each token exactly as the 1-token rung does
     (same chunk order, same simd_sum tree), so its rows are bit-identical."""
+    n_out, n_in = SHAPE_OF[qtype]
     seed = fresh_seed()
     packed, scales, scale_2 = random_weights(qtype, n_out, n_in, seed)
     x = torch.randn(5, n_in, generator=torch.Generator().manual_seed(seed))
@@ -83,10 +98,11 @@ def test_ext_rung_pins_matvec_order(qtype, n_out, n_in):
         assert torch.equal(batch[t], one[0]), f"token {t} (seed {seed})"
 
 
+@pytest.mark.parametrize("qtype", [GGMLType.Q4_K, GGMLType.Q8_0], ids=lambda t: t.name)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_qmatmul_keeps_activation_dtype_and_leading_dims(dtype):
+def test_qmatmul_keeps_activation_dtype_and_leading_dims(dtype, qtype):
     seed = fresh_seed()
-    qtype, n_out, n_in = SHAPES[0]
+    n_out, n_in = SHAPE_OF[qtype]
     packed, scales, scale_2 = random_weights(qtype, n_out, n_in, seed)
     x = torch.randn(2, 3, n_in, generator=torch.Generator().manual_seed(seed)).to(dtype)
     y = mps.qmatmul(x, packed, int(qtype), n_out, n_in)
@@ -99,11 +115,13 @@ def test_emulator_catches_a_missing_barrier_in_the_tiled_matmul(lane_schedule):
     """Delete the barrier between filling the tiles and multiplying them: the
     emulated mm kernel must then go wrong under every schedule."""
     barrier = "    threadgroup_barrier(mem_flags::mem_threadgroup);\n    for (int kk"
-    src = mps.source()
-    assert barrier in src
+    src, cut = mps.source(), '#line 1 "legacy.metal"'
+    assert barrier in src and cut in src
+    src = src.split(cut)[0]          # the prelude, the shared loops and the K-quants: enough for muser_mm_q4_k
     lib = emulator.compile_shader(src.replace(barrier, "    for (int kk"))
     seed = fresh_seed()
-    qtype, n_out, n_in = SHAPES[0]
+    qtype = GGMLType.Q4_K
+    n_out, n_in = SHAPE_OF[qtype]
     packed, _, _ = random_weights(qtype, n_out, n_in, seed)
     x = torch.randn(17, n_in, generator=torch.Generator().manual_seed(seed))
     y = torch.zeros(17, n_out)
@@ -114,16 +132,37 @@ def test_emulator_catches_a_missing_barrier_in_the_tiled_matmul(lane_schedule):
 
 
 def test_types_outside_the_fence_raise():
-    packed = torch.zeros(4, 18, dtype=torch.uint8)
-    with pytest.raises(ValueError, match=r"Q4_0 has no Metal kernel"):
-        mps.qmatmul(torch.zeros(1, 32), packed, int(GGMLType.Q4_0), 4, 32)
+    packed = torch.zeros(4, 36, dtype=torch.uint8)           # llama.cpp's NVFP4: 64-element blocks
+    with pytest.raises(ValueError, match=r"NVFP4 has no Metal kernel"):
+        mps.qmatmul(torch.zeros(1, 64), packed, int(GGMLType.NVFP4), 4, 64)
     with pytest.raises(ValueError, match=r"multiple of 16"):
         mps.dequantize(torch.zeros(2, 20, dtype=torch.uint8), int(GGMLType.F16), 2, 10)
 
 
+def test_fast_math_is_refused(monkeypatch):
+    monkeypatch.setenv("PYTORCH_MPS_FAST_MATH", "1")
+    with pytest.raises(RuntimeError, match="PYTORCH_MPS_FAST_MATH is set; the Metal kernels need safe math"):
+        mps._compile(mps.source(), emulate=True)
+
+
+def test_gpu_limits_are_checked_on_first_use():
+    class Narrow:
+        thread_execution_width, max_threads_per_threadgroup = 16, 1024
+
+    class Small:
+        thread_execution_width, max_threads_per_threadgroup = 32, 96
+
+    with pytest.raises(RuntimeError, match="16-wide simdgroups; the Metal kernels assume 32"):
+        mps._check_limits(Narrow(), "muser_mv_q4_k", "mv")
+    mps._check_limits(Small(), "muser_mv_q4_k", "mv")
+    with pytest.raises(RuntimeError, match="allows 96 threads per threadgroup; it is launched with 128"):
+        mps._check_limits(Small(), "muser_mm_q4_k", "mm")
+
+
 def test_cpu_tensors_need_emulate_mode(monkeypatch):
     monkeypatch.delenv("MUSER_METAL")
-    qtype, n_out, n_in = SHAPES[0]
+    qtype = GGMLType.Q4_K
+    n_out, n_in = SHAPE_OF[qtype]
     packed, _, _ = random_weights(qtype, n_out, n_in, 0)
     with pytest.raises(ValueError, match="MUSER_METAL=emulate"):
         mps.dequantize(packed, int(qtype), n_out, n_in)

@@ -2,11 +2,12 @@
 (skipped elsewhere). The kernels run through the registered "mps" kernels of
 the muser ops, compiled by torch.mps.compile_shader.
 
-Real Metal compiles with fast math by default, which may contract
-`scale * q - shift` into an fma; where the two terms nearly cancel that
-changes the result by up to an ulp of the product, so dequantize is held to
-a tolerance scaled by the matrix's largest value there instead of the
-emulator's bit equality."""
+PyTorch compiles with safe math (fast math only with PYTORCH_MPS_FAST_MATH=1,
+which muser refuses). Whether Metal's safe mode still contracts
+`scale * q - shift` or `q * d + m` into an fma is not documented; where the
+two terms nearly cancel a contraction changes the result by up to an ulp of
+the product, so dequantize is held to a tolerance scaled by the matrix's
+largest value here instead of the emulator's bit equality."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -17,10 +18,9 @@ import torch
 import muser_torch.ops as ops
 from muser_torch import GGMLType
 
-from .helpers import SHAPES, TOKEN_COUNTS, fresh_seed, random_weights, reference, rel_err
+from .helpers import IDS, SHAPES, TOKEN_COUNTS, fresh_seed, random_weights, reference, rel_err
 
 pytestmark = pytest.mark.skipif(not torch.backends.mps.is_available(), reason="needs an MPS device")
-IDS = [f"{t.name}-{o}x{i}" for t, o, i in SHAPES]
 DEMO = Path(__file__).resolve().parents[2] / "models" / "glimmer-demo-q4_k_xl.gguf"
 
 
@@ -52,9 +52,9 @@ def test_dequantize_and_embedding(qtype, n_out, n_in):
 
 
 def test_types_outside_the_fence_raise():
-    packed = torch.zeros(4, 18, dtype=torch.uint8, device="mps")
-    with pytest.raises(ValueError, match="Q4_0 has no Metal kernel"):
-        ops.qmatmul(torch.zeros(1, 32, device="mps"), packed, GGMLType.Q4_0, 4, 32)
+    packed = torch.zeros(4, 36, dtype=torch.uint8, device="mps")   # llama.cpp's NVFP4
+    with pytest.raises(ValueError, match="NVFP4 has no Metal kernel"):
+        ops.qmatmul(torch.zeros(1, 64, device="mps"), packed, GGMLType.NVFP4, 4, 64)
 
 
 def test_demo_logits_match_cpu():

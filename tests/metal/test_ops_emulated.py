@@ -9,14 +9,15 @@ import muser_torch.ops as ops
 from muser_torch import GGMLType
 from muser_torch.ops import mps
 
-from .helpers import SHAPES, fresh_seed, random_weights, reference, rel_err
+from .helpers import SHAPE_OF, fresh_seed, random_weights, reference, rel_err
 
 pytestmark = pytest.mark.usefixtures("emulate")
 
 
 def test_ops_route_through_the_emulator(monkeypatch):
     seed = fresh_seed()
-    qtype, n_out, n_in = SHAPES[3]                      # NVFP4_E2M1: companions travel too
+    qtype = GGMLType.NVFP4_E2M1                           # companions travel too
+    n_out, n_in = SHAPE_OF[qtype]
     packed, scales, scale_2 = random_weights(qtype, n_out, n_in, seed)
     ran = []
     kernel = mps._kernel
@@ -33,13 +34,14 @@ def test_ops_route_through_the_emulator(monkeypatch):
 
 def test_opcheck_qmatmul_emulated():
     seed = fresh_seed()
-    qtype, n_out, n_in = SHAPES[1]
+    qtype = GGMLType.Q5_K
+    n_out, n_in = SHAPE_OF[qtype]
     packed, _, _ = random_weights(qtype, n_out, n_in, seed)
     x = torch.randn(2, n_in, generator=torch.Generator().manual_seed(seed))
     torch.library.opcheck(torch.ops.muser.qmatmul.default, (x, packed, int(qtype), n_out, n_in, None, None))
 
 
 def test_emulate_mode_keeps_the_fence_for_other_types():
-    packed = torch.zeros(4, 34, dtype=torch.uint8)
-    with pytest.raises(ValueError, match="Q8_0 has no Metal kernel"):
-        ops.qmatmul(torch.zeros(1, 32), packed, GGMLType.Q8_0, 4, 32)
+    packed = torch.zeros(4, 36, dtype=torch.uint8)           # llama.cpp's NVFP4: 64-element blocks
+    with pytest.raises(ValueError, match="NVFP4 has no Metal kernel"):
+        ops.qmatmul(torch.zeros(1, 64), packed, GGMLType.NVFP4, 4, 64)

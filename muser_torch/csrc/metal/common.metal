@@ -1,27 +1,24 @@
 // common.metal: the loops every weight format shares.
 //
-// ops/mps.py compiles prelude + common.metal + kquant.metal + nvfp4.metal +
-// f16.metal as one source. The prelude #defines the block geometry from
-// muser_torch/formats/types.py (MUSER_QK_K, MUSER_Q4_K_BYTES, ...) and the
-// launch geometry the host uses (MUSER_CHUNK, MUSER_MV_*, MUSER_MM_*); the
-// static_asserts below and beside each block struct check the two agree.
+// ops/mps.py compiles prelude + common.metal + the format files (kquant,
+// legacy, nvfp4, floats) as one source. The prelude #defines every block's
+// geometry and field offsets from muser_torch/formats/layout.py (MUSER_Q4_K_BYTES,
+// MUSER_Q4_K_QS, ...: c_header) and the launch geometry the host uses
+// (MUSER_CHUNK, MUSER_MV_*, MUSER_MM_*); the static_asserts check what the
+// code below and the decoders assume of them.
 //
 // A format is a struct F with
 //   static long row_bytes(long n_in);
 //   static void chunk(device const uchar *row, device const uchar *srow,
-//                     float scale_2, long c, thread float *w);
+//                     float scale_2, uint c, thread float *w);
 // where chunk() writes elements 16c .. 16c+15 of one row, exactly as
 // muser_torch.dequantize computes them (float32, same operation order).
 // `srow` is the row's NVFP4 scale bytes and `scale_2` the global scale; other
 // formats ignore both. Every loop below walks a row in these chunks, so only
-// the decode differs per format.
+// the decode differs per format. Chunk and row indices are 32-bit (Apple GPUs
+// have no native 64-bit divide); byte offsets are 64-bit.
 #include <metal_stdlib>
 using namespace metal;
-
-#ifndef MUSER_TG_ARRAY
-// One threadgroup array (the CPU emulator's shim defines its own).
-#define MUSER_TG_ARRAY(T, name, n) threadgroup T name[n]
-#endif
 
 static_assert(MUSER_CHUNK == 16, "decoders produce 16-element chunks");
 static_assert(MUSER_MV_LANES == 32, "a simdgroup is 32 lanes");
@@ -33,6 +30,9 @@ static_assert(MUSER_MM_BK == 4 * MUSER_CHUNK, "each mm thread decodes one chunk 
 static_assert((MUSER_MM_BK * MUSER_MM_BM + MUSER_MM_BN * MUSER_MM_BK) * 4 <= 32768,
               "mm tiles must fit Metal's 32 KiB of threadgroup memory");
 static_assert(MUSER_MM_BN * MUSER_MM_BM <= MUSER_MM_BN * MUSER_MM_BK, "the output tile reuses xs");
+
+// A block field: the f16 at byte `offset` (offsets stay even: the layouts keep halfs aligned).
+inline float f16_at(device const uchar *blk, int offset) { return float(*(device const half *)(blk + offset)); }
 
 // Sequential 16-term dot product: the per-chunk step of every reduction.
 inline float dot_chunk(thread const float *w, thread const float *x) {
@@ -49,12 +49,12 @@ inline void load_chunk(device const float *p, thread float *x) {
 template <class F>
 inline void dequant_impl(device const uchar *W, device const uchar *S, device const float *S2,
                          device float *out, long n_out, long n_in, uint gid) {
-  const long nch = n_in / MUSER_CHUNK;
-  const long r = long(gid) / nch, c = long(gid) % nch;
+  const uint nch = uint(n_in / MUSER_CHUNK);
+  const uint r = gid / nch, c = gid % nch;
   if (r >= n_out) return;
   float w[MUSER_CHUNK];
-  F::chunk(W + r * F::row_bytes(n_in), S + r * nch, S2[0], c, w);
-  device float *o = out + r * n_in + c * MUSER_CHUNK;
+  F::chunk(W + long(r) * F::row_bytes(n_in), S + long(r) * nch, S2[0], c, w);
+  device float *o = out + long(r) * n_in + long(c) * MUSER_CHUNK;
   for (int i = 0; i < MUSER_CHUNK; ++i) o[i] = w[i];
 }
 
@@ -62,13 +62,13 @@ inline void dequant_impl(device const uchar *W, device const uchar *S, device co
 template <class F>
 inline void embed_impl(device const uchar *W, device const uchar *S, device const float *S2,
                        device const long *ids, device float *out, long n_ids, long n_in, uint gid) {
-  const long nch = n_in / MUSER_CHUNK;
-  const long k = long(gid) / nch, c = long(gid) % nch;
+  const uint nch = uint(n_in / MUSER_CHUNK);
+  const uint k = gid / nch, c = gid % nch;
   if (k >= n_ids) return;
   const long r = ids[k];  // range-checked by the host
   float w[MUSER_CHUNK];
   F::chunk(W + r * F::row_bytes(n_in), S + r * nch, S2[0], c, w);
-  device float *o = out + k * n_in + c * MUSER_CHUNK;
+  device float *o = out + long(k) * n_in + long(c) * MUSER_CHUNK;
   for (int i = 0; i < MUSER_CHUNK; ++i) o[i] = w[i];
 }
 
@@ -84,14 +84,14 @@ template <class F, int NT>
 inline void matvec_impl(device const uchar *W, device const uchar *S, device const float *S2,
                         device const float *x, device float *y, long n_out, long n_in, long n_tok,
                         uint tg, ushort sg, ushort lane) {
-  const long nch = n_in / MUSER_CHUNK;
+  const uint nch = uint(n_in / MUSER_CHUNK);
   const long rb = F::row_bytes(n_in);
   const long r0 = (long(tg) * MUSER_MV_SIMDGROUPS + sg) * MUSER_MV_ROWS;
   const float s2 = S2[0];
   float acc[NT][MUSER_MV_ROWS];
   for (int t = 0; t < NT; ++t)
     for (int j = 0; j < MUSER_MV_ROWS; ++j) acc[t][j] = 0.0f;
-  for (long c = lane; c < nch; c += MUSER_MV_LANES) {
+  for (uint c = lane; c < nch; c += MUSER_MV_LANES) {
     float w[MUSER_MV_ROWS][MUSER_CHUNK];
     for (int j = 0; j < MUSER_MV_ROWS; ++j) {
       const long r = r0 + j;
@@ -104,7 +104,7 @@ inline void matvec_impl(device const uchar *W, device const uchar *S, device con
     for (int t = 0; t < NT; ++t) {
       if (t < n_tok) {
         float xv[MUSER_CHUNK];
-        load_chunk(x + t * n_in + c * MUSER_CHUNK, xv);
+        load_chunk(x + t * n_in + long(c) * MUSER_CHUNK, xv);
         for (int j = 0; j < MUSER_MV_ROWS; ++j) acc[t][j] += dot_chunk(w[j], xv);
       }
     }
@@ -131,7 +131,7 @@ template <class F>
 inline void matmul_impl(device const uchar *W, device const uchar *S, device const float *S2,
                         device const float *x, device float *y, long n_out, long n_in, long n_tok,
                         uint3 tgpig, ushort tid, threadgroup float *wt, threadgroup float *xs) {
-  const long nch = n_in / MUSER_CHUNK;
+  const uint nch = uint(n_in / MUSER_CHUNK);
   const long rb = F::row_bytes(n_in);
   const long tok0 = long(tgpig.x) * MUSER_MM_BN, row0 = long(tgpig.y) * MUSER_MM_BM;
   const ushort sg = tid / 32;
@@ -143,7 +143,7 @@ inline void matmul_impl(device const uchar *W, device const uchar *S, device con
     for (int b = 0; b < 2; ++b) acc[a][b] = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
 
   for (long k0 = 0; k0 < n_in; k0 += MUSER_MM_BK) {
-    const long c = k0 / MUSER_CHUNK + lc;
+    const uint c = uint(k0 / MUSER_CHUNK) + lc;
     float w[MUSER_CHUNK];
     const long r = row0 + lr;
     if (r < n_out && c < nch) {
@@ -155,7 +155,7 @@ inline void matmul_impl(device const uchar *W, device const uchar *S, device con
     const long t = tok0 + lr;
     for (int i = 0; i < MUSER_CHUNK; ++i)
       xs[lr * MUSER_MM_BK + lc * MUSER_CHUNK + i] =
-          (t < n_tok && c < nch) ? x[t * n_in + c * MUSER_CHUNK + i] : 0.0f;
+          (t < n_tok && c < nch) ? x[t * n_in + long(c) * MUSER_CHUNK + i] : 0.0f;
     threadgroup_barrier(mem_flags::mem_threadgroup);
     for (int kk = 0; kk < MUSER_MM_BK; kk += 8) {
       simdgroup_float8x8 A[2], B[2];
@@ -224,7 +224,7 @@ inline void matmul_impl(device const uchar *W, device const uchar *S, device con
                                constant long &n_tok [[buffer(7)]],                     \
                                uint3 tgpig [[threadgroup_position_in_grid]],           \
                                ushort tid [[thread_index_in_threadgroup]]) {           \
-    MUSER_TG_ARRAY(float, wt, MUSER_MM_BK * MUSER_MM_BM);                              \
-    MUSER_TG_ARRAY(float, xs, MUSER_MM_BN * MUSER_MM_BK);                              \
+    threadgroup float wt[MUSER_MM_BK * MUSER_MM_BM];                                   \
+    threadgroup float xs[MUSER_MM_BN * MUSER_MM_BK];                                   \
     matmul_impl<F>(W, S, S2, x, y, n_out, n_in, n_tok, tgpig, tid, wt, xs);            \
   }

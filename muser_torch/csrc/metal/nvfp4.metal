@@ -4,7 +4,8 @@
 // w = (e2m1(code) * e4m3fn(scale)) * scale_2. Chunk c is scale group c.
 
 static_assert(MUSER_NVFP4_GROUP == MUSER_CHUNK, "one NVFP4 scale group per chunk");
-static_assert(MUSER_NVFP4_E2M1_BYTES * 2 == MUSER_NVFP4_GROUP, "two codes per payload byte");
+static_assert(MUSER_NVFP4_E2M1_BYTES * 2 == MUSER_NVFP4_GROUP && MUSER_NVFP4_E2M1_QS == 0,
+              "a payload group is its 8 code bytes: two codes per byte");
 
 constant float kE2M1[16] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f,
                             -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
@@ -25,9 +26,9 @@ inline float e4m3fn(uchar b) {
 
 struct FormatNVFP4 {
   static long row_bytes(long n_in) { return n_in / MUSER_NVFP4_GROUP * MUSER_NVFP4_E2M1_BYTES; }
-  static void chunk(device const uchar *row, device const uchar *srow, float scale_2, long c,
+  static void chunk(device const uchar *row, device const uchar *srow, float scale_2, uint c,
                     thread float *w) {
-    device const uchar *q = row + c * MUSER_NVFP4_E2M1_BYTES;
+    device const uchar *q = row + long(c) * MUSER_NVFP4_E2M1_BYTES;
     const float s = e4m3fn(srow[c]);
     for (int i = 0; i < MUSER_NVFP4_E2M1_BYTES; ++i) {
       w[2 * i] = (kE2M1[q[i] & 0x0F] * s) * scale_2;
