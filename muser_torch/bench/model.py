@@ -37,6 +37,13 @@ def register(subparsers) -> None:
     p.add_argument("--batch", type=int, default=1, help="sequences (cache slots) decoded together")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--compile", action="store_true", help="torch.compile the decode step (fullgraph)")
+    p.add_argument("--peers", action="store_true",
+                   help="CPU: load time, peak RSS, prefill and decode tok/s of muser, transformers' "
+                        "GGUF path and llama.cpp on FILE, each in its own process (bench/peers.py)")
+    p.add_argument("--llama-bench", type=Path, default=None,
+                   help="with --peers: a llama.cpp llama-bench binary to time as the llama.cpp peer")
+    p.add_argument("--profile", action="store_true",
+                   help="also print where a decode step's host time goes, per op kind (torch.profiler)")
     add_threads_arg(p)
     p.set_defaults(func=main)
 
@@ -58,6 +65,8 @@ GRAPH_REPS = 4   # bench/cuda_timing.graph_time replays 5 x GRAPH_REPS + 1 times
 
 
 def main(args: argparse.Namespace) -> int:
+    if args.peers:
+        return _peers(args)
     device = resolve_device(args.device)
     apply_threads(args.threads)
     dtype = resolve_dtype(args.dtype, device)
@@ -92,6 +101,8 @@ def main(args: argparse.Namespace) -> int:
             tok = step(tok, slots)[:, -1].argmax(-1, keepdim=True)
         synchronize(device)
         decode_s = time.perf_counter() - t0
+        if args.profile:
+            _profile(lambda: step(tok, slots), device)
         graph_ms = None
         if device.type == "cuda":
             from .cuda_timing import graph_time
@@ -113,3 +124,35 @@ def main(args: argparse.Namespace) -> int:
           f"-> {per_token * steps_per_s / 1e9:.2f} GB/s implied; "
           f"plus {kv / 1e6:.2f} MB of KV cache ({(per_token + kv) * steps_per_s / 1e9:.2f} GB/s in all)")
     return 0
+
+
+def _peers(args: argparse.Namespace) -> int:
+    from . import peers
+    if args.model in ("demo", "seed") or not Path(args.model).is_file():
+        raise ValueError(f"bench model --peers: needs a GGUF file the peers can read, got {args.model!r}")
+    if args.device != "cpu":
+        raise ValueError("bench model --peers: the side-by-side table is measured on the CPU (--device cpu)")
+    if args.llama_bench is not None and not args.llama_bench.is_file():
+        raise ValueError(f"bench model: --llama-bench {args.llama_bench} is not a file")
+    threads = args.threads or torch.get_num_threads()
+    if threads < 1:
+        raise ValueError(f"--threads must be >= 1, got {threads}")
+    peers.run(Path(args.model), threads, args.prompt_len, args.decode, args.llama_bench)
+    return 0
+
+
+def _profile(step, device: torch.device, steps: int = 8) -> None:
+    """Host time of ``steps`` decode steps by op kind (self time, so nothing counts twice)."""
+    from torch.profiler import ProfilerActivity, profile
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=acts) as prof:
+        for _ in range(steps):
+            step()
+        synchronize(device)
+    rows = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
+    total = sum(e.self_cpu_time_total for e in rows) or 1
+    print(f"  where a decode step's host time goes ({steps} steps, self time per step):")
+    print(f"    {'op':40} {'calls':>6} {'us/step':>9} {'share':>6}")
+    for e in rows[:15]:
+        print(f"    {e.key[:40]:40} {e.count // steps:6d} {e.self_cpu_time_total / steps:9.1f} "
+              f"{e.self_cpu_time_total / total:6.1%}")

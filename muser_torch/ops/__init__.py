@@ -36,14 +36,16 @@ order; they are imported here when present and their device is available.
 Registered kernels skip the default implementation, so they should call
 ``check_args`` themselves (the Python wrappers and fake kernels always check).
 
-Metal emulation: with ``MUSER_METAL=emulate`` the CPU path calls
+Metal emulation is chosen explicitly, never by an environment variable:
+inside ``with use_backend("metal-emulator"):`` the CPU path calls
 ``ops/mps.py``'s function of the same name on the CPU tensors, which runs
 the .metal kernels through the CPU emulator (an op mps.py does not define,
-such as ``qmatmul_t``, stays on the CPU kernels); without ops/mps.py the
-setting raises ValueError.
+such as ``qmatmul_t``, stays on the CPU kernels); without ops/mps.py it
+raises ValueError.
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import os
@@ -56,7 +58,8 @@ from ..formats import FLOAT_DTYPES, check_companions, check_packed, companion_ar
 from ..formats.weight import scale_bytes
 from ..formats.types import NEEDS_COMPANIONS, GGMLType
 
-__all__ = ["qmatmul", "qmatmul_t", "dequantize", "embedding", "check_args", "backend"]
+__all__ = ["qmatmul", "qmatmul_t", "dequantize", "embedding", "check_args", "backend",
+           "use_backend", "chosen_backend", "CPU_BACKENDS"]
 
 _INDEX_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
 _COMPANIONS = "Tensor? scales=None, Tensor? scale_2=None"
@@ -131,14 +134,39 @@ def _normalize(where, qtype, scales, scale_2, device):
     return qtype, scales, scale_2
 
 
+# What may run the ops on CPU tensors: the CPU kernels, or the .metal kernels
+# through the emulator (the only evidence for them on a machine without a Mac).
+CPU_BACKENDS = ("native", "metal-emulator")
+_chosen = "native"
+
+
+@contextlib.contextmanager
+def use_backend(name: str):
+    """Within the block, the ops run CPU tensors on backend ``name`` (one of
+    ``CPU_BACKENDS``); ``"metal-emulator"`` runs ops/mps.py's kernels."""
+    global _chosen
+    if name not in CPU_BACKENDS:
+        raise ValueError(f"use_backend: unknown backend {name!r}; expected one of {CPU_BACKENDS}")
+    old, _chosen = _chosen, name
+    try:
+        yield
+    finally:
+        _chosen = old
+
+
+def chosen_backend() -> str:
+    """The CPU backend ``use_backend`` selected ("native" outside any block)."""
+    return _chosen
+
+
 def _backend_for(op: str, device: torch.device):
     """The kernel module for a device with no registered kernel of its own."""
     if device.type != "cpu":
         raise ValueError(f"muser.{op}: no kernel for device {device.type!r} (CPU kernels are "
                          f"built in; cuda and mps need ops/cuda.py or ops/mps.py and the device)")
-    if os.environ.get("MUSER_METAL") == "emulate":
+    if _chosen == "metal-emulator":
         if importlib.util.find_spec(f"{__name__}.mps") is None:
-            raise ValueError(f"muser.{op}: MUSER_METAL=emulate, but muser_torch/ops/mps.py "
+            raise ValueError(f"muser.{op}: use_backend('metal-emulator'), but muser_torch/ops/mps.py "
                              "(the Metal kernels) is not installed")
         from . import mps
         if hasattr(mps, op):
@@ -322,3 +350,8 @@ def _load_backends() -> None:
 
 
 _load_backends()
+if os.environ.get("MUSER_METAL"):
+    # It used to reroute CPU tensors to the emulator; say so rather than ignore it silently.
+    warnings.warn("muser_torch: MUSER_METAL is no longer read; choose the Metal emulator with "
+                  "muser_torch.ops.use_backend('metal-emulator') (CLI: --backend metal-emulator)",
+                  RuntimeWarning, stacklevel=2)

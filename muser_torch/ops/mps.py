@@ -9,7 +9,7 @@ count (:func:`rung_for`): ``mv`` for one token, ``ext`` for 2..8 (weights
 read once for all tokens), ``mm`` (simdgroup-matrix tiles) above. Every type
 also has a ``dequant`` and an ``embed`` kernel. See ``docs/metal.md``.
 
-With ``MUSER_METAL=emulate`` the same functions run on CPU tensors through
+Inside ``ops.use_backend("metal-emulator")`` the same functions run on CPU tensors through
 ``muser_torch.metal.emulator``, which mirrors ``compile_shader``'s calling
 convention: :func:`_compile` is the only place the two differ.
 """
@@ -129,7 +129,8 @@ def source() -> str:
 # ---- compiling and caching --------------------------------------------------------------
 
 def _emulating() -> bool:
-    return os.environ.get("MUSER_METAL") == "emulate"
+    from . import chosen_backend      # ops/__init__ imports this module
+    return chosen_backend() == "metal-emulator"
 
 
 def _compile(src: str, emulate: bool):
@@ -167,7 +168,7 @@ def _kernel(device: torch.device, name: str, op: str):
     emulate = device.type == "cpu"
     if emulate and not _emulating():
         raise ValueError(f"muser.{op}: the Metal kernels run on mps tensors, or on CPU tensors "
-                         f"with MUSER_METAL=emulate; got a {device.type} tensor")
+                         f"inside ops.use_backend('metal-emulator'); got a {device.type} tensor")
     if not emulate and device.type != "mps":
         raise ValueError(f"muser.{op}: the Metal kernels need mps tensors, got {device.type}")
     k = _KERNELS.get((emulate, name))

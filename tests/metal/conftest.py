@@ -2,6 +2,7 @@ import random
 
 import pytest
 
+from muser_torch import ops
 from muser_torch.metal import emulator
 
 
@@ -15,5 +16,6 @@ def lane_schedule(request):
 
 
 @pytest.fixture
-def emulate(monkeypatch):
-    monkeypatch.setenv("MUSER_METAL", "emulate")
+def emulate():
+    with ops.use_backend("metal-emulator"):
+        yield

@@ -8,6 +8,7 @@ from dataclasses import replace
 import torch
 
 from muser_torch.glimmer import Glimmer
+from muser_torch import ops
 from muser_torch.ops import mps
 from muser_torch.run import DEMO as DEMOS
 
@@ -28,11 +29,9 @@ def _compare(model: Glimmer, vocab: int, seed: int, monkeypatch) -> None:
     g = torch.Generator().manual_seed(seed)
     for T in (1, 5, 12):
         tokens = torch.randint(0, vocab, (1, T), generator=g)
-        monkeypatch.delenv("MUSER_METAL", raising=False)
         want = model(tokens)
-        monkeypatch.setenv("MUSER_METAL", "emulate")
-        got = model(tokens)
-        monkeypatch.delenv("MUSER_METAL")
+        with ops.use_backend("metal-emulator"):
+            got = model(tokens)
         err = rel_err(got, want)
         assert err < 1e-5, f"T={T}: logits rel err {err:.3g} (seed {seed})"
         assert torch.equal(got.argmax(-1), want.argmax(-1)), f"T={T}: argmax differs (seed {seed})"

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from muser_torch import GGMLType
+from muser_torch import ops
 from muser_torch.metal import emulator
 from muser_torch.ops import mps
 
@@ -159,10 +160,10 @@ def test_gpu_limits_are_checked_on_first_use():
         mps._check_limits(Small(), "muser_mm_q4_k", "mm")
 
 
-def test_cpu_tensors_need_emulate_mode(monkeypatch):
-    monkeypatch.delenv("MUSER_METAL")
+def test_cpu_tensors_need_emulate_mode():
     qtype = GGMLType.Q4_K
     n_out, n_in = SHAPE_OF[qtype]
     packed, _, _ = random_weights(qtype, n_out, n_in, 0)
-    with pytest.raises(ValueError, match="MUSER_METAL=emulate"):
+    with ops.use_backend("native"), \
+            pytest.raises(ValueError, match=r"use_backend\('metal-emulator'\)"):
         mps.dequantize(packed, int(qtype), n_out, n_in)

@@ -1,4 +1,4 @@
-"""The muser ops with MUSER_METAL=emulate: the CPU dispatch hands CPU tensors
+"""The muser ops inside ops.use_backend("metal-emulator"): the CPU dispatch hands CPU tensors
 to ops/mps.py, which runs the .metal kernels through the emulator."""
 from __future__ import annotations
 

@@ -1,0 +1,217 @@
+"""``muser-torch bench model FILE --peers``: muser against transformers' GGUF
+path and llama.cpp on the same file, threads and prompt, side by side.
+
+Each contender runs in a fresh subprocess (this module's ``--one``), so its
+load time and peak RSS are its own: the time from nothing to a model ready
+to run, and the process's high-water resident memory (``ru_maxrss``), which
+for transformers includes the float copies it dequantizes every weight into.
+Then a prefill of ``--prompt-len`` tokens and ``--decode`` greedy decode
+steps, timed on the host clock. The prompt is the same seeded random ids for
+everyone.
+
+llama.cpp comes from ``llama-cpp-python`` when it is installed, or from a
+``llama-bench`` binary given with ``--llama-bench`` (``shared/tools/peers``
+builds one; its own pp/tg tok/s, no load time); otherwise its row says why
+it is absent. Numbers are printed, never asserted.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+CONTENDERS = ("muser", "transformers", "llama.cpp")
+
+
+def _peak_rss_mb(who: int = resource.RUSAGE_SELF) -> float:
+    return resource.getrusage(who).ru_maxrss / 1024      # Linux reports KiB
+
+
+def _prompt(vocab: int, n: int) -> list[int]:
+    import random
+    rng = random.Random(0)
+    return [rng.randrange(10, min(vocab, 30000)) for _ in range(n)]
+
+
+# ---- one contender, in its own process -------------------------------------------
+
+def _run_muser(path: str, threads: int, prompt_len: int, decode: int) -> dict:
+    import torch
+
+    from ..models import from_gguf
+    torch.set_num_threads(threads)
+    t0 = time.perf_counter()
+    model = from_gguf(path, device="cpu", dtype=torch.float32)
+    load_s = time.perf_counter() - t0
+    ids = torch.tensor([_prompt(model.config.vocab_size, prompt_len)])
+    model.setup_cache(1, prompt_len + decode + 1)
+    slots = torch.zeros(1, dtype=torch.long)
+    with torch.no_grad():
+        t0 = time.perf_counter()
+        tok = model(ids, slots, last_only=True)[:, -1].argmax(-1, keepdim=True)
+        prefill_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        for _ in range(decode):
+            tok = model(tok, slots)[:, -1].argmax(-1, keepdim=True)
+        decode_s = time.perf_counter() - t0
+    return {"load_s": load_s, "prefill_tps": prompt_len / prefill_s, "decode_tps": decode / decode_s}
+
+
+def _run_transformers(path: str, threads: int, prompt_len: int, decode: int) -> dict:
+    import torch
+    from transformers import AutoModelForCausalLM
+    torch.set_num_threads(threads)
+    p = Path(path)
+    t0 = time.perf_counter()
+    model = AutoModelForCausalLM.from_pretrained(str(p.parent), gguf_file=p.name,
+                                                 dtype=torch.float32)
+    model.eval()
+    load_s = time.perf_counter() - t0
+    ids = torch.tensor([_prompt(model.config.vocab_size, prompt_len)])
+    with torch.no_grad():
+        t0 = time.perf_counter()
+        out = model(ids, use_cache=True)
+        prefill_s = time.perf_counter() - t0
+        past, tok = out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)
+        t0 = time.perf_counter()
+        for _ in range(decode):
+            out = model(tok, past_key_values=past, use_cache=True)
+            past, tok = out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)
+        decode_s = time.perf_counter() - t0
+    return {"load_s": load_s, "prefill_tps": prompt_len / prefill_s, "decode_tps": decode / decode_s}
+
+
+def _run_llama_cpp(path: str, threads: int, prompt_len: int, decode: int) -> dict:
+    import llama_cpp
+    t0 = time.perf_counter()
+    llm = llama_cpp.Llama(model_path=path, n_threads=threads, n_ctx=prompt_len + decode + 8,
+                          verbose=False)
+    load_s = time.perf_counter() - t0
+    ids = _prompt(llm.n_vocab(), prompt_len)
+    t0 = time.perf_counter()
+    llm.eval(ids)
+    prefill_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    for _ in range(decode):
+        tok = llm.sample(temp=0.0)
+        llm.eval([tok])
+    decode_s = time.perf_counter() - t0
+    return {"load_s": load_s, "prefill_tps": prompt_len / prefill_s, "decode_tps": decode / decode_s}
+
+
+_RUNNERS = {"muser": _run_muser, "transformers": _run_transformers, "llama.cpp": _run_llama_cpp}
+
+
+def _child(argv: list[str]) -> int:
+    """``python -m muser_torch.bench.peers --one NAME PATH THREADS PROMPT DECODE``."""
+    name, path, threads, prompt_len, decode = argv
+    result = _RUNNERS[name](path, int(threads), int(prompt_len), int(decode))
+    result["peak_rss_mb"] = _peak_rss_mb()
+    print("RESULT " + json.dumps(result))
+    return 0
+
+
+# ---- the parent: one subprocess per contender ---------------------------------------
+
+def _measure(name: str, path: Path, threads: int, prompt_len: int, decode: int,
+             timeout_s: float) -> dict:
+    if name == "transformers" and not _importable("transformers"):
+        return {"note": "transformers is not installed (pip install 'muser-torch[hf]')"}
+    if name == "llama.cpp" and not _importable("llama_cpp"):
+        return {"note": "llama-cpp-python is not installed; pass --llama-bench PATH for a native build"}
+    cmd = [sys.executable, "-m", "muser_torch.bench.peers", "--one", name, str(path), str(threads),
+           str(prompt_len), str(decode)]
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    try:
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
+    except subprocess.TimeoutExpired:
+        return {"note": f"did not finish within {timeout_s:.0f} s"}
+    for line in res.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT "):])
+    tail = (res.stderr.strip().splitlines() or ["no output"])[-1]
+    return {"note": f"failed (exit {res.returncode}): {tail[:200]}"}
+
+
+def _llama_bench(binary: Path, path: Path, threads: int, prompt_len: int, decode: int,
+                 timeout_s: float) -> dict:
+    """llama.cpp's own ``llama-bench`` (pp and tg tok/s, mean of 3 repetitions)."""
+    cmd = [str(binary), "-m", str(path), "-t", str(threads), "-p", str(prompt_len),
+           "-n", str(decode), "-r", "3", "-o", "json"]
+    try:
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return {"note": f"llama-bench did not finish within {timeout_s:.0f} s"}
+    try:
+        rows = json.loads(res.stdout)
+    except json.JSONDecodeError:
+        return {"note": f"llama-bench failed (exit {res.returncode})"}
+    out = {"peak_rss_mb": _peak_rss_mb(resource.RUSAGE_CHILDREN), "build": rows[0].get("build_commit")}
+    for row in rows:
+        key = "prefill_tps" if row.get("n_prompt") else "decode_tps"
+        out[key] = float(row["avg_ts"])
+    return out
+
+
+def _importable(module: str) -> bool:
+    import importlib.util
+    return importlib.util.find_spec(module) is not None
+
+
+def _fmt(v, spec: str) -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def run(path: Path, threads: int, prompt_len: int, decode: int, llama_bench: Path | None = None,
+        timeout_s: float = 1800.0) -> dict[str, dict]:
+    """Measure every contender on ``path``; print the table; return the rows."""
+    rows = {}
+    for name in CONTENDERS:
+        if name == "llama.cpp" and llama_bench is not None:
+            rows[name] = _llama_bench(llama_bench, path, threads, prompt_len, decode, timeout_s)
+        else:
+            rows[name] = _measure(name, path, threads, prompt_len, decode, timeout_s)
+    size_mb = path.stat().st_size / 1e6
+    print(f"bench model --peers: {path.name} ({size_mb:.0f} MB), CPU, {threads} threads, "
+          f"prefill {prompt_len} tokens, decode {decode} greedy steps")
+    print(f"  {'':13} {'load s':>8} {'peak RSS MB':>12} {'x file':>7} {'prefill tok/s':>14} "
+          f"{'decode tok/s':>13} {'muser decode / this':>20}")
+    mine = rows["muser"].get("decode_tps")
+    for name, r in rows.items():
+        if "note" in r:
+            print(f"  {name:13} {r['note']}")
+            continue
+        rss = r.get("peak_rss_mb")
+        ratio = None if mine is None or not r.get("decode_tps") else mine / r["decode_tps"]
+        print(f"  {name:13} {_fmt(r.get('load_s'), '8.2f')} {_fmt(rss, '12.0f')} "
+              f"{_fmt(None if rss is None else rss / size_mb, '7.2f')} "
+              f"{_fmt(r.get('prefill_tps'), '14.1f')} {_fmt(r.get('decode_tps'), '13.2f')} "
+              f"{_fmt(ratio, '20.2f')}")
+    if "build" in rows["llama.cpp"]:
+        print(f"  llama.cpp: llama-bench {llama_bench} (build {rows['llama.cpp']['build']}); "
+              "its peak RSS is the largest child process this bench started")
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--one"]:
+        return _child(argv[1:])
+    p = argparse.ArgumentParser(prog="python -m muser_torch.bench.peers")
+    p.add_argument("model", type=Path)
+    p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    p.add_argument("--prompt-len", type=int, default=128)
+    p.add_argument("--decode", type=int, default=64)
+    p.add_argument("--llama-bench", type=Path)
+    a = p.parse_args(argv)
+    run(a.model, a.threads, a.prompt_len, a.decode, a.llama_bench)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
