@@ -415,6 +415,18 @@ class Rung:
 #   fused            4.9-6.5   6.4-9.2   8.2-10.8  9.9-13.1  20.3-29.7  49.5-71.9
 #   gemm             5.7-7.6   5.7-7.9   5.7-7.7   5.8-7.6   9.4-12.5   17.4-23.0
 # and the same at the demo's 256x768 shapes (9 tokens: 48-76 us vs 48-55 us).
+#
+# F16 and BF16 take the native rungs too (they went to the tiles until
+# 2026-12-01): random 2048x2048, native rung vs tiles, best of 15 interleaved,
+# on the 2-core AMD EPYC (AVX2, no AVX-512) host with its neighbours busy, ms:
+#   1 thread (CPU time)  tokens 1       4        8        128
+#   F16  native / tiles     0.80/1.49  1.23/2.65  2.48/5.47  15.5/15.9
+#   BF16 native / tiles     1.00/1.70  1.42/3.24  2.04/3.49  16.3/16.8
+#   2 threads (wall)
+#   F16  native / tiles     1.39/1.92  1.18/84.9  2.34/3.79  56.8/82.6
+#   BF16 native / tiles     0.48/1.09  1.65/25.6  1.67/11.0  61.6/157
+# (the tiles' outliers at 2 threads are torch's OpenMP barrier waiting for a
+# descheduled thread).
 LADDER: tuple[Rung, ...] = (
     Rung("fused", FUSED_MAX_TOKENS, True, _fused),
     Rung("gemm", None, True, _gemm),
