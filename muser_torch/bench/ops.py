@@ -27,9 +27,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..formats.floats import TORCH_DTYPES
-from ..formats.registry import f16_bytes
-from ..formats.types import NEEDS_COMPANIONS, NVFP4_GROUP, GGMLType
+from ..formats import random_weight
+from ..formats.types import GGMLType
 
 
 @dataclass(frozen=True)
@@ -51,45 +50,6 @@ SHAPES = (
     Shape("ffn_down_q6", GGMLType.Q6_K, 19968, 6656),
     Shape("lm_head", GGMLType.Q5_K, 6656, 202048),
 )
-
-# Byte offsets of each block's f16 scale fields (struct order, formats/*.py).
-_F16_FIELDS = {
-    GGMLType.Q4_0: (0,), GGMLType.Q4_1: (0, 2), GGMLType.Q5_0: (0,), GGMLType.Q5_1: (0, 2),
-    GGMLType.Q8_0: (0,), GGMLType.Q4_K: (0, 2), GGMLType.Q5_K: (0, 2), GGMLType.Q6_K: (208,),
-}
-# E4M3 scale bytes between 2^-2 and 2^2: finite, no NaN codes.
-_E4M3_LO, _E4M3_HI = 0x28, 0x48
-
-
-def random_packed(qtype: GGMLType, n_out: int, n_in: int, generator: torch.Generator | None = None,
-                  device: torch.device | str = "cpu"):
-    """Random packed weights ``(packed, scales, scale_2)`` of ``qtype``: random
-    code bytes with sane scale fields (f16 scales of either sign between 2^-10
-    and 2^-4, E4M3 scales between 1/4 and 4), so every value is finite and of
-    realistic size. ``scales``/``scale_2`` are None except for NVFP4_E2M1."""
-    qtype = GGMLType.parse(qtype)
-    g = generator
-    row_bytes = qtype.row_bytes(n_in)
-    scales = scale_2 = None
-    if qtype in TORCH_DTYPES:
-        w = torch.randn(n_out, n_in, generator=g, device=device) * 0.05
-        return w.to(TORCH_DTYPES[qtype]).view(torch.uint8).reshape(n_out, row_bytes), None, None
-    packed = torch.randint(0, 256, (n_out, row_bytes), dtype=torch.uint8, generator=g,
-                           device=device)
-    blocks = packed.view(-1, qtype.block_bytes)
-    for off in _F16_FIELDS.get(qtype, ()):
-        mag = torch.exp2(torch.empty(blocks.shape[0], device=device).uniform_(-10, -4, generator=g))
-        sign = torch.randint(0, 2, (blocks.shape[0],), generator=g, device=device) * 2 - 1
-        blocks[:, off:off + 2] = f16_bytes(mag * sign)
-    if qtype == GGMLType.NVFP4:
-        blocks[:, :4] = torch.randint(_E4M3_LO, _E4M3_HI, (blocks.shape[0], 4), dtype=torch.uint8,
-                                      generator=g, device=device)
-    if qtype in NEEDS_COMPANIONS:
-        scales = torch.randint(_E4M3_LO, _E4M3_HI, (n_out, n_in // NVFP4_GROUP),
-                               dtype=torch.uint8, generator=g, device=device)
-        scale_2 = torch.empty(1, device=device).uniform_(0.005, 0.02, generator=g)
-    return packed, scales, scale_2
-
 
 # ---- measurement ---------------------------------------------------------------------------
 
@@ -161,12 +121,12 @@ def _gguf_baseline(packed: torch.Tensor, qtype: GGMLType, x: torch.Tensor,
 def bench_shape(shape: Shape, tokens: int, device: torch.device, bandwidth: float,
                 baseline_bytes: int, gen: torch.Generator) -> dict:
     from .. import ops
-    packed, scales, scale_2 = random_packed(shape.qtype, shape.n_out, shape.n_in, gen)
+    weight = random_weight(shape.qtype, shape.n_out, shape.n_in, generator=gen)
+    packed = weight.packed
     x = torch.randn(tokens, shape.n_in, generator=gen)
-    nbytes = packed.numel() + (scales.numel() if scales is not None else 0)
-    dx, dp = x.to(device), packed.to(device)
-    ds = None if scales is None else scales.to(device)
-    d2 = None if scale_2 is None else scale_2.to(device)
+    nbytes = packed.numel() + (weight.scales.numel() if weight.scales is not None else 0)
+    dx = x.to(device)
+    dp, _, _, _, ds, d2 = weight.to(device).op_args()
     if device.type != "cpu":
         dx = dx.half()
     if device.type == "cuda":

@@ -3,32 +3,34 @@
 Two paths compute every op, and both are tested against the float64
 reference:
 
-* native: ``cpu_kernels.c``, compiled with the system C compiler on first use
-  (about two seconds, cached under ``~/.cache/muser_torch`` keyed by source,
-  compiler, flags and CPU) and called through ctypes with data pointers. Its
-  block decoders are bit-identical to ``muser_torch.formats.dequantize_reference``. Up
-  to ``FUSED_MAX_TOKENS`` activation rows it runs a fused matmul that reads
-  the packed bytes once: threads take chunks of weight rows, decode each row
-  in registers (Q4_K, Q5_K, Q6_K, NVFP4_E2M1 on AVX2+FMA CPUs) or 256
-  elements at a time into an L1 scratch (every other type), and dot it with
-  groups of up to 8 tokens while it sits in L1.
+* native: the C library in ``cpu_kernels/`` (decoders, thread pool, fused
+  matvec, GEMM), compiled with the system C compiler on first use (about two
+  seconds, one compiler call, cached under ``~/.cache/muser_torch`` keyed by
+  every source file, the generated layout header, compiler, flags and CPU)
+  and called through ctypes with data pointers. Its block decoders are
+  bit-identical to ``muser_torch.formats.dequantize_reference``. It runs every
+  type in ``NATIVE_TYPES`` for every op.
 * torch: the reference dequantizer on row tiles. It is the fallback when no
   compiler is available or ``MUSER_CPU_NATIVE=0``, and serves the types the
-  native library does not decode (F32, F8_E4M3FN). The library decodes F16
-  and BF16 for ``dequantize`` only; their matmuls stay on torch's tiles.
+  native library does not run (F32, F8_E4M3FN).
 
-Above ``FUSED_MAX_TOKENS`` rows the native path runs ``muser_gemm``: a
-register-blocked GEMM that decodes each block of weight rows once, 256 columns
-at a time into an L1 tile, for all tokens (x packed into token panels); the
-torch path dequantizes a tile of weight rows (``TILE_BYTES`` of float32
-scratch) and multiplies it with torch's matmul. Either way the whole float
+``qmatmul`` picks its kernel from ``LADDER`` (rung -> kernel by token count,
+``rung_for``): up to ``FUSED_MAX_TOKENS`` rows the fused kernel reads the
+packed bytes once, threads taking chunks of weight rows, decoding each row in
+registers (Q4_K, Q5_K, Q6_K, NVFP4_E2M1 on AVX2+FMA CPUs) or 256 elements at
+a time into an L1 scratch (every other type), and dotting it with groups of
+up to 8 tokens while it sits in L1; above, ``muser_gemm``, a register-blocked
+GEMM that decodes each block of weight rows once, 256 columns at a time into
+an L1 tile, for all tokens (x packed into token panels); without the library,
+the torch tiles: a tile of weight rows dequantized (``TILE_BYTES`` of float32
+scratch) and multiplied with torch's matmul. Either way the whole float
 matrix never exists. ``qmatmul_t`` (the gradient for x) uses the tiles;
 ``dequantize`` decodes the whole matrix in one call (so each thread fills
 whole pages of a fresh output); ``embedding`` decodes only the rows asked for.
 
 Threads: torch's intra-op count, but at least ``THREAD_MIN_BYTES`` of work per
 thread, run by the library's own pool, whose caller never waits for a helper
-that has not started (see cpu_kernels.c); on a machine shared with other
+that has not started (see cpu_kernels/pool.c); on a machine shared with other
 processes an OpenMP-style barrier there costs a scheduler slice per call.
 Arguments arrive validated by ``muser_torch.ops`` (the op boundary).
 """
@@ -40,42 +42,35 @@ import functools
 import hashlib
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import tempfile
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 
 from ..formats import dequantize_reference as _ref_dequantize
 from ..formats.floats import e4m3fn_table
+from ..formats.layout import c_header as layout_header
 from ..formats.nvfp4 import ue4m3_half_table
 from ..formats.types import GGMLType
 
-NATIVE_MAX_TOKENS = 64         # must match MAX_TOKENS in cpu_kernels.c (the fused kernel's cap)
-# Up to FUSED_MAX_TOKENS rows the fused kernel, above it the native gemm
-# (muser_gemm); the torch tiles only without the library. Chosen by measurement
-# on the 2-core AMD EPYC (AVX-512) dev box, 2026-11-30, best of 5, in ms, random
-# Q4_K / Q6_K / NVFP4_E2M1 at 6656->4096 and 4096->6656 (ranges over the six):
-#   threads tokens   tile (torch mm)   fused, 64-token chunks    gemm
-#   1        65         42-51              53-73                21-29
-#   1       128         66-79             100-137               31-37
-#   1       256        131-140            193-285               60-66
-#   1       512        259-277            404-592              118-127
-#   2        65         23-40              31-42                11-14
-#   2       128         36-52              59-80                16-20
-#   2       256         70-85             117-163               32-35
-#   2       512        138-173            241-327               61-68
-# (with the other core busy, the tiles' OpenMP barrier also stalled: 170-620 ms
-# where gemm took 25-130). At 8 tokens or fewer the fused kernel wins (one
-# weight decode per row); from 9 on gemm does, and the fused kernel's time
-# grows faster than linearly (x no longer fits in L2):
-#   1 thread, tokens    8         9-10       12        16        32        64
-#   fused            4.9-6.5   6.4-9.2   8.2-10.8  9.9-13.1  20.3-29.7  49.5-71.9
-#   gemm             5.7-7.6   5.7-7.9   5.7-7.7   5.8-7.6   9.4-12.5   17.4-23.0
-# and the same at the demo's 256x768 shapes (9 tokens: 48-76 us vs 48-55 us).
-FUSED_MAX_TOKENS = 8
+# The types the native library runs, for every op (dequantize, embedding,
+# qmatmul on each native rung); the library's own table (cpu_kernels/
+# decoders.c) is checked against this set when it loads. Everything else
+# takes the torch tiles.
+NATIVE_TYPES = frozenset({
+    GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0,
+    GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K, GGMLType.NVFP4, GGMLType.NVFP4_E2M1,
+    GGMLType.F16, GGMLType.BF16,
+})
+
+NATIVE_MAX_TOKENS = 64         # the fused kernel's cap (MUSER_MAX_TOKENS in the generated header)
+FUSED_MAX_TOKENS = 8           # the fused rung's top; measured, see LADDER
 TILE_BYTES = 4 << 20           # float32 scratch of the tiled paths
 # Packed (or decoded) bytes per native thread, at least. On a quiet 2-core
 # machine a second thread already pays off at 1 MB: Q6_K 6656->256 (1.4 MB)
@@ -83,7 +78,9 @@ TILE_BYTES = 4 << 20           # float32 scratch of the tiled paths
 # waits for a helper that has not started, so a busy machine loses little.
 THREAD_MIN_BYTES = 512 << 10
 
-_SOURCE = Path(__file__).with_name("cpu_kernels.c")
+_KERNEL_DIR = Path(__file__).with_name("cpu_kernels")
+_HEADER = "muser_layout.h"     # generated into the build directory, included by kernels.h
+_LIB = "libmuser_cpu" + (".dylib" if sys.platform == "darwin" else ".so")
 _native_enabled = os.environ.get("MUSER_CPU_NATIVE", "1") != "0"
 
 
@@ -122,28 +119,55 @@ def _march_flags(cc: str) -> list[str]:
     return [flag] if probe.returncode == 0 else []
 
 
+def kernel_header() -> str:
+    """The generated ``muser_layout.h``: every block's geometry and field offsets
+    (``formats.layout.c_header``), the GGMLType ids as ``MUSER_ID_<TYPE>`` and
+    the fused kernel's token cap. The C uses no other block numbers."""
+    ids = "".join(f"#define MUSER_ID_{t.name} {int(t)}\n" for t in GGMLType)
+    return layout_header("MUSER_") + ids + f"#define MUSER_MAX_TOKENS {NATIVE_MAX_TOKENS}\n"
+
+
+def kernel_sources() -> list[Path]:
+    """Every file the library is built from (the .c files and their headers)."""
+    return sorted(p for p in _KERNEL_DIR.iterdir() if p.suffix in (".c", ".h"))
+
+
+def _compile(cc: str, flags: list[str], sources: list[Path], header: bytes, build: Path) -> None:
+    """Compile every .c file in one call into a fresh directory holding the
+    generated header, then rename it to ``build`` (atomic: concurrent builders
+    race harmlessly, the loser's directory is dropped)."""
+    build.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=build.name + ".", dir=build.parent))
+    try:
+        (tmp / _HEADER).write_bytes(header)
+        c_files = [str(p) for p in sources if p.suffix == ".c"]
+        res = subprocess.run([cc, *flags, f"-I{tmp}", *c_files, "-o", str(tmp / _LIB)],
+                             capture_output=True)
+        if res.returncode:
+            raise OSError(f"{cc} failed: {res.stderr.decode(errors='replace')[-2000:]}")
+        try:
+            os.rename(tmp, build)
+        except OSError:
+            if not (build / _LIB).exists():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def _build() -> ctypes.CDLL:
     cc = _compiler()
     version = subprocess.run([cc, "--version"], capture_output=True, check=True).stdout
-    source = _SOURCE.read_bytes()
+    header = kernel_header().encode()
+    sources = kernel_sources()
     flags = ["-O3", "-fPIC", "-shared", "-pthread", "-ffp-contract=off", "-std=gnu11",
              *_march_flags(cc)]
-    key = hashlib.sha256(b"\0".join([source, version, _cpu_fingerprint().encode(),
-                                     " ".join(flags).encode()])).hexdigest()[:16]
-    out = _cache_dir() / f"cpu_kernels-{key}{'.dylib' if sys.platform == 'darwin' else '.so'}"
-    if not out.exists():
-        out.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(suffix=out.suffix, dir=out.parent)
-        os.close(fd)
-        try:
-            res = subprocess.run([cc, *flags, str(_SOURCE), "-o", tmp], capture_output=True)
-            if res.returncode:
-                raise OSError(f"{cc} failed: {res.stderr.decode(errors='replace')[-2000:]}")
-            os.replace(tmp, out)       # atomic: concurrent builders race harmlessly
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-    lib = ctypes.CDLL(str(out))
+    parts = [header, version, _cpu_fingerprint().encode(), " ".join(flags).encode()]
+    parts += [p.name.encode() + b"\0" + p.read_bytes() for p in sources]
+    key = hashlib.sha256(b"\0".join(parts)).hexdigest()[:16]
+    build = _cache_dir() / f"cpu_kernels-{key}"
+    if not (build / _LIB).exists():
+        _compile(cc, flags, sources, header, build)
+    lib = ctypes.CDLL(str(build / _LIB))
     p, i, i64, f = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float
     lib.muser_geometry.argtypes = [i, i, i]
     lib.muser_max_tokens.argtypes = []
@@ -151,7 +175,13 @@ def _build() -> ctypes.CDLL:
     lib.muser_matmul.argtypes = [i, p, p, p, f, i64, i64, p, i64, p, i]
     lib.muser_gemm.argtypes = [i, p, p, p, f, i64, i64, p, i64, p, i]
     if lib.muser_max_tokens() != NATIVE_MAX_TOKENS:
-        raise OSError("cpu_kernels.c MAX_TOKENS does not match cpu.NATIVE_MAX_TOKENS")
+        raise OSError("the native library's MAX_TOKENS does not match cpu.NATIVE_MAX_TOKENS")
+    # the library's type table against NATIVE_TYPES and formats/layout.py's geometry
+    claimed = {t for t in GGMLType
+               if lib.muser_geometry(int(t), t.block_elems, t.block_bytes) == 0}
+    if claimed != NATIVE_TYPES:
+        raise OSError(f"the native library runs {sorted(t.name for t in claimed)}, "
+                      f"cpu.NATIVE_TYPES says {sorted(t.name for t in NATIVE_TYPES)}")
     return lib
 
 
@@ -183,18 +213,15 @@ def use_native(enabled: bool):
 
 @functools.lru_cache(maxsize=None)
 def _native_decodes(qtype: GGMLType) -> bool:
+    """Whether the library itself claims ``qtype`` with formats' geometry."""
     lib = _native_lib()
     return lib is not None and lib.muser_geometry(int(qtype), qtype.block_elems,
                                                   qtype.block_bytes) == 0
 
 
-# Decoded natively for dequantize, but multiplied by torch on float tiles: a
-# float weight gains nothing from the fused decode.
-DEQUANTIZE_ONLY = (GGMLType.F16, GGMLType.BF16)
-
-
-def _native_for(qtype: GGMLType, matmul: bool = False) -> ctypes.CDLL | None:
-    if not _native_enabled or not _native_decodes(qtype) or (matmul and qtype in DEQUANTIZE_ONLY):
+def _native_for(qtype: GGMLType) -> ctypes.CDLL | None:
+    """The library, when it is enabled, loads and runs ``qtype``; else None."""
+    if not _native_enabled or qtype not in NATIVE_TYPES:
         return None
     return _native_lib()
 
@@ -212,7 +239,7 @@ def _ptr(t: torch.Tensor | None) -> int | None:
 
 
 def _weight_ptrs(qtype: GGMLType, packed: torch.Tensor, scales, scale_2) -> tuple:
-    """The leading (type, packed, scales, lut, s2) arguments of both library calls."""
+    """The leading (type, packed, scales, lut, s2) arguments of every library call."""
     s2 = float(scale_2) if scale_2 is not None else 0.0
     return int(qtype), _ptr(packed), _ptr(scales), _ptr(_lut(qtype)), s2
 
@@ -320,35 +347,110 @@ def embedding(ids: torch.Tensor, packed: torch.Tensor, qtype: int, n_out: int, n
     return rows.index_select(0, inverse).reshape(*ids.shape, n_in)
 
 
+# ---- the matmul ladder ---------------------------------------------------------------
+# Each kernel takes (x2, packed, qtype, n_out, n_in, scales, scale_2), x2 a
+# contiguous float32 [tokens, n_in] with tokens >= 1, and returns float32
+# [tokens, n_out].
+
+def _fused(x2, packed, qtype, n_out, n_in, scales, scale_2) -> torch.Tensor:
+    """muser_matmul: every weight row decoded once, dotted with every token."""
+    y = torch.empty(x2.shape[0], n_out, dtype=torch.float32)
+    rc = _native_lib().muser_matmul(*_weight_ptrs(qtype, packed, scales, scale_2), n_out, n_in,
+                                    _ptr(x2), x2.shape[0], _ptr(y), _threads(packed.numel()))
+    if rc:
+        raise RuntimeError(f"native qmatmul rejected {qtype.name} n_in={n_in}")
+    return y
+
+
+def _gemm(x2, packed, qtype, n_out, n_in, scales, scale_2) -> torch.Tensor:
+    """muser_gemm; its work grows with the tokens, so a small matrix at 256
+    tokens still splits across threads."""
+    tokens = x2.shape[0]
+    y = torch.empty(tokens, n_out, dtype=torch.float32)
+    rc = _native_lib().muser_gemm(*_weight_ptrs(qtype, packed, scales, scale_2), n_out, n_in,
+                                  _ptr(x2), tokens, _ptr(y), _threads(packed.numel() * tokens // 2))
+    if rc:
+        raise RuntimeError(f"native gemm failed ({rc}) for {qtype.name} n_in={n_in}")
+    return y
+
+
+def _tiles(x2, packed, qtype, n_out, n_in, scales, scale_2) -> torch.Tensor:
+    """y.T in row tiles: each tile of W rows gives a contiguous slice of y.T."""
+    yt = torch.empty(n_out, x2.shape[0], dtype=torch.float32)
+    xt = x2.t()
+    for r0, r1, w in _weight_tiles(packed, qtype, n_in, scales, scale_2):
+        torch.mm(w, xt, out=yt[r0:r1])
+    return yt.t().contiguous()
+
+
+@dataclass(frozen=True)
+class Rung:
+    """One rung of the CPU matmul ladder."""
+    name: str
+    max_tokens: int | None              # the most activation rows it takes (None: any)
+    native: bool                        # runs in the native library (NATIVE_TYPES only)
+    kernel: Callable[..., torch.Tensor]
+
+
+# qmatmul runs the first rung whose max_tokens covers the call, among the
+# native rungs when the library runs the type, else among the torch ones.
+#
+# The fused/gemm cut was measured on the 2-core AMD EPYC (AVX-512) dev box,
+# 2026-11-30, best of 5, in ms, random Q4_K / Q6_K / NVFP4_E2M1 at 6656->4096
+# and 4096->6656 (ranges over the six):
+#   threads tokens   tile (torch mm)   fused, 64-token chunks    gemm
+#   1        65         42-51              53-73                21-29
+#   1       128         66-79             100-137               31-37
+#   1       256        131-140            193-285               60-66
+#   1       512        259-277            404-592              118-127
+#   2        65         23-40              31-42                11-14
+#   2       128         36-52              59-80                16-20
+#   2       256         70-85             117-163               32-35
+#   2       512        138-173            241-327               61-68
+# (with the other core busy, the tiles' OpenMP barrier also stalled: 170-620 ms
+# where gemm took 25-130). At 8 tokens or fewer the fused kernel wins (one
+# weight decode per row); from 9 on gemm does, and the fused kernel's time
+# grows faster than linearly (x no longer fits in L2):
+#   1 thread, tokens    8         9-10       12        16        32        64
+#   fused            4.9-6.5   6.4-9.2   8.2-10.8  9.9-13.1  20.3-29.7  49.5-71.9
+#   gemm             5.7-7.6   5.7-7.9   5.7-7.7   5.8-7.6   9.4-12.5   17.4-23.0
+# and the same at the demo's 256x768 shapes (9 tokens: 48-76 us vs 48-55 us).
+#
+# F16 and BF16 take the native rungs too (they went to the tiles until
+# 2026-12-01): random 2048x2048, native rung vs tiles, best of 15 interleaved,
+# on the 2-core AMD EPYC (AVX2, no AVX-512) host with its neighbours busy, ms:
+#   1 thread (CPU time)  tokens 1       4        8        128
+#   F16  native / tiles     0.80/1.49  1.23/2.65  2.48/5.47  15.5/15.9
+#   BF16 native / tiles     1.00/1.70  1.42/3.24  2.04/3.49  16.3/16.8
+#   2 threads (wall)
+#   F16  native / tiles     1.39/1.92  1.18/84.9  2.34/3.79  56.8/82.6
+#   BF16 native / tiles     0.48/1.09  1.65/25.6  1.67/11.0  61.6/157
+# (the tiles' outliers at 2 threads are torch's OpenMP barrier waiting for a
+# descheduled thread).
+LADDER: tuple[Rung, ...] = (
+    Rung("fused", FUSED_MAX_TOKENS, True, _fused),
+    Rung("gemm", None, True, _gemm),
+    Rung("tiles", None, False, _tiles),
+)
+
+
+def rung_for(qtype: GGMLType, tokens: int) -> Rung:
+    """The ladder's rung for ``tokens`` activation rows of a ``qtype`` weight."""
+    native = _native_for(qtype) is not None
+    for rung in LADDER:
+        if rung.native == native and (rung.max_tokens is None or tokens <= rung.max_tokens):
+            return rung
+    raise AssertionError(f"LADDER has no rung for {qtype.name} at {tokens} tokens")
+
+
 def qmatmul(x: torch.Tensor, packed: torch.Tensor, qtype: int, n_out: int, n_in: int,
             scales: torch.Tensor | None = None, scale_2: torch.Tensor | None = None) -> torch.Tensor:
     qtype = GGMLType(qtype)
     lead = x.shape[:-1]
     x2 = x.reshape(-1, n_in).to(torch.float32).contiguous()
-    tokens = x2.shape[0]
-    if tokens == 0:
+    if x2.shape[0] == 0:
         return x.new_zeros(*lead, n_out)
-    lib = _native_for(qtype, matmul=True)
-    if lib is not None and tokens <= FUSED_MAX_TOKENS:
-        y = torch.empty(tokens, n_out, dtype=torch.float32)
-        rc = lib.muser_matmul(*_weight_ptrs(qtype, packed, scales, scale_2), n_out, n_in,
-                              _ptr(x2), tokens, _ptr(y), _threads(packed.numel()))
-        if rc:
-            raise RuntimeError(f"native qmatmul rejected {qtype.name} n_in={n_in}")
-    elif lib is not None:
-        # work grows with the tokens: a small matrix at 256 tokens still splits
-        y = torch.empty(tokens, n_out, dtype=torch.float32)
-        rc = lib.muser_gemm(*_weight_ptrs(qtype, packed, scales, scale_2), n_out, n_in,
-                            _ptr(x2), tokens, _ptr(y), _threads(packed.numel() * tokens // 2))
-        if rc:
-            raise RuntimeError(f"native gemm failed ({rc}) for {qtype.name} n_in={n_in}")
-    else:
-        # y.T in row tiles: each tile of W rows gives a contiguous slice of y.T.
-        yt = torch.empty(n_out, tokens, dtype=torch.float32)
-        xt = x2.t()
-        for r0, r1, w in _weight_tiles(packed, qtype, n_in, scales, scale_2):
-            torch.mm(w, xt, out=yt[r0:r1])
-        y = yt.t().contiguous()
+    y = rung_for(qtype, x2.shape[0]).kernel(x2, packed, qtype, n_out, n_in, scales, scale_2)
     return y.reshape(*lead, n_out).to(x.dtype)
 
 

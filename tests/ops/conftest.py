@@ -7,16 +7,16 @@ import random
 import pytest
 import torch
 
-from muser_torch.bench.ops import random_packed
 from muser_torch.formats import dequantize_reference as ref_dequantize
+from muser_torch.formats import random_weight
 from muser_torch.formats.types import GGMLType
+from muser_torch.ops import cpu
 
 # Every type the format registry computes.
 ALL_TYPES = [t for t in GGMLType]
-# The types the native CPU library decodes (the rest always take the torch path).
-NATIVE_TYPES = [GGMLType.F16, GGMLType.BF16, GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0,
-                GGMLType.Q5_1, GGMLType.Q8_0,
-                GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K, GGMLType.NVFP4, GGMLType.NVFP4_E2M1]
+# The types the native CPU library runs (the rest always take the torch path):
+# cpu.NATIVE_TYPES, the set its dispatch reads, in id order.
+NATIVE_TYPES = sorted(cpu.NATIVE_TYPES)
 
 
 class Case:
@@ -27,11 +27,13 @@ class Case:
         self.gen = torch.Generator().manual_seed(self.seed)
         self.qtype, self.n_out = qtype, n_out
         self.n_in = blocks * max(qtype.block_elems, 16)
-        self.packed, self.scales, self.scale_2 = random_packed(qtype, n_out, self.n_in, self.gen)
+        self.weight = random_weight(qtype, n_out, self.n_in, generator=self.gen)
+        self.packed, self.scales, self.scale_2 = (self.weight.packed, self.weight.scales,
+                                                  self.weight.scale_2)
 
     @property
     def args(self):
-        return (self.packed, int(self.qtype), self.n_out, self.n_in, self.scales, self.scale_2)
+        return self.weight.op_args()
 
     def weight64(self) -> torch.Tensor:
         w = ref_dequantize(self.packed, self.qtype, self.n_in, scales=self.scales,
@@ -52,7 +54,6 @@ def rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
 @pytest.fixture(params=["native", "torch"])
 def cpu_path(request):
     """Run a test under each CPU path (the native one must be available here)."""
-    from muser_torch.ops import cpu
     if request.param == "native":
         assert cpu.native_available(), "the native CPU kernels failed to build"
     with cpu.use_native(request.param == "native"):

@@ -3,16 +3,19 @@ the geometry of formats/types.py, and every token-group remainder of the fused
 row kernels matches the float64 reference."""
 from __future__ import annotations
 
+import dataclasses
 import platform
+import random
 
 import pytest
 import torch
 
 import muser_torch.ops as ops
+from muser_torch.formats import random_weight
 from muser_torch.formats.types import GGMLType
 from muser_torch.ops import cpu
 
-from .conftest import NATIVE_TYPES, Case, rel_err
+from .conftest import ALL_TYPES, NATIVE_TYPES, Case, rel_err
 
 
 def test_native_builds_and_claims_its_types():
@@ -25,8 +28,12 @@ def test_native_builds_and_claims_its_types():
 def test_every_token_group_remainder(qtype, monkeypatch):
     """Rows are dotted with groups of up to 8 tokens (compile-time counts
     1..8): sweep 1..17 so every remainder and two full groups run (the fused
-    kernel forced up to its cap; qmatmul hands it only cpu.FUSED_MAX_TOKENS)."""
-    monkeypatch.setattr(cpu, "FUSED_MAX_TOKENS", cpu.NATIVE_MAX_TOKENS)
+    rung forced up to the kernel's cap; the ladder hands it only
+    cpu.FUSED_MAX_TOKENS)."""
+    fused = dataclasses.replace(cpu.LADDER[0], max_tokens=cpu.NATIVE_MAX_TOKENS)
+    monkeypatch.setattr(cpu, "LADDER", (fused, *cpu.LADDER[1:]))
+    with cpu.use_native(True):
+        assert cpu.rung_for(qtype, 17).name == "fused", "the fused rung was not forced"
     case = Case(qtype, 13, blocks=2)
     with cpu.use_native(True):
         for tokens in range(1, 18):
@@ -45,6 +52,61 @@ def test_gemm_every_panel_width(qtype):
             x = case.randn(tokens, case.n_in)
             err = rel_err(ops.qmatmul(x, *case.args), x.double() @ case.weight64().T)
             assert err < 1e-5, f"{case} tokens={tokens}: relative error {err:.3g}"
+
+
+def test_rung_for_follows_the_ladder():
+    """Each token count goes to the first rung of cpu.LADDER that covers it:
+    among the native rungs for NATIVE_TYPES with the library on, among the
+    torch rungs otherwise."""
+    def expected(native: bool) -> list[tuple[int, cpu.Rung]]:
+        out, lo = [], 1
+        for rung in (r for r in cpu.LADDER if r.native == native):
+            hi = rung.max_tokens or lo + 200
+            out += [(lo, rung), (hi, rung)]
+            lo = hi + 1
+        return out
+
+    for enabled in (True, False):
+        with cpu.use_native(enabled):
+            for qtype in GGMLType:
+                for tokens, rung in expected(enabled and qtype in NATIVE_TYPES):
+                    got = cpu.rung_for(qtype, tokens)
+                    assert got is rung, (f"{qtype.name} tokens={tokens} native={enabled}: "
+                                         f"{got.name}, the ladder says {rung.name}")
+
+
+@pytest.mark.parametrize("rung", cpu.LADDER, ids=lambda r: r.name)
+def test_every_rung_matches_float64(rung):
+    """Each rung's kernel, called directly, at its first, middle and last token
+    count, for every type it serves."""
+    top = rung.max_tokens or 40
+    with cpu.use_native(True):
+        for qtype in (NATIVE_TYPES if rung.native else ALL_TYPES):
+            case = Case(qtype, 21, blocks=2)
+            for tokens in sorted({1, top // 2 + 1, top}):
+                x = case.randn(tokens, case.n_in)
+                y = rung.kernel(x, case.packed, qtype, case.n_out, case.n_in, case.scales,
+                                case.scale_2)
+                err = rel_err(y, x.double() @ case.weight64().T)
+                assert err < 1e-5, f"{rung.name} {case} tokens={tokens}: relative error {err:.3g}"
+
+
+@pytest.mark.parametrize("qtype", [GGMLType.F16, GGMLType.BF16], ids=lambda t: t.name)
+def test_float_rows_of_any_width(qtype):
+    """F16/BF16 rows need not fill a vector: widths 16k + 1..15 on the native
+    rungs (the fused kernel sums the last partial vector apart)."""
+    seed = random.randrange(1 << 31)
+    gen = torch.Generator().manual_seed(seed)
+    with cpu.use_native(True):
+        for n_in in (1, 7, 37, 263, 300):
+            w = random_weight(qtype, 11, n_in, generator=gen)
+            ref = w.dequantize().double()
+            for tokens in (1, 3, 8, 9, 20):
+                assert cpu.rung_for(qtype, tokens).native
+                x = torch.randn(tokens, n_in, generator=gen)
+                err = rel_err(ops.qmatmul(x, *w.op_args()), x.double() @ ref.T)
+                assert err < 1e-5, (f"{qtype.name} n_in={n_in} tokens={tokens} seed {seed}: "
+                                    f"relative error {err:.3g}")
 
 
 def test_native_and_torch_paths_agree_closely():

@@ -1,0 +1,102 @@
+/* x86 register decoders shared by the fused matvec (matvec.c), the GEMM tile
+ * decode (gemm.c) and the NVFP4_E2M1 dequantize decoder (decoders.c), so that
+ * every path rounds the same way. Included after kernels.h. */
+#ifndef MUSER_SIMD_H
+#define MUSER_SIMD_H
+
+#include "kernels.h"
+
+/* NVFP4_E2M1 block b of a row as unscaled E2M1 values: its 16 codes in
+ * element order (element 2i is the low nibble of byte i), then a permute looks
+ * them up (AVX-512: all 16 values; AVX2: the 8 magnitudes, the sign bit set
+ * apart). */
+#if defined(__AVX2__)
+static inline __m128i e2m1_codes16(const uint8_t *row, int64_t b) {
+    const __m128i m4 = _mm_set1_epi8(0xF);
+    const __m128i raw = _mm_loadl_epi64(
+        (const __m128i *)(row + MUSER_NVFP4_E2M1_BYTES * b + MUSER_NVFP4_E2M1_QS));
+    return _mm_unpacklo_epi8(_mm_and_si128(raw, m4), _mm_and_si128(_mm_srli_epi16(raw, 4), m4));
+}
+/* The values of the low 8 code bytes; `mags` holds E2M1[0..7]. */
+static inline __m256 e2m1_values8(__m256 mags, __m128i codes) {
+    const __m256i c = _mm256_cvtepu8_epi32(codes);
+    const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(c, _mm256_set1_epi32(8)), 28);
+    const __m256 mag = _mm256_permutevar8x32_ps(mags, _mm256_and_si256(c, _mm256_set1_epi32(7)));
+    return _mm256_or_ps(mag, _mm256_castsi256_ps(sign));
+}
+#endif
+#if defined(__AVX512F__)
+static inline __m512 e2m1_values16(__m512 table, __m128i codes) {
+    return _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(codes), table);
+}
+#endif
+
+#if defined(__AVX2__) && defined(__FMA__)
+/* Fused decoders for the hot types: each 8 codes are widened to int32
+ * lanes, decoded to floats in registers and FMA'd into the accumulators
+ * (GCC 12 scalarizes __builtin_convertvector from bytes, hence intrinsics).
+ * Other CPUs use the scalar decoders for every type. */
+#define HAVE_FUSED 1
+
+typedef int32_t v8i __attribute__((vector_size(32)));
+
+static inline v8i widen_u8(const uint8_t *p) {
+    return (v8i)_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p));
+}
+static inline v8f to_f32(v8i v) { return (v8f)_mm256_cvtepi32_ps((__m256i)v); }
+static inline v8f fma8(v8f a, v8f b, v8f c) {
+    return (v8f)_mm256_fmadd_ps((__m256)a, (__m256)b, (__m256)c);
+}
+static inline v8f fms8(v8f a, v8f b, v8f c) {
+    return (v8f)_mm256_fmsub_ps((__m256)a, (__m256)b, (__m256)c);
+}
+
+/* Q4_K / Q5_K group g (64 elements): (d*sc, dmin*m) of sub-blocks 2g, 2g+1. */
+static inline void q45_k_group(const uint8_t *blk, float d, float dmin, int g,
+                               v8f *a0, v8f *c0, v8f *a1, v8f *c1) {
+    float sc0, m0, sc1, m1;
+    scale_min_k4(blk + MUSER_Q4_K_SCALES, 2 * g, &sc0, &m0);
+    scale_min_k4(blk + MUSER_Q4_K_SCALES, 2 * g + 1, &sc1, &m1);
+    *a0 = splat(d * sc0), *c0 = splat(dmin * m0);
+    *a1 = splat(d * sc1), *c1 = splat(dmin * m1);
+}
+/* ... and its elements 64g+8q.. (w0, low nibbles) and 64g+32+8q.. (w1):
+ * w = fma(d*sc, q, -dmin*m). `qs`, `qh` point at the block's fields. */
+static inline void q45_k_w8(const uint8_t *qs, const uint8_t *qh, int five, int g, int q,
+                            v8f a0, v8f c0, v8f a1, v8f c1, v8f *w0, v8f *w1) {
+    const v8i raw = widen_u8(qs + 32 * g + 8 * q);
+    v8i lo = raw & 0xF, hi = raw >> 4;
+    if (five) {
+        const v8i h = widen_u8(qh + 8 * q);
+        lo |= ((h >> (2 * g)) & 1) << 4;
+        hi |= ((h >> (2 * g + 1)) & 1) << 4;
+    }
+    *w0 = fms8(a0, to_f32(lo), c0);
+    *w1 = fms8(a1, to_f32(hi), c1);
+}
+
+/* Q6_K half h (128 elements), step q: elements 8q.., 32+8q.., 64+8q.., 96+8q..
+ * of the half, w = (d*sc_j) * (code - 32) with sub-block j = 8h + q/2 (+2, +4, +6). */
+static inline void q6_k_w8(const uint8_t *blk, float d, int h, int q, v8f w[4]) {
+    const int8_t *sc = (const int8_t *)(blk + MUSER_Q6_K_SCALES);
+    const uint8_t *ql = blk + MUSER_Q6_K_QL + 64 * h, *qh = blk + MUSER_Q6_K_QH + 32 * h;
+    const int j = 8 * h + q / 2;
+    const v8i l0 = widen_u8(ql + 8 * q), l1 = widen_u8(ql + 32 + 8 * q);
+    const v8i hb = widen_u8(qh + 8 * q);
+    w[0] = splat(d * (float)sc[j]) * to_f32(((l0 & 0xF) | ((hb & 3) << 4)) - 32);
+    w[1] = splat(d * (float)sc[j + 2]) * to_f32(((l1 & 0xF) | (((hb >> 2) & 3) << 4)) - 32);
+    w[2] = splat(d * (float)sc[j + 4]) * to_f32(((l0 >> 4) | (((hb >> 4) & 3) << 4)) - 32);
+    w[3] = splat(d * (float)sc[j + 6]) * to_f32(((l1 >> 4) | (((hb >> 6) & 3) << 4)) - 32);
+}
+
+/* NVFP4_E2M1 block b (16 elements, 8 bytes, one scale): w = e2m1(code) *
+ * (e4m3(scale) * scale_2), the values looked up by e2m1_values8. */
+static inline void nvfp4_e2m1_w16(__m256 table, const uint8_t *row, float s, int64_t b,
+                                  v8f *w0, v8f *w1) {
+    const __m128i codes = e2m1_codes16(row, b);
+    *w0 = splat(s) * (v8f)e2m1_values8(table, codes);
+    *w1 = splat(s) * (v8f)e2m1_values8(table, _mm_srli_si128(codes, 8));
+}
+#endif /* __AVX2__ && __FMA__ */
+
+#endif /* MUSER_SIMD_H */
