@@ -130,14 +130,15 @@ def _peers(args: argparse.Namespace) -> int:
     from . import peers
     if args.model in ("demo", "seed") or not Path(args.model).is_file():
         raise ValueError(f"bench model --peers: needs a GGUF file the peers can read, got {args.model!r}")
-    if args.device != "cpu":
-        raise ValueError("bench model --peers: the side-by-side table is measured on the CPU (--device cpu)")
+    if args.device not in ("cpu", "cuda"):
+        raise ValueError(f"bench model --peers: --device must be cpu or cuda, got {args.device!r}")
     if args.llama_bench is not None and not args.llama_bench.is_file():
         raise ValueError(f"bench model: --llama-bench {args.llama_bench} is not a file")
     threads = args.threads or torch.get_num_threads()
     if threads < 1:
         raise ValueError(f"--threads must be >= 1, got {threads}")
-    peers.run(Path(args.model), threads, args.prompt_len, args.decode, args.llama_bench)
+    peers.run(Path(args.model), threads, args.prompt_len, args.decode, args.llama_bench,
+              device=args.device)
     return 0
 
 

@@ -40,53 +40,90 @@ def _prompt(vocab: int, n: int) -> list[int]:
 
 # ---- one contender, in its own process -------------------------------------------
 
-def _run_muser(path: str, threads: int, prompt_len: int, decode: int) -> dict:
+def _setting(device: str):
+    """(torch device, activation dtype): float32 on the CPU, bfloat16 on CUDA, for everyone."""
+    import torch
+    return torch.device(device), (torch.float32 if device == "cpu" else torch.bfloat16)
+
+
+def _sync(device) -> None:
+    import torch
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def _run_muser(path: str, threads: int, prompt_len: int, decode: int, device: str) -> dict:
     import torch
 
     from ..models import from_gguf
     torch.set_num_threads(threads)
+    dev, dtype = _setting(device)
     t0 = time.perf_counter()
-    model = from_gguf(path, device="cpu", dtype=torch.float32)
+    model = from_gguf(path, device=dev, dtype=dtype)
+    _sync(dev)
     load_s = time.perf_counter() - t0
-    ids = torch.tensor([_prompt(model.config.vocab_size, prompt_len)])
-    model.setup_cache(1, prompt_len + decode + 1)
-    slots = torch.zeros(1, dtype=torch.long)
+    ids = torch.tensor([_prompt(model.config.vocab_size, prompt_len)], device=dev)
+    graph_steps = 5 * 4 + 1 if dev.type == "cuda" else 0   # cuda_timing.graph_time's replays
+    model.setup_cache(1, prompt_len + 2 * decode + graph_steps + 4)
+    slots = torch.zeros(1, dtype=torch.long, device=dev)
+    out = {}
     with torch.no_grad():
+        model(ids[:, :8], slots)            # first calls compile kernels / page weights in
+        model.reset()
+        _sync(dev)
         t0 = time.perf_counter()
         tok = model(ids, slots, last_only=True)[:, -1].argmax(-1, keepdim=True)
+        _sync(dev)
         prefill_s = time.perf_counter() - t0
+        for _ in range(min(decode, 4)):     # warm the one-token kernels
+            tok = model(tok, slots)[:, -1].argmax(-1, keepdim=True)
+        _sync(dev)
         t0 = time.perf_counter()
         for _ in range(decode):
             tok = model(tok, slots)[:, -1].argmax(-1, keepdim=True)
+        _sync(dev)
         decode_s = time.perf_counter() - t0
-    return {"load_s": load_s, "prefill_tps": prompt_len / prefill_s, "decode_tps": decode / decode_s}
+        if dev.type == "cuda":
+            from .cuda_timing import graph_time
+            out["graph_decode_tps"] = 1.0 / graph_time([lambda: model(tok, slots)], reps=4)
+    out.update(load_s=load_s, prefill_tps=prompt_len / prefill_s, decode_tps=decode / decode_s)
+    return out
 
 
-def _run_transformers(path: str, threads: int, prompt_len: int, decode: int) -> dict:
+def _run_transformers(path: str, threads: int, prompt_len: int, decode: int, device: str) -> dict:
     import torch
     from transformers import AutoModelForCausalLM
     torch.set_num_threads(threads)
+    dev, dtype = _setting(device)
     p = Path(path)
     t0 = time.perf_counter()
-    model = AutoModelForCausalLM.from_pretrained(str(p.parent), gguf_file=p.name,
-                                                 dtype=torch.float32)
-    model.eval()
+    model = AutoModelForCausalLM.from_pretrained(str(p.parent), gguf_file=p.name, dtype=dtype)
+    model.to(dev).eval()
+    _sync(dev)
     load_s = time.perf_counter() - t0
-    ids = torch.tensor([_prompt(model.config.vocab_size, prompt_len)])
+    ids = torch.tensor([_prompt(model.config.vocab_size, prompt_len)], device=dev)
     with torch.no_grad():
+        model(ids[:, :8], use_cache=True)   # warm-up, as for muser
+        _sync(dev)
         t0 = time.perf_counter()
         out = model(ids, use_cache=True)
+        _sync(dev)
         prefill_s = time.perf_counter() - t0
         past, tok = out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)
+        for _ in range(min(decode, 4)):
+            out = model(tok, past_key_values=past, use_cache=True)
+            past, tok = out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)
+        _sync(dev)
         t0 = time.perf_counter()
         for _ in range(decode):
             out = model(tok, past_key_values=past, use_cache=True)
             past, tok = out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)
+        _sync(dev)
         decode_s = time.perf_counter() - t0
     return {"load_s": load_s, "prefill_tps": prompt_len / prefill_s, "decode_tps": decode / decode_s}
 
 
-def _run_llama_cpp(path: str, threads: int, prompt_len: int, decode: int) -> dict:
+def _run_llama_cpp(path: str, threads: int, prompt_len: int, decode: int, device: str) -> dict:
     import llama_cpp
     t0 = time.perf_counter()
     llm = llama_cpp.Llama(model_path=path, n_threads=threads, n_ctx=prompt_len + decode + 8,
@@ -108,9 +145,9 @@ _RUNNERS = {"muser": _run_muser, "transformers": _run_transformers, "llama.cpp":
 
 
 def _child(argv: list[str]) -> int:
-    """``python -m muser_torch.bench.peers --one NAME PATH THREADS PROMPT DECODE``."""
-    name, path, threads, prompt_len, decode = argv
-    result = _RUNNERS[name](path, int(threads), int(prompt_len), int(decode))
+    """``python -m muser_torch.bench.peers --one NAME PATH THREADS PROMPT DECODE DEVICE``."""
+    name, path, threads, prompt_len, decode, device = argv
+    result = _RUNNERS[name](path, int(threads), int(prompt_len), int(decode), device)
     result["peak_rss_mb"] = _peak_rss_mb()
     print("RESULT " + json.dumps(result))
     return 0
@@ -119,13 +156,15 @@ def _child(argv: list[str]) -> int:
 # ---- the parent: one subprocess per contender ---------------------------------------
 
 def _measure(name: str, path: Path, threads: int, prompt_len: int, decode: int,
-             timeout_s: float) -> dict:
+             timeout_s: float, device: str = "cpu") -> dict:
     if name == "transformers" and not _importable("transformers"):
         return {"note": "transformers is not installed (pip install 'muser-torch[hf]')"}
     if name == "llama.cpp" and not _importable("llama_cpp"):
         return {"note": "llama-cpp-python is not installed; pass --llama-bench PATH for a native build"}
+    if name == "llama.cpp" and device != "cpu":
+        return {"note": "the llama.cpp CUDA peer is timed by shared/tools/peers/llamacpp_cuda_mulmat.sh"}
     cmd = [sys.executable, "-m", "muser_torch.bench.peers", "--one", name, str(path), str(threads),
-           str(prompt_len), str(decode)]
+           str(prompt_len), str(decode), device]
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
     try:
         res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
@@ -168,17 +207,18 @@ def _fmt(v, spec: str) -> str:
 
 
 def run(path: Path, threads: int, prompt_len: int, decode: int, llama_bench: Path | None = None,
-        timeout_s: float = 1800.0) -> dict[str, dict]:
+        timeout_s: float = 1800.0, device: str = "cpu") -> dict[str, dict]:
     """Measure every contender on ``path``; print the table; return the rows."""
     rows = {}
     for name in CONTENDERS:
-        if name == "llama.cpp" and llama_bench is not None:
+        if name == "llama.cpp" and llama_bench is not None and device == "cpu":
             rows[name] = _llama_bench(llama_bench, path, threads, prompt_len, decode, timeout_s)
         else:
-            rows[name] = _measure(name, path, threads, prompt_len, decode, timeout_s)
+            rows[name] = _measure(name, path, threads, prompt_len, decode, timeout_s, device)
     size_mb = path.stat().st_size / 1e6
-    print(f"bench model --peers: {path.name} ({size_mb:.0f} MB), CPU, {threads} threads, "
-          f"prefill {prompt_len} tokens, decode {decode} greedy steps")
+    where = f"CPU, {threads} threads, float32" if device == "cpu" else f"{device}, bfloat16"
+    print(f"bench model --peers: {path.name} ({size_mb:.0f} MB), {where}, "
+          f"prefill {prompt_len} tokens, decode {decode} greedy steps (eager)")
     print(f"  {'':13} {'load s':>8} {'peak RSS MB':>12} {'x file':>7} {'prefill tok/s':>14} "
           f"{'decode tok/s':>13} {'muser decode / this':>20}")
     mine = rows["muser"].get("decode_tps")
@@ -192,6 +232,11 @@ def run(path: Path, threads: int, prompt_len: int, decode: int, llama_bench: Pat
               f"{_fmt(None if rss is None else rss / size_mb, '7.2f')} "
               f"{_fmt(r.get('prefill_tps'), '14.1f')} {_fmt(r.get('decode_tps'), '13.2f')} "
               f"{_fmt(ratio, '20.2f')}")
+    if "graph_decode_tps" in rows["muser"]:
+        g = rows["muser"]["graph_decode_tps"]
+        other = rows["transformers"].get("decode_tps")
+        print(f"  muser decode step in a CUDA graph: {g:.1f} tok/s"
+              + (f" ({g / other:.2f}x transformers' eager decode)" if other else ""))
     if "build" in rows["llama.cpp"]:
         print(f"  llama.cpp: llama-bench {llama_bench} (build {rows['llama.cpp']['build']}); "
               "its peak RSS is the largest child process this bench started")
@@ -208,8 +253,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prompt-len", type=int, default=128)
     p.add_argument("--decode", type=int, default=64)
     p.add_argument("--llama-bench", type=Path)
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     a = p.parse_args(argv)
-    run(a.model, a.threads, a.prompt_len, a.decode, a.llama_bench)
+    run(a.model, a.threads, a.prompt_len, a.decode, a.llama_bench, device=a.device)
     return 0
 
 
