@@ -61,3 +61,8 @@ class DtypeFenceError(AdmissionError):
 
 class CompanionError(AdmissionError):
     """An NVFP4_E2M1 tensor's scale companions are missing, mistyped or misshaped."""
+
+
+class ChatTemplateError(MetadataError):
+    """``tokenizer.chat_template`` is missing where a chat is asked for, is not
+    a string, or fails to compile or render."""

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
+from .errors import ChatTemplateError, MetadataError
+from .text.metadata import token_id
+
 MODEL_NAME = "glimmer-bytes"
 TYPE_CONTROL, TYPE_BYTE = 3, 6
 
@@ -18,6 +21,9 @@ class ByteTokenizer:
     VOCAB_SIZE = 258
 
     bos_id, eos_id = BOS, EOS
+    stop_ids = (EOS,)
+    vocab_size = VOCAB_SIZE
+    chat_template = None
 
     def encode(self, text: str | bytes, bos: bool = True, eos: bool = False) -> list[int]:
         data = text.encode("utf-8") if isinstance(text, str) else bytes(text)
@@ -29,6 +35,9 @@ class ByteTokenizer:
 
     def decode(self, ids: Iterable[int]) -> str:
         return self.decode_bytes(ids).decode("utf-8", errors="replace")
+
+    def apply_chat_template(self, messages: Any, add_generation_prompt: bool = True) -> str:
+        raise ChatTemplateError(f"the {MODEL_NAME} tokenizer has no chat template")
 
     def to_metadata(self) -> dict[str, Any]:
         tokens = [f"<0x{i:02X}>" for i in range(self.N_BYTES)] + ["<s>", "</s>"]
@@ -48,15 +57,15 @@ class ByteTokenizer:
         if name is None:
             return None
         if name != MODEL_NAME:
-            raise ValueError(f"tokenizer.ggml.model is {name!r}; only {MODEL_NAME!r} is supported")
+            raise MetadataError(f"tokenizer.ggml.model is {name!r}; only {MODEL_NAME!r} is supported")
         expected = cls().to_metadata()
         for key, want in expected.items():
-            got = md.get(key)
-            if isinstance(got, (list, tuple)) or hasattr(got, "tolist"):
-                got = [x.decode() if isinstance(x, bytes) else x for x in list(got)]
-                got = [int(x) if not isinstance(x, str) else x for x in got]
-            elif got is not None and not isinstance(got, str):
-                got = int(got)
+            if key.endswith("_token_id"):
+                got = token_id(md, key, cls.VOCAB_SIZE)   # refuses inf, NaN, floats, bools
+            else:
+                got = md.get(key)
+                if isinstance(got, (list, tuple)) or hasattr(got, "tolist"):
+                    got = [x.decode() if isinstance(x, bytes) else x for x in list(got)]
             if got != want:
-                raise ValueError(f"{key} does not match the {MODEL_NAME} byte tokenizer")
+                raise MetadataError(f"{key} does not match the {MODEL_NAME} byte tokenizer")
         return cls()

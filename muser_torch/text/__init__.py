@@ -1,0 +1,38 @@
+"""Text in and out of a model: the tokenizer a GGUF file describes, and its chat template.
+
+``tokenizer_from_metadata(gguf.metadata)`` reads ``tokenizer.ggml.model``:
+"glimmer-bytes" gives the demo's ``ByteTokenizer``; "llama" (sentencepiece)
+and "gpt2" (byte-level BPE) give a ``GGUFTokenizer``, which needs the ``hf``
+extra (transformers, tokenizers, jinja2), imported only then.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Mapping
+
+from ..errors import MetadataError
+from .metadata import MODEL_KEY
+
+if TYPE_CHECKING:
+    from ..tokenizer import ByteTokenizer
+    from .gguf_tokenizer import GGUFTokenizer
+
+SUPPORTED_MODELS = ("glimmer-bytes", "gpt2", "llama")
+
+
+def tokenizer_from_metadata(metadata: Mapping[str, Any]) -> "ByteTokenizer | GGUFTokenizer | None":
+    """The tokenizer a file's metadata describes; None when it has no
+    ``tokenizer.ggml.model``. Bad keys raise ``MetadataError`` naming the key."""
+    name = metadata.get(MODEL_KEY)
+    if name is None:
+        return None
+    if name == "glimmer-bytes":
+        from ..tokenizer import ByteTokenizer   # imported here: tokenizer.py imports .metadata
+        return ByteTokenizer.from_metadata(metadata)
+    if name in ("gpt2", "llama"):
+        from .gguf_tokenizer import GGUFTokenizer
+        return GGUFTokenizer.from_metadata(metadata)
+    raise MetadataError(f"{MODEL_KEY} is {name!r}; the tokenizer models supported are "
+                        f"{list(SUPPORTED_MODELS)}")
+
+
+__all__ = ["SUPPORTED_MODELS", "tokenizer_from_metadata"]

@@ -1,0 +1,173 @@
+"""Tokenizers of llama.cpp files: the sentencepiece "llama" and the BPE "gpt2" models.
+
+Nothing here tokenizes by hand. The vocabulary, scores, merges and token types
+go, as our reader returns them, into transformers' own GGUF conversion
+(``transformers.integrations.gguf.gguf_tokenizer_mapping.convert_gguf_tokenizer``,
+what ``AutoTokenizer.from_pretrained(dir, gguf_file=...)`` runs), which hands
+back a Hugging Face ``tokenizers.Tokenizer``. Two settings are then made the
+way llama.cpp reads the file, where transformers' conversion leaves them out:
+
+- sentencepiece's space prefix follows ``tokenizer.ggml.add_space_prefix``
+  (llama.cpp default: on). llama.cpp prepends "▁" to every run of text at the
+  start or after a special token, also when the text already starts with a
+  space, which transformers' Llama pre-tokenizer does not; the normalizer here
+  is the one transformers' Phi-3 conversion uses for exactly that reason;
+- BPE files of the llama3 family use whole words found in the vocabulary
+  before any merge (llama.cpp's ``ignore_merges``).
+
+BOS and EOS are added here, not by the backend, so ``encode(bos=..., eos=...)``
+decides; their defaults are the file's ``add_bos_token`` / ``add_eos_token``.
+"""
+from __future__ import annotations
+
+from typing import Any, Iterable, Mapping, Sequence
+
+from ..errors import ChatTemplateError, MetadataError
+from .metadata import (CHAT_TEMPLATE_KEY, LLAMA3_FAMILY_PRE, MODEL_KEY, PREFIX, VocabMetadata,
+                       read_vocab_metadata)
+from .requirements import require
+
+MODELS = ("gpt2", "llama")
+SPACE = "\u2581"   # sentencepiece's visible space
+
+
+class GGUFTokenizer:
+    """A file's tokenizer. Build it with ``from_metadata``; ``backend`` is the
+    ``tokenizers.Tokenizer`` doing the work."""
+
+    def __init__(self, vocab: VocabMetadata, backend: Any) -> None:
+        self.vocab = vocab
+        self.backend = backend
+        self.model = vocab.model
+        self.bos_id: int | None = vocab.bos_id
+        self.eos_id: int | None = vocab.eos_id
+        self.stop_ids: tuple[int, ...] = vocab.stop_ids()
+        self.add_bos = vocab.add_bos
+        self.add_eos = vocab.add_eos
+        self.chat_template: str | None = vocab.chat_template
+        # What a chat template sees as bos_token, eos_token, unk_token, pad_token.
+        self.special_tokens = {role: vocab.tokens[i] for role, i in vocab.special_ids.items()}
+        self._compiled = None
+
+    @classmethod
+    def from_metadata(cls, md: Mapping[str, Any]) -> "GGUFTokenizer":
+        model = md.get(MODEL_KEY)
+        if model not in MODELS:
+            raise MetadataError(f"{MODEL_KEY} is {model!r}; this class builds {list(MODELS)}")
+        vocab = read_vocab_metadata(md, model)
+        return cls(vocab, build_backend(vocab))
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.vocab.tokens)
+
+    def token(self, token_id: int) -> str:
+        """The vocabulary entry of ``token_id`` as the file spells it."""
+        return self.vocab.tokens[self._check_id(token_id)]
+
+    def encode(self, text: str, bos: bool | None = None, eos: bool | None = None) -> list[int]:
+        """Token ids of ``text``. Special tokens written in the text (``<bos>``,
+        ``<start_of_turn>``, ...) become their ids, as transformers and a chat
+        prompt expect. ``bos``/``eos`` default to the file's add_bos/add_eos."""
+        if not isinstance(text, str):
+            raise ValueError(f"encode takes a str, got {type(text).__name__}")
+        bos = self.add_bos if bos is None else bos
+        eos = self.add_eos if eos is None else eos
+        ids = self.backend.encode(text, add_special_tokens=False).ids
+        return self._special(bos, "bos") + ids + self._special(eos, "eos")
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """The text of ``ids``, special tokens (BOS, EOS, turn markers) left out.
+        Decoding a whole sequence gives back the text exactly; a sentencepiece
+        decoder drops the leading space of what it decodes, so decode the full
+        sequence and take the new suffix when streaming, not token by token."""
+        checked = [self._check_id(i) for i in ids]
+        return self.backend.decode(checked, skip_special_tokens=True)
+
+    def apply_chat_template(self, messages: Sequence[Mapping[str, Any]],
+                            add_generation_prompt: bool = True) -> str:
+        """The prompt the file's ``tokenizer.chat_template`` makes of ``messages``
+        (dicts with "role" and "content"). Encode it with ``bos=False``: the
+        template writes BOS itself where the model wants one (``encode_chat``)."""
+        if self._compiled is None:
+            if self.chat_template is None:
+                raise ChatTemplateError(f"this file has no {CHAT_TEMPLATE_KEY}, so it cannot chat")
+            from .chat import ChatTemplate
+            self._compiled = ChatTemplate(self.chat_template, self.special_tokens)
+        return self._compiled.render(messages, add_generation_prompt=add_generation_prompt)
+
+    def encode_chat(self, messages: Sequence[Mapping[str, Any]],
+                    add_generation_prompt: bool = True) -> list[int]:
+        """``encode(apply_chat_template(messages), bos=False, eos=False)``."""
+        return self.encode(self.apply_chat_template(messages, add_generation_prompt),
+                           bos=False, eos=False)
+
+    def _special(self, wanted: bool, which: str) -> list[int]:
+        if not wanted:
+            return []
+        i = self.bos_id if which == "bos" else self.eos_id
+        if i is None:
+            raise ValueError(f"{which}=True, but the file names no {PREFIX}{which}_token_id")
+        return [i]
+
+    def _check_id(self, i: Any) -> int:
+        if isinstance(i, bool) or not hasattr(i, "__index__"):
+            raise ValueError(f"token id {i!r} is not an integer")
+        i = i.__index__()
+        if not 0 <= i < self.vocab_size:
+            raise ValueError(f"token id {i} is outside the vocabulary [0, {self.vocab_size})")
+        return i
+
+
+def build_backend(vocab: VocabMetadata) -> Any:
+    """The ``tokenizers.Tokenizer`` for checked metadata (see the module docstring)."""
+    require("tokenizers")
+    require("transformers")
+    from transformers.integrations.gguf.gguf_tokenizer_mapping import (
+        GGUF_PRE_TOKENIZER_SPLITS, convert_gguf_tokenizer)
+
+    if vocab.model == "gpt2":
+        # A BPE file is split by its pre-tokenizer's regex before any merge; one
+        # that transformers does not know would silently get GPT-2's.
+        known = sorted(set(GGUF_PRE_TOKENIZER_SPLITS) | {"gpt-2"})
+        if vocab.pre not in known:
+            raise MetadataError(f"{PREFIX}pre is {vocab.pre!r}; the BPE pre-tokenizers supported "
+                                f"are {known}")
+    # The names transformers' converter reads (its GGUF_TOKENIZER_MAPPING).
+    tokenizer_dict: dict[str, Any] = {"tokenizer_type": vocab.model, "tokens": vocab.tokens}
+    for name, value in (("scores", vocab.scores), ("token_type", vocab.token_types),
+                        ("merges", vocab.merges), ("pre_tokenizer_type", vocab.pre)):
+        if value is not None:
+            tokenizer_dict[name] = value
+    try:
+        backend, _ = convert_gguf_tokenizer(vocab.architecture, tokenizer_dict)
+    except Exception as e:  # the converter's complaint is about these keys' values
+        raise MetadataError(f"{PREFIX}*: the {vocab.model!r} tokenizer could not be built "
+                            f"from this vocabulary: {type(e).__name__}: {e}") from None
+
+    if vocab.model == "llama":
+        _set_space_prefix(backend, vocab.add_space_prefix)
+    elif vocab.pre in LLAMA3_FAMILY_PRE:
+        backend.model.ignore_merges = True
+
+    n = backend.get_vocab_size(with_added_tokens=True)
+    if n != len(vocab.tokens):
+        raise MetadataError(f"{PREFIX}tokens has {len(vocab.tokens)} entries but only {n} distinct "
+                            f"tokens after conversion; ids past a duplicate would be misread")
+    return backend
+
+
+def _set_space_prefix(backend: Any, prefix: bool) -> None:
+    """llama.cpp's sentencepiece text handling: spaces become "▁", and with the
+    prefix on, each run of text gets one more "▁" in front, which decoding takes
+    off again."""
+    from tokenizers import decoders, normalizers
+
+    to_space = normalizers.Replace(" ", SPACE)
+    backend.normalizer = normalizers.Sequence([normalizers.Prepend(SPACE), to_space]) if prefix \
+        else to_space
+    backend.pre_tokenizer = None
+    steps = [decoders.Replace(SPACE, " "), decoders.ByteFallback(), decoders.Fuse()]
+    if prefix:
+        steps.append(decoders.Strip(content=" ", left=1, right=0))
+    backend.decoder = decoders.Sequence(steps)

@@ -1,0 +1,57 @@
+"""Text to tokenize: fixed multilingual fragments and random strings drawn from a seed."""
+from __future__ import annotations
+
+import os
+import random
+
+FRAGMENTS = (
+    "Héllo wörld! Ça va? Crème brûlée, naïve façade, São Paulo, Øresund, İstanbul.",
+    "日本語のテキストと漢字、カタカナ。中文数据模型。한국어 문장입니다.",
+    "Привет, мир! Съешь же ещё этих мягких французских булок.",
+    "def f(x: int) -> int:\n\treturn x ** 2  # square\n\n\nclass A:\n    pass\n",
+    "if (a != b && c <= 0x1F) { printf(\"%d\\n\", a[i]); }",
+    "tabs\tin\t\tthe\tmiddle and  double  spaces   and\r\nwindows lines",
+    "emoji 🎉🚀👩‍💻 flags 🇫🇷 and symbols ∑ √ ∞ € £ ¥ ©",
+    "   leading spaces, then trailing   ",
+    "\n\nleading newlines",
+    "numbers 1234567890 3.14159 -42 1e-9 2026-12-01",
+    "ﬁ ligature, ① circled, Ⅻ roman, ǅ title case, e\u0301 combining",
+    "",
+)
+
+# Ranges random text is drawn from: ASCII, Latin-1, Latin Extended, Cyrillic,
+# Greek, CJK, Hiragana, Hangul, emoji, and whitespace.
+_RANGES = ((0x20, 0x7E), (0xC0, 0xFF), (0x100, 0x17F), (0x400, 0x45F), (0x391, 0x3C9),
+           (0x4E00, 0x4FFF), (0x3041, 0x3096), (0xAC00, 0xAC80), (0x1F600, 0x1F64F))
+_WHITESPACE = (" ", "  ", "\t", "\n", "\n\n", " \n")
+
+
+def fresh_seed() -> int:
+    """A new seed each run (tests print it on failure); MUSER_TEST_SEED=N replays one."""
+    fixed = os.environ.get("MUSER_TEST_SEED")
+    return int(fixed) if fixed else random.randrange(1 << 32)
+
+
+def random_texts(seed: int, n: int = 24) -> list[str]:
+    """Strings of random words from the ranges above, mixed with pieces of the
+    fragments, separated by random whitespace (leading whitespace included)."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        parts = []
+        for _ in range(rng.randint(1, 10)):
+            if rng.random() < 0.3:
+                frag = rng.choice(FRAGMENTS)
+                a = rng.randrange(len(frag) + 1)
+                parts.append(frag[a:a + rng.randint(1, 30)])
+            else:
+                lo, hi = rng.choice(_RANGES)
+                parts.append("".join(chr(rng.randint(lo, hi)) for _ in range(rng.randint(1, 8))))
+            parts.append(rng.choice(_WHITESPACE))
+        start = rng.choice(("", "", " ", "\n", "  "))
+        out.append(start + "".join(parts))
+    return out
+
+
+def all_samples(seed: int) -> list[str]:
+    return list(FRAGMENTS) + random_texts(seed)
