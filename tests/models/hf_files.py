@@ -30,7 +30,7 @@ passes those facts to it as config overrides, taken from the file.
 """
 from __future__ import annotations
 
-import json
+import functools
 import math
 import os
 from pathlib import Path
@@ -50,9 +50,6 @@ ARCHS = ("llama", "qwen2", "qwen3")
 # Every type llama.cpp's common presets write, cycled over the file's matrices
 # (rotated by the seed, so each run puts each type on different tensors).
 DEFAULT_MIX = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "F16", "BF16")
-
-# The pre-tokenizer name llama.cpp's converter records for each family's BPE vocabulary.
-_BPE_PRE = {"llama": "llama-bpe", "qwen2": "qwen2", "qwen3": "qwen2"}
 
 V = GGUFValueType
 
@@ -229,50 +226,21 @@ def model_metadata(arch: str, config, rope: Mapping[str, Any] | None) -> dict[st
 
 # ---- tokenizer metadata --------------------------------------------------------
 
-_CORPUS = (
-    "the quick brown fox jumps over the lazy dog. a small random model speaks in tokens; "
-    "every token is a piece of a word, and words are made of bytes. numbers: 0 1 2 3 42 1024. "
-    "def main():\n    return sum(x * x for x in range(10))\n"
-    "Quantized weights stay packed in memory while the kernels read them block by block. "
-    "She sells sea shells by the sea shore; the shells she sells are surely sea shells. "
-    "How much wood would a woodchuck chuck if a woodchuck could chuck wood? "
-    "Peter Piper picked a peck of pickled peppers, a peck of pickled peppers Peter Piper picked.")
+@functools.lru_cache(maxsize=None)
+def _trained_tokenizer(kind: str, vocab: int) -> tuple[tuple[str, Any], ...]:
+    from ..text.tiny_tokenizers import gpt2_metadata, llama_metadata
+    md = llama_metadata(seed=0, vocab_size=vocab) if kind == "llama" else gpt2_metadata(seed=0, vocab_size=vocab, pre=kind)
+    return tuple(md.items())
 
 
 def default_tokenizer(arch: str, vocab: int) -> dict[str, Any]:
-    """A byte-level BPE ``tokenizer.ggml.*`` block of exactly ``vocab`` tokens
-    (the ``gpt2`` model llama.cpp writes for Llama 3 and Qwen), trained by
-    Hugging Face ``tokenizers`` on a fixed text: 256 byte tokens, merges, and
-    three control tokens at the end."""
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
-    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    trainer = trainers.BpeTrainer(vocab_size=vocab - len(specials), show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator([_CORPUS], trainer)
-    ranked = sorted(tok.get_vocab().items(), key=lambda kv: kv[1])
-    tokens = [t for t, _ in ranked]
-    token_type = [1] * len(tokens)                # NORMAL
-    while len(tokens) < vocab - len(specials):   # the converter's filler where ids are unused
-        tokens.append(f"[PAD{len(tokens)}]")
-        token_type.append(5)                     # UNUSED
-    tokens += specials
-    token_type += [3] * len(specials)            # CONTROL
-    merges = [m if isinstance(m, str) else " ".join(m)
-              for m in json.loads(tok.to_str())["model"]["merges"]]
-    eos = tokens.index("<|endoftext|>")
-    return {
-        "tokenizer.ggml.model": "gpt2",
-        "tokenizer.ggml.pre": _BPE_PRE[arch],
-        "tokenizer.ggml.tokens": tokens,
-        "tokenizer.ggml.token_type": token_type,
-        "tokenizer.ggml.merges": merges,
-        "tokenizer.ggml.bos_token_id": eos,
-        "tokenizer.ggml.eos_token_id": eos,
-        "tokenizer.ggml.padding_token_id": eos,
-        "tokenizer.ggml.add_bos_token": False,
-    }
+    """The tokenizer llama.cpp files of the family carry, from the tests'
+    trained tiny tokenizers (``tests/text/tiny_tokenizers.py``): Llama 2's
+    sentencepiece ``llama`` model for ``llama`` (``vocab`` tokens), a
+    byte-level BPE ``gpt2`` model with Qwen's pre-tokenizer for the Qwens
+    (``vocab`` learned tokens and its special tokens after them)."""
+    kind = "llama" if arch == "llama" else "qwen2"
+    return {k: list(v) if isinstance(v, list) else v for k, v in _trained_tokenizer(kind, vocab)}
 
 
 TOKENIZER_TYPES = {"tokenizer.ggml.token_type": V.INT32, "tokenizer.ggml.scores": V.FLOAT32}
@@ -288,9 +256,12 @@ def _quantized(w: torch.Tensor, type_name: str) -> tuple[int, torch.Tensor, tupl
 
 
 def _file_type(types: Sequence[str]) -> int:
-    """``general.file_type``: the LlamaFileType of the most common matrix type."""
-    common = max(set(types), key=list(types).count)
-    return int(LlamaFileType[f"MOSTLY_{common}"]) if common not in ("F32",) else int(LlamaFileType.ALL_F32)
+    """``general.file_type``: the llama.cpp preset named after the most common
+    matrix type (a K-quant's medium preset, which mixes types as these files do)."""
+    common = max(sorted(set(types)), key=list(types).count)
+    name = {"F32": "ALL_F32", "Q4_K": "MOSTLY_Q4_K_M", "Q5_K": "MOSTLY_Q5_K_M",
+            "Q3_K": "MOSTLY_Q3_K_M"}.get(common, f"MOSTLY_{common}")
+    return int(LlamaFileType[name])
 
 
 def write_random_gguf(path: "str | os.PathLike[str]", arch: str, *, seed: int,
@@ -310,13 +281,13 @@ def write_random_gguf(path: "str | os.PathLike[str]", arch: str, *, seed: int,
     ``rope``: HF ``rope_parameters`` beyond the theta (``{"rope_type":
     "linear", "factor": 2.0}``, ``"yarn"``, ``"llama3"``). ``tokenizer``: a
     ``tokenizer.ggml.*`` block (its token count sets the vocabulary); by
-    default :func:`default_tokenizer`. ``edit(metadata, tensors)`` may change
+    default :func:`default_tokenizer` of about ``vocab`` tokens. ``edit(metadata, tensors)`` may change
     the two dicts (GGUF name -> save_gguf spec) just before writing, for bad
     files."""
     if arch not in ARCHS:
         raise ValueError(f"arch must be one of {ARCHS}, got {arch!r}")
-    if tokenizer is not None:
-        vocab = len(tokenizer["tokenizer.ggml.tokens"])
+    tokenizer = default_tokenizer(arch, vocab) if tokenizer is None else tokenizer
+    vocab = len(tokenizer["tokenizer.ggml.tokens"])
     if head_dim is None and arch == "qwen3":
         head_dim = 128
     config = hf_config(arch, n_layers=n_layers, hidden=hidden, ffn=ffn, n_heads=n_heads,
@@ -335,7 +306,7 @@ def write_random_gguf(path: "str | os.PathLike[str]", arch: str, *, seed: int,
     metadata = model_metadata(arch, config, rope)
     metadata["general.file_type"] = _file_type([chosen[n] for n in matrices])
     metadata["general.quantization_version"] = 2
-    metadata.update(tokenizer if tokenizer is not None else default_tokenizer(arch, vocab))
+    metadata.update(tokenizer)
     if edit is not None:
         edit(metadata, tensors)
     save_gguf(path, metadata, tensors, types=TOKENIZER_TYPES)

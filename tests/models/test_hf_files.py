@@ -15,7 +15,8 @@ from muser_torch import dequantize, load_gguf  # noqa: E402
 
 from ..formats.ggml_ref import lib as ggml_lib  # noqa: E402
 from ..gguf.helpers import fresh_seed  # noqa: E402
-from .hf_files import (ARCHS, DEFAULT_MIX, convert, gguf_arch, head_dim_of, hf_config,  # noqa: E402
+from .hf_files import (ARCHS, DEFAULT_MIX, convert, default_tokenizer, gguf_arch, head_dim_of,  # noqa: E402
+                       hf_config,
                        llama3_rope_factors, load_transformers, permute_qk, random_hf_weights,
                        unpermute_qk, write_random_gguf)
 
@@ -99,10 +100,12 @@ def test_f32_file_is_the_converted_hf_model(tmp_path, arch, rope):
     if rope and rope["rope_type"] == "llama3" and arch != "llama":
         pytest.skip("llama3 scaling is a llama converter rule")
     seed = fresh_seed()
+    tokenizer = default_tokenizer(arch, 384)
+    vocab = len(tokenizer["tokenizer.ggml.tokens"])
     kw = dict(n_layers=2, hidden=256, ffn=512, n_heads=4, n_kv_heads=2, head_dim=128 if arch == "qwen3" else None,
-              vocab=384, context=512, rope_theta=10000.0, rms_eps=1e-6, rope=rope, tied=False)
-    path = write_random_gguf(tmp_path / f"{arch}.gguf", arch, seed=seed, types=("F32",),
-                             **{k: v for k, v in kw.items()})
+              vocab=vocab, context=512, rope_theta=10000.0, rms_eps=1e-6, rope=rope, tied=False)
+    path = write_random_gguf(tmp_path / f"{arch}.gguf", arch, seed=seed, types=("F32",), tokenizer=tokenizer,
+                             **{k: v for k, v in kw.items() if k != "vocab"})
     from transformers import AutoModelForCausalLM
     config = hf_config(arch, **kw)
     hf = random_hf_weights(config, seed)
@@ -111,7 +114,7 @@ def test_f32_file_is_the_converted_hf_model(tmp_path, arch, rope):
     loaded = load_transformers(path, rope=rope)
     for name, w in direct.state_dict().items():
         assert torch.equal(loaded.state_dict()[name], w), f"seed {seed}: {arch} {name}"
-    prompt = torch.randint(0, 384, (1, 23), generator=torch.Generator().manual_seed(seed))
+    prompt = torch.randint(0, vocab, (1, 23), generator=torch.Generator().manual_seed(seed))
     with torch.no_grad():
         a, b = loaded(prompt).logits, direct(prompt).logits
     assert torch.equal(a, b), f"seed {seed}: {arch} {rope}: max diff {float((a - b).abs().max())}"
