@@ -4,8 +4,9 @@ from .ops.unpack import dequantize
 from .errors import GGUFError
 from .gguf_io import GGUFFile, load_gguf, save_gguf
 from .nn import QEmbedding, QLinear
+from .models import from_gguf
 from .glimmer import Glimmer, GlimmerConfig
 
 __all__ = ["GGMLType", "dequantize", "quantize", "GGUFError", "GGUFFile", "load_gguf", "save_gguf",
-           "QLinear", "QEmbedding", "Glimmer", "GlimmerConfig"]
+           "QLinear", "QEmbedding", "from_gguf", "Glimmer", "GlimmerConfig"]
 __version__ = "0.1.0"

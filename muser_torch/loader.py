@@ -1,82 +1,72 @@
-"""Fail-closed admission of a Glimmer GGUF, and binding of its packed weights.
+"""Fail-closed admission of a GGUF for any architecture in ``arch``, and
+binding of its packed weights.
 
-``admit`` runs every check of GLIMMER.md before any weight is used and
-returns the config; each refusal is an ``AdmissionError`` subclass whose
-message names the tensor (or key), what was found and what was expected.
-The checks, in order:
+``check`` runs every check before any weight is used and returns the
+architecture, its config and the optional tensor groups the file has; each
+refusal is an ``AdmissionError`` subclass whose message names the tensor (or
+key), what was found and what was expected. The checks, in order:
 
-1. lane: ``muser.weight_precision`` is present and one of ``LANES``;
-2. metadata: the config keys are present and sane;
-3. tensor set: exactly the tensors the config implies (per-head q/k norms
-   on every layer or none; NVFP4 companions only beside NVFP4 tensors);
-4. per tensor, in file order: the dtype fence of its role, then its shape;
-5. the lane against the tensors: ``q4_k_xl`` has no NVFP4 tensor, ``nvfp4``
-   has at least one and every one has its companions bound.
+1. architecture: ``general.architecture`` is one muser-torch runs;
+2. the architecture's own metadata checks (Glimmer: its lane key);
+3. metadata: the config's keys are present, each within its range, and
+   usable together;
+4. counts: the claimed layers fit in the tensors the file holds, before
+   anything is built per layer;
+5. tensor set: exactly the tensors the config implies (an optional group on
+   every layer or on none; NVFP4 companions only beside NVFP4 tensors);
+6. per tensor, in file order: the dtype fence of its role, then its shape;
+7. companions, then the architecture's own tensor checks (Glimmer: the lane
+   against the tensors).
 
 Nothing is converted: a tensor of a type outside its fence is refused, not
 dequantized and re-packed.
 """
 from __future__ import annotations
 
-import math
-from enum import Enum
+from dataclasses import dataclass
+from typing import Any
 
-from .config import ARCH, LANE_KEY, LANES, GlimmerConfig
-from .errors import (CompanionError, DtypeFenceError, LaneError, MetadataError,
-                     ShapeMismatchError, TensorSetError)
+from .arch import Architecture, Role, architecture_of
+from .arch.glimmer import GLIMMER, GlimmerConfig
+from .arch.spec import describe, expand
+from .errors import CompanionError, DtypeFenceError, MetadataError, ShapeMismatchError, TensorSetError
 from .formats import GGMLType, PackedWeight
 from .formats.types import NEEDS_COMPANIONS
 from .gguf_io import SCALE2_SUFFIX, SCALE_SUFFIX, GGUFFile, GGUFTensor
 
-__all__ = ["admit", "expected_tensors", "Role", "PackedWeight", "packed_weight", "bind_weights"]
+__all__ = ["check", "admit", "Admitted", "expected_tensors", "Role", "PackedWeight",
+           "packed_weight", "bind_weights"]
 
 
-class Role(Enum):
-    EMBEDDING = "embedding"
-    PROJECTION = "projection"
-    NORM = "norm"
+@dataclass(frozen=True)
+class Admitted:
+    arch: Architecture
+    config: Any
+    groups: frozenset[str]     # the optional tensor groups the file has
 
 
-# The dtype fences (GLIMMER.md, "Weight types and fail-closed admission").
-FENCES: dict[Role, frozenset[GGMLType]] = {
-    Role.PROJECTION: frozenset({GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K,
-                                GGMLType.NVFP4_E2M1, GGMLType.F16}),
-    Role.EMBEDDING: frozenset({GGMLType.Q4_K, GGMLType.F16}),
-    Role.NORM: frozenset({GGMLType.F32}),
-}
+def admit(gguf: GGUFFile) -> Any:
+    """Check a parsed file; return its config or raise."""
+    return check(gguf).config
 
 
-def expected_tensors(cfg: GlimmerConfig, qk_norm: bool = False
-                     ) -> dict[str, tuple[Role, tuple[int, ...]]]:
-    """Every tensor a Glimmer of this config has -> (role, GGUF ``ne``).
-
-    ``ne`` is GGUF order, ``(n_in, n_out)`` for a matrix. The lm_head
-    (``output.weight``) is a projection: it is untied and fenced like one."""
-    h, q, kv, ffn = cfg.hidden, cfg.q_dim, cfg.kv_dim, cfg.ffn
-    P, N = Role.PROJECTION, Role.NORM
-    out: dict[str, tuple[Role, tuple[int, ...]]] = {
-        "token_embd.weight": (Role.EMBEDDING, (h, cfg.vocab_size))}
-    per_layer = {"attn_norm": (N, (h,)), "attn_q": (P, (h, q)), "attn_gate": (P, (h, q)),
-                 "attn_k": (P, (h, kv)), "attn_v": (P, (h, kv)), "attn_output": (P, (q, h)),
-                 "ffn_norm": (N, (h,)), "ffn_gate": (P, (h, ffn)), "ffn_up": (P, (h, ffn)),
-                 "ffn_down": (P, (ffn, h))}
-    if qk_norm:
-        per_layer |= {"attn_q_norm": (N, (cfg.head_dim,)), "attn_k_norm": (N, (cfg.head_dim,))}
-    for il in range(cfg.n_layers):
-        for k, v in per_layer.items():
-            out[f"blk.{il}.{k}.weight"] = v
-    out["output_norm.weight"] = (N, (h,))
-    out["output.weight"] = (P, (h, cfg.vocab_size))
-    return out
-
-
-def admit(gguf: GGUFFile) -> GlimmerConfig:
-    """Check a parsed file against GLIMMER.md; return its config or raise."""
+def check(gguf: GGUFFile, arch: Architecture | None = None) -> Admitted:
+    """Check a parsed file (as ``arch`` when given: another architecture is
+    refused by name); return what was admitted or raise."""
     where = gguf.path.name
-    lane = _lane(gguf.metadata, where)
-    cfg = _config(gguf.metadata, where)
-    qk_norm = _qk_norm(gguf, cfg)
-    expected = expected_tensors(cfg, qk_norm)
+    md = gguf.metadata
+    found = architecture_of(md, where)
+    if arch is not None and found is not arch:
+        raise MetadataError(f"{where}: general.architecture is {found.name!r}, expected "
+                            f"{arch.name!r} ({arch.title}); muser_torch.from_gguf reads any "
+                            f"supported architecture")
+    arch = found
+    if arch.check_metadata is not None:
+        arch.check_metadata(md, where)
+    cfg = _config(arch, md, where)
+    _bound_layers(arch, cfg, gguf)
+    groups = _groups(arch, cfg, gguf)
+    expected = expand(arch, cfg, groups)
 
     companions = {n for n in gguf.tensors if _companion_parent(n) is not None}
     missing = [n for n in expected if n not in gguf.tensors]
@@ -84,91 +74,78 @@ def admit(gguf: GGUFFile) -> GlimmerConfig:
         raise TensorSetError(
             f"{where}: missing tensor {missing[0]!r}" +
             (f" and {len(missing) - 1} more" if len(missing) > 1 else "") +
-            f" (a {cfg.n_layers}-layer Glimmer needs {len(expected)} tensors)")
+            f" (a {cfg.n_layers}-layer {arch.title} needs {len(expected)} tensors)")
     unexpected = [n for n in gguf.tensors if n not in expected and n not in companions]
     if unexpected:
         raise TensorSetError(f"{where}: unexpected tensor {unexpected[0]!r}"
                              + (f" and {len(unexpected) - 1} more" if len(unexpected) > 1 else "")
-                             + "; Glimmer does not use it")
+                             + f"; {arch.title} does not use it")
 
     for name, t in gguf.tensors.items():
         if name in companions:
             continue
-        role, ne = expected[name]
-        _fence(t, role)
+        spec, _ = expected[name]
+        _fence(t, spec.role, arch)
+        ne = spec.shape(cfg)
         if t.ne != ne:
             raise ShapeMismatchError(
                 f"tensor {name!r}: ne {list(t.ne)} but the config expects {list(ne)} "
-                f"({_describe(name, cfg)})")
+                f"({describe(spec, cfg)})")
 
-    nvfp4 = [n for n, t in gguf.tensors.items() if t.type_id == GGMLType.NVFP4_E2M1]
     for name in sorted(companions, key=lambda n: gguf.tensors[n].offset):
         parent = _companion_parent(name)
         pt = gguf.tensors.get(parent)
         if pt is None or pt.type_id != GGMLType.NVFP4_E2M1:
-            found = "no such tensor" if pt is None else pt.type_name
+            found_type = "no such tensor" if pt is None else pt.type_name
             raise CompanionError(f"tensor {name!r} is an NVFP4 companion, but {parent!r} is "
-                                 f"{found}, expected NVFP4_E2M1")
-    if lane == "q4_k_xl" and nvfp4:
-        raise LaneError(f"{where}: {LANE_KEY} is 'q4_k_xl' but tensor {nvfp4[0]!r} is "
-                        f"NVFP4_E2M1 ({len(nvfp4)} NVFP4 tensors); the kquant lane admits none")
-    if lane == "nvfp4":
-        if not nvfp4:
-            raise LaneError(f"{where}: {LANE_KEY} is 'nvfp4' but no tensor is NVFP4_E2M1")
-        for name in nvfp4:
-            gguf.companions(name)   # raises CompanionError naming what is wrong
-    return cfg
+                                 f"{found_type}, expected NVFP4_E2M1")
+    if arch.check_tensors is not None:
+        arch.check_tensors(gguf, cfg)
+    return Admitted(arch, cfg, frozenset(groups))
 
 
-def _lane(md: dict, where: str) -> str:
-    if LANE_KEY not in md:
-        raise LaneError(f"{where}: metadata key {LANE_KEY!r} is missing; it is required and "
-                        f"must be one of {', '.join(map(repr, LANES))}")
-    lane = md[LANE_KEY]
-    if lane not in LANES:
-        raise LaneError(f"{where}: {LANE_KEY} is {lane!r}, expected one of "
-                        f"{', '.join(map(repr, LANES))}")
-    return lane
+def expected_tensors(cfg: GlimmerConfig, qk_norm: bool = False
+                     ) -> dict[str, tuple[Role, tuple[int, ...]]]:
+    """Every tensor a Glimmer of this config has -> (role, GGUF ``ne``), from
+    Glimmer's table (``arch/glimmer.py``)."""
+    rows = expand(GLIMMER, cfg, {"qk_norm"} if qk_norm else ())
+    return {name: (spec.role, spec.shape(cfg)) for name, (spec, _) in rows.items()}
 
 
-def _config(md: dict, where: str) -> GlimmerConfig:
+def _config(arch: Architecture, md: dict, where: str) -> Any:
     try:
-        cfg = GlimmerConfig.from_metadata(md)
+        return arch.config.from_metadata(md)
     except KeyError as e:
         raise MetadataError(f"{where}: metadata key {e.args[0]!r} is missing "
-                            f"(required for general.architecture {ARCH!r})") from None
+                            f"(required for general.architecture {arch.name!r})") from None
     except (ValueError, OverflowError) as e:   # a bad value, or float() of a huge int
         raise MetadataError(f"{where}: {e}") from None
-    sizes = {"embedding_length": cfg.hidden, "feed_forward_length": cfg.ffn,
-             "block_count": cfg.n_layers, "attention.head_count": cfg.n_heads,
-             "attention.head_count_kv": cfg.n_kv_heads, "attention.key_length": cfg.head_dim,
-             "vocab_size": cfg.vocab_size, "context_length": cfg.context_length,
-             "attention.sliding_window": cfg.sliding_window,
-             "attention.sliding_window_pattern": cfg.sliding_window_pattern}
-    for key, v in sizes.items():
-        if v <= 0:
-            raise MetadataError(f"{where}: {ARCH}.{key} is {v}, expected a positive integer")
-    if cfg.n_heads % cfg.n_kv_heads:
-        raise MetadataError(f"{where}: {ARCH}.attention.head_count {cfg.n_heads} is not a "
-                            f"multiple of head_count_kv {cfg.n_kv_heads}")
-    if cfg.head_dim % 2:
-        raise MetadataError(f"{where}: {ARCH}.attention.key_length {cfg.head_dim} must be even (RoPE)")
-    if not (math.isfinite(cfg.rms_eps) and cfg.rms_eps > 0 and math.isfinite(cfg.rope_base)
-            and cfg.rope_base > 0):
-        raise MetadataError(f"{where}: rms epsilon {cfg.rms_eps} and rope.freq_base "
-                            f"{cfg.rope_base} must be positive and finite")
-    return cfg
 
 
-def _qk_norm(gguf: GGUFFile, cfg: GlimmerConfig) -> bool:
-    """Per-head q/k norms are optional, but on every layer or on none."""
-    have = [f"blk.{il}.attn_{w}_norm.weight" in gguf.tensors
-            for il in range(cfg.n_layers) for w in "qk"]
-    if any(have) and not all(have):
-        il, w = divmod(have.index(False), 2)
-        raise TensorSetError(f"{gguf.path.name}: per-head q/k norms are present on some layers "
-                             f"but tensor 'blk.{il}.attn_{'qk'[w]}_norm.weight' is missing")
-    return all(have)
+def _bound_layers(arch: Architecture, cfg: Any, gguf: GGUFFile) -> None:
+    """Refuse a layer count the file cannot hold before anything is built per
+    layer (a u32-max ``block_count`` would otherwise build billions of names)."""
+    need = cfg.n_layers * arch.per_layer_required()
+    if need > len(gguf.tensors):
+        raise MetadataError(
+            f"{gguf.path.name}: {arch.name}.block_count is {cfg.n_layers}, but the file holds "
+            f"{len(gguf.tensors)} tensors and each {arch.title} layer needs "
+            f"{arch.per_layer_required()} (at most {len(gguf.tensors) // arch.per_layer_required()} "
+            f"layers fit)")
+
+
+def _groups(arch: Architecture, cfg: Any, gguf: GGUFFile) -> set[str]:
+    """The optional groups the file has; each is present for every layer or none."""
+    have_groups = set()
+    for group, what in arch.groups.items():
+        names = [n for n, (s, _) in expand(arch, cfg, {group}).items() if s.group == group]
+        have = [n in gguf.tensors for n in names]
+        if any(have) and not all(have):
+            raise TensorSetError(f"{gguf.path.name}: {what} are present on some layers but "
+                                 f"tensor {names[have.index(False)]!r} is missing")
+        if all(have):
+            have_groups.add(group)
+    return have_groups
 
 
 def _companion_parent(name: str) -> str | None:
@@ -178,8 +155,8 @@ def _companion_parent(name: str) -> str | None:
     return None
 
 
-def _fence(t: GGUFTensor, role: Role) -> None:
-    allowed = FENCES[role]
+def _fence(t: GGUFTensor, role: Role, arch: Architecture) -> None:
+    allowed = arch.fences[role]
     if t.qtype in allowed:
         return
     note = ""
@@ -189,26 +166,6 @@ def _fence(t: GGUFTensor, role: Role) -> None:
     raise DtypeFenceError(
         f"tensor {t.name!r}: type {t.type_name} (id {t.type_id}) is not admitted for a "
         f"{role.value}; expected one of {', '.join(sorted(q.name for q in allowed))}{note}")
-
-
-def _describe(name: str, cfg: GlimmerConfig) -> str:
-    """The config values a tensor's shape comes from, for shape errors."""
-    part = name.split(".")[-2]
-    c = cfg
-    return {
-        "token_embd": f"hidden {c.hidden}, vocab_size {c.vocab_size}",
-        "output": f"hidden {c.hidden}, vocab_size {c.vocab_size}",
-        "attn_q": f"hidden {c.hidden}, {c.n_heads} heads x head_dim {c.head_dim}",
-        "attn_gate": f"hidden {c.hidden}, {c.n_heads} heads x head_dim {c.head_dim}",
-        "attn_k": f"hidden {c.hidden}, {c.n_kv_heads} kv heads x head_dim {c.head_dim}",
-        "attn_v": f"hidden {c.hidden}, {c.n_kv_heads} kv heads x head_dim {c.head_dim}",
-        "attn_output": f"{c.n_heads} heads x head_dim {c.head_dim}, hidden {c.hidden}",
-        "ffn_gate": f"hidden {c.hidden}, ffn {c.ffn}",
-        "ffn_up": f"hidden {c.hidden}, ffn {c.ffn}",
-        "ffn_down": f"ffn {c.ffn}, hidden {c.hidden}",
-        "attn_q_norm": f"head_dim {c.head_dim}",
-        "attn_k_norm": f"head_dim {c.head_dim}",
-    }.get(part, f"hidden {c.hidden}")
 
 
 # ---- binding -----------------------------------------------------------------
@@ -227,7 +184,7 @@ def packed_weight(gguf: GGUFFile, name: str) -> PackedWeight:
 
 def bind_weights(gguf: GGUFFile) -> dict[str, PackedWeight]:
     """Every tensor except NVFP4 companions (which are folded into their
-    weight), in file order. Call ``admit`` first: binding checks only what it
+    weight), in file order. Call ``check`` first: binding checks only what it
     needs to build each weight."""
     out = {}
     for name in gguf.tensors:

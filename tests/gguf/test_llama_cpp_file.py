@@ -85,7 +85,7 @@ def test_inspect_totals_equal_the_file(gemma_path):
 
 
 def test_not_admitted_as_glimmer(gemma_path):
-    with pytest.raises(GGUFError, match="muser.weight_precision"):
+    with pytest.raises(GGUFError, match="general.architecture is 'gemma3', which muser-torch does not run; supported: 'glimmer'"):
         admit(load_gguf(gemma_path))
 
 

@@ -8,7 +8,7 @@ import torch
 from muser_torch import Glimmer
 from muser_torch.errors import (CompanionError, DtypeFenceError, GGUFError, LaneError,
                                 MetadataError, ShapeMismatchError, TensorSetError)
-from muser_torch.formats import GGMLType
+from muser_torch.formats import GGMLType, random_weight
 from muser_torch.gguf_io import load_gguf, save_gguf
 
 from .conftest import SEED
@@ -34,8 +34,7 @@ def _variant(src: str, dst, *, metadata=None, drop=(), add=None, replace=None) -
 
 def _random_bytes(qtype: GGMLType, n_out: int, n_in: int):
     g = torch.Generator().manual_seed(SEED)
-    data = torch.randint(0, 256, (n_out, qtype.row_bytes(n_in)), dtype=torch.uint8, generator=g)
-    return (qtype, data, (n_in, n_out))
+    return (qtype, random_weight(qtype, n_out, n_in, generator=g).packed, (n_in, n_out))
 
 
 CASES = {

@@ -12,7 +12,8 @@ from muser_torch.cli import main as cli
 from muser_torch import dequantize
 from muser_torch.formats import GGMLType
 from muser_torch.gguf_io import load_gguf
-from muser_torch.tiny import SEED_CONFIG, plan, planned_bytes, random_rows
+from muser_torch.formats import random_weight
+from muser_torch.tiny import SEED_CONFIG, plan, planned_bytes
 
 from .conftest import SEED
 
@@ -65,8 +66,8 @@ def test_make_tiny_refuses_unpackable_shapes(tmp_path, capsys):
 def test_random_rows_have_the_asked_std(qtype):
     g = torch.Generator().manual_seed(SEED)
     std = 0.05
-    packed, extra = random_rows(qtype, 48, 512, g, "cpu", std)
-    w = dequantize(packed, qtype, 512, **extra)
+    rw = random_weight(qtype, 48, 512, generator=g, std=std)
+    w = dequantize(rw.packed, qtype, 512, **rw.companions())
     assert torch.isfinite(w).all(), f"{qtype.name}: non-finite values (seed {SEED})"
     assert abs(float(w.std()) / std - 1) < 0.15, f"{qtype.name}: std {float(w.std()):.4f} (seed {SEED})"
     assert abs(float(w.mean())) < 0.2 * std, f"{qtype.name}: mean {float(w.mean()):.4f} (seed {SEED})"

@@ -1,0 +1,35 @@
+"""The model layer: shared parts (``parts.py``), the shared model base
+(``decoder.py``: forward, KV cache; ``generation.py``: sampling, ``stream``,
+``generate``; ``assembly.py``: weights from a GGUF through the tensor table)
+and one small module per architecture. ``from_gguf`` reads
+``general.architecture`` and returns that architecture's model.
+
+Adding an architecture: its facts in ``muser_torch/arch/<name>.py`` (config,
+keys, tensor table, fences) and a row in ``arch.ARCHITECTURES``; its block and
+model class here, and a row in ``MODELS``."""
+from __future__ import annotations
+
+import os
+
+import torch
+
+from ..arch import architecture_of
+from ..gguf_io import load_gguf
+from .decoder import Decoder
+from .glimmer import Glimmer
+
+__all__ = ["MODELS", "from_gguf", "Decoder", "Glimmer"]
+
+MODELS: dict[str, type[Decoder]] = {cls.ARCH.name: cls for cls in (Glimmer,)}
+
+
+def from_gguf(path: str | os.PathLike, device: torch.device | str | None = None,
+              dtype: torch.dtype | None = None, progress: bool = False) -> Decoder:
+    """The model in a GGUF file, of whichever supported architecture it holds
+    (a MetadataError names an unsupported one and lists the supported).
+    ``dtype`` is the activation dtype: float32 on CPU and the architecture's
+    choice on an accelerator when None."""
+    gguf = load_gguf(path)
+    cls = MODELS[architecture_of(gguf.metadata, gguf.path.name).name]
+    device = torch.device(device if device is not None else "cpu")
+    return cls.from_file(gguf, device, dtype or cls.default_dtype(device), progress)

@@ -1,0 +1,228 @@
+"""``Decoder``: what every architecture's model shares: the embedding, the
+stack of blocks, the final norm and lm_head; the multi-slot KV cache;
+generation (``Generation``); and construction from a GGUF through the
+architecture's tensor table (``assembly``).
+
+An architecture's model subclasses it with its block and its facts
+(``ARCH``, the RoPE tables); ``models/glimmer.py`` and ``models/gemma3.py``
+are the examples. ``forward`` is shared: one RoPE table per frequency set
+and one mask per window, both made once per step and shared by the layers
+that use them. When a batch holds every slot, its rows run in slot order so
+that a layer reads its cache buffers directly, with no gather.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Sequence
+
+import torch
+import torch.nn as nn
+
+from ..arch import Architecture
+from ..gguf_io import GGUFFile, load_gguf
+from ..loader import check, packed_weight
+from .assembly import assemble, tokenizer_for
+from .generation import Generation
+from .parts import KVCache, RMSNorm, rope_angles
+
+__all__ = ["Decoder"]
+
+
+class Decoder(nn.Module, Generation):
+    ARCH: Architecture
+    # dtype of the embedding rows before ``embed_scale`` (None: the activation dtype)
+    EMBED_DTYPE: torch.dtype | None = None
+    # activation dtype of ``from_gguf`` when none is given (None: float32 on
+    # CPU, ACCEL_DTYPE on an accelerator)
+    DEFAULT_DTYPE: torch.dtype | None = None
+    ACCEL_DTYPE: torch.dtype = torch.float16
+
+    def __init__(self, config: Any, layers: Sequence[nn.Module], *, embed_scale: float = 1.0,
+                 final_softcap: float | None = None):
+        super().__init__()
+        self.config = config
+        self.tok_embeddings = nn.Embedding(config.vocab_size, config.hidden)
+        self.layers = nn.ModuleList(layers)
+        self.norm = RMSNorm(config.hidden, config.rms_eps)
+        self.output = nn.Linear(config.hidden, config.vocab_size, bias=False)
+        self.embed_scale = embed_scale        # Gemma: sqrt(hidden)
+        self.final_softcap = final_softcap    # logits -> cap * tanh(logits / cap)
+        self._rope_names = []
+        for k, table in enumerate(self.rope_tables()):
+            name = "inv_freq" if k == 0 else f"inv_freq_{k}"
+            self.register_buffer(name, table, persistent=False)
+            self._rope_names.append(name)
+        self.register_buffer("lengths", torch.zeros(0, dtype=torch.long), persistent=False)
+        self.tokenizer = None  # set by from_gguf when the file carries one
+        self.act_dtype: torch.dtype | None = None  # set for packed models
+        self.max_seq_len = 0
+
+    def rope_tables(self) -> list[torch.Tensor]:
+        """The inverse-frequency tables; attention ``rope_slot`` k uses the k-th."""
+        raise NotImplementedError
+
+    # -- cache ------------------------------------------------------------------
+
+    def setup_cache(self, slots: int = 1, max_seq_len: int | None = None,
+                    dtype: torch.dtype | None = None) -> None:
+        """Allocate an empty KV cache of ``slots`` sequences. Global layers hold
+        ``min(max_seq_len, context_length)`` positions, SWA layers their window.
+        ``dtype`` defaults to float16 (float32/64 for a model computing in those)."""
+        c = self.config
+        dtype = dtype or self._cache_dtype()
+        ctx = c.context_length if max_seq_len is None else min(max_seq_len, c.context_length)
+        if slots < 1 or ctx < 1:
+            raise ValueError(f"setup_cache: need slots >= 1 and max_seq_len >= 1, got {slots}, {ctx}")
+        device = self.lengths.device
+        for layer in self.layers:
+            att = layer.attention
+            cap = ctx if att.window is None else min(att.window, ctx)
+            att.kv_cache = KVCache(slots, cap, att.n_kv, att.head_dim, dtype, device)
+        self.lengths = torch.zeros(slots, dtype=torch.long, device=device)
+        self.max_seq_len = ctx
+
+    def reset(self, slots: Sequence[int] | torch.Tensor | None = None) -> None:
+        """Forget the cached tokens of ``slots`` (all when None)."""
+        if slots is None:
+            self.lengths.zero_()
+        else:
+            self.lengths[torch.as_tensor(slots, device=self.lengths.device)] = 0
+
+    def check_room(self, slots: torch.Tensor, n_new: int) -> None:
+        """Raise ValueError unless every slot can take ``n_new`` more tokens."""
+        if self.lengths.numel() == 0:
+            raise ValueError("no KV cache: call setup_cache(slots, max_seq_len) first")
+        s = torch.as_tensor(slots).tolist()
+        if len(set(s)) != len(s) or min(s) < 0 or max(s) >= self.lengths.numel():
+            raise ValueError(f"slots must be distinct ids in [0, {self.lengths.numel()}), got {s}")
+        longest = int(self.lengths[torch.as_tensor(s, device=self.lengths.device)].max()) + n_new
+        if longest > self.max_seq_len:
+            raise ValueError(f"sequence of {longest} tokens exceeds the cache's "
+                             f"{self.max_seq_len} (context_length {self.config.context_length})")
+
+    # -- forward ----------------------------------------------------------------
+
+    def forward(self, tokens: torch.Tensor, slots: torch.Tensor | None = None,
+                last_only: bool = False) -> torch.Tensor:
+        """Logits ``[B, T, vocab]`` for token ids ``[B, T]`` (``[B, 1, vocab]``,
+        the last position's, with ``last_only``: a prefill needs no more).
+
+        Without ``slots`` the tokens are one self-contained sequence per row
+        (positions 0..T-1, no cache). With ``slots`` (``[B]`` long, distinct),
+        row b continues cached sequence ``slots[b]`` from its current length,
+        and the cache advances by T. Lengths are trusted here; ``generate``
+        and ``check_room`` check them on the host, outside the compiled step."""
+        B, T = tokens.shape
+        steps = torch.arange(T, device=tokens.device)
+        order = None
+        if slots is not None and B == self.lengths.numel():
+            # Every slot: run the rows in slot order (row s is slot s), so each
+            # layer attends over its cache buffers as they sit (KVCache.rows).
+            order, slots = slots, torch.arange(B, device=tokens.device)
+            tokens = tokens.index_copy(0, order, tokens)
+        if slots is None:
+            positions, lengths = steps.expand(B, T), None
+        else:
+            lengths = self.lengths.index_select(0, slots)
+            positions = lengths.unsqueeze(-1) + steps
+        rots = [rope_angles(positions, getattr(self, name)) for name in self._rope_names]
+        # one mask per window (None: global), shared by the layers with that window
+        kinds = {layer.attention.window: layer.attention for layer in self.layers}
+        masks = {window: att.make_mask(positions, lengths) for window, att in kinds.items()}
+        x = self.tok_embeddings(tokens)
+        if self.embed_scale != 1.0:
+            x = x * self.embed_scale
+        x = x.to(self.activation_dtype)
+        for layer in self.layers:
+            att = layer.attention
+            x = layer(x, positions, rots[att.rope_slot], masks[att.window], slots)
+        if slots is not None:
+            self.lengths.index_put_((slots,), lengths + T)
+        if last_only:
+            x = x[:, -1:]
+        if order is not None:  # back to the caller's row order
+            x = x.index_select(0, order)
+        logits = self.output(self.norm(x))
+        if self.final_softcap is not None:
+            logits = torch.tanh(logits / self.final_softcap) * self.final_softcap
+        return logits
+
+    # -- accounting ---------------------------------------------------------------
+
+    def weight_bytes_per_token(self) -> int:
+        """Bytes of weights one decode step reads: every projection and norm in
+        full (a tied lm_head reads the embedding's bytes in full), one row of
+        the embedding table (the KV cache is not counted)."""
+        total = 0
+        model_buffers = {id(t) for t in self.buffers(recurse=False)}   # RoPE tables, lengths
+        for mod in self.modules():
+            if isinstance(mod, KVCache):
+                continue
+            own = [t for t in (*mod.parameters(recurse=False), *mod.buffers(recurse=False))
+                   if id(t) not in model_buffers]
+            size = sum(t.numel() * t.element_size() for t in own)
+            total += size // self.config.vocab_size if mod is self.tok_embeddings else size
+        return total
+
+    def kv_bytes_per_token(self) -> int:
+        """Bytes of KV cache one decode step reads per slot: every cache entry
+        (the step attends over the whole ring, masked)."""
+        return sum(2 * layer.attention.kv_cache.k[0].numel() * layer.attention.kv_cache.k.element_size()
+                   for layer in self.layers if layer.attention.kv_cache is not None)
+
+    def _cache_dtype(self) -> torch.dtype:
+        # f16 cache by default; a float32/64 model (tests) keeps its own precision.
+        dt = self.activation_dtype
+        return dt if dt in (torch.float32, torch.float64) else torch.float16
+
+    @property
+    def activation_dtype(self) -> torch.dtype:
+        """The dtype hidden states flow in: ``from_gguf``'s ``dtype``, or the
+        float weights' dtype for a model built from a config."""
+        return self.act_dtype if self.act_dtype is not None else self.output.weight.dtype
+
+    # -- construction from packed weights ---------------------------------------
+
+    @classmethod
+    def build(cls, config: Any, groups: frozenset[str]) -> "Decoder":
+        """The module tree for a config and the optional tensor groups a file has."""
+        raise NotImplementedError
+
+    @classmethod
+    def from_gguf(cls, path: str | os.PathLike, device: torch.device | str | None = None,
+                  dtype: torch.dtype | None = None, progress: bool = False) -> "Decoder":
+        """Build from a GGUF file of this architecture after fail-closed admission.
+
+        Projections become ``QLinear`` over the file's packed bytes (the memory
+        map itself on CPU, one copy on an accelerator), the embedding a
+        ``QEmbedding``; norms are float32. ``dtype`` is the activation dtype
+        (default: ``DEFAULT_DTYPE``, else float32 on CPU and ``ACCEL_DTYPE`` on
+        an accelerator)."""
+        return cls.from_file(load_gguf(path), device, dtype, progress)
+
+    @classmethod
+    def from_file(cls, gguf: GGUFFile, device: torch.device | str | None = None,
+                  dtype: torch.dtype | None = None, progress: bool = False) -> "Decoder":
+        """``from_gguf`` of an already parsed file."""
+        admitted = check(gguf, cls.ARCH)   # raises a GGUFError subclass naming what is wrong
+        tokenizer = tokenizer_for(gguf)
+        device = torch.device(device if device is not None else "cpu")
+        dtype = dtype or cls.DEFAULT_DTYPE or cls.default_dtype(device)
+
+        def get(name, n_out, n_in):  # shapes and companions were admitted above
+            return packed_weight(gguf, name)
+
+        label = f"loading {gguf.path.name}" if progress else None
+        return assemble(cls, admitted.config, admitted.groups, get, device, dtype, tokenizer, label)
+
+    @classmethod
+    def default_dtype(cls, device: torch.device) -> torch.dtype:
+        """float32 on CPU (torch's CPU float16 matmul is slow), ``ACCEL_DTYPE`` elsewhere."""
+        return torch.float32 if torch.device(device).type == "cpu" else cls.ACCEL_DTYPE
+
+    def finish(self, device: torch.device, dtype: torch.dtype) -> None:
+        """Recreate the non-persistent buffers that the meta build left empty."""
+        for name, table in zip(self._rope_names, self.rope_tables()):
+            setattr(self, name, table.to(device))
+        self.lengths = torch.zeros(0, dtype=torch.long, device=device)
+        self.act_dtype = dtype

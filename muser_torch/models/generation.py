@@ -1,0 +1,104 @@
+"""Sampling and generation, shared by every model: ``sample`` picks the next
+token from logits; ``Generation`` adds ``stream`` and ``generate`` to a model
+that has a multi-slot KV cache (``Decoder``)."""
+from __future__ import annotations
+
+from typing import Callable, Iterator, Sequence
+
+import torch
+
+__all__ = ["sample", "Generation"]
+
+
+def sample(logits: torch.Tensor, temperature: float = 0.0, top_k: int | None = None,
+           top_p: float | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Next token ``[B]`` from logits ``[B, V]``: argmax at temperature 0, else a
+    draw from the temperature-scaled distribution cut to top-k, then top-p."""
+    if temperature == 0:
+        return logits.argmax(-1)
+    # Scale with the max shifted to 0 and the divisor kept a normal float32, so a
+    # tiny temperature drives the others toward -inf and never the max to +inf
+    # (inf - inf is NaN in softmax).
+    logits = logits.float()
+    t = max(temperature, torch.finfo(torch.float32).tiny)
+    logits = (logits - logits.amax(-1, keepdim=True)) / t
+    if top_k is not None and top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None and top_p < 1:
+        sorted_logits, order = logits.sort(dim=-1, descending=True)
+        probs = sorted_logits.softmax(-1)
+        # drop a token when the mass before it already reaches top_p (keeps >= 1)
+        drop = (probs.cumsum(-1) - probs) >= top_p
+        sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+        logits = torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
+    probs = logits.softmax(-1)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
+class Generation:
+    """``stream`` and ``generate`` over a model's KV cache; the model provides
+    ``config`` (vocab_size, context_length), ``lengths``, ``max_seq_len``,
+    ``setup_cache``, ``reset``, ``check_room``, ``tokenizer`` and
+    ``forward(tokens, slots, last_only)``."""
+
+    @torch.no_grad()
+    def stream(self, input_ids: torch.Tensor | Sequence[int], max_new_tokens: int,
+               temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
+               seed: int | None = None, stop: Sequence[int] | None = None,
+               decode_step: Callable | None = None) -> Iterator[torch.Tensor]:
+        """Yield ``[B]`` next tokens as they are produced (one tensor per step).
+
+        ``input_ids`` is ``[T]`` or ``[B, T]``; the B prompts run in cache
+        slots 0..B-1 (the cache is set up or reset here). A row that emits a
+        token in ``stop`` (default: the tokenizer's stop ids, else its EOS) keeps emitting it;
+        the stream ends when every row has stopped. ``decode_step`` replaces
+        the one-token forward (e.g. a ``torch.compile``d ``model.forward``)."""
+        ids = torch.as_tensor(input_ids, dtype=torch.long, device=self.lengths.device)
+        if ids.dim() == 1:
+            ids = ids.unsqueeze(0)
+        if ids.dim() != 2 or ids.shape[1] == 0:
+            raise ValueError(f"generate: input_ids must be [T] or [B, T] with T >= 1, got {tuple(ids.shape)}")
+        if int(ids.min()) < 0 or int(ids.max()) >= self.config.vocab_size:
+            raise ValueError(f"generate: token ids must lie in [0, {self.config.vocab_size})")
+        if max_new_tokens < 0:
+            raise ValueError(f"generate: max_new_tokens must be >= 0, got {max_new_tokens}")
+        if temperature < 0 or (top_k is not None and top_k < 1) or \
+                (top_p is not None and not 0 < top_p <= 1):
+            raise ValueError(f"generate: need temperature >= 0, top_k >= 1, 0 < top_p <= 1; "
+                             f"got {temperature}, {top_k}, {top_p}")
+        B, T = ids.shape
+        need = min(T + max_new_tokens, self.config.context_length)  # check_room refuses more
+        if self.lengths.numel() < B or self.max_seq_len < need:
+            self.setup_cache(B, need)
+        slots = torch.arange(B, device=ids.device)
+        self.reset(slots)
+        self.check_room(slots, T + max_new_tokens)
+        if stop is None:   # the tokenizer's stop tokens (end of turn too, where it has them)
+            tok = self.tokenizer
+            stop = [] if tok is None else list(getattr(tok, "stop_ids", None) or [tok.eos_id])
+        stop_t = torch.as_tensor(list(stop), dtype=torch.long, device=ids.device)
+        gen = None
+        if seed is not None:
+            gen = torch.Generator(device=ids.device).manual_seed(seed)
+        step = decode_step or self
+        logits = self(ids, slots, last_only=True)[:, -1]
+        done = torch.zeros(B, dtype=torch.bool, device=ids.device)
+        tok = torch.zeros(B, dtype=torch.long, device=ids.device)
+        for i in range(max_new_tokens):
+            tok = torch.where(done, tok, sample(logits, temperature, top_k, top_p, gen))
+            done = done | torch.isin(tok, stop_t)
+            yield tok
+            if bool(done.all()) or i + 1 == max_new_tokens:
+                return
+            logits = step(tok.unsqueeze(-1), slots)[:, -1]
+
+    def generate(self, input_ids, max_new_tokens: int, **kw) -> torch.Tensor:
+        """Prompt plus generated tokens, ``[B, T + n]`` (or ``[T + n]`` for a 1-D
+        prompt). Takes ``stream``'s keyword arguments."""
+        ids = torch.as_tensor(input_ids, dtype=torch.long, device=self.lengths.device)
+        out = list(self.stream(ids, max_new_tokens, **kw))
+        new = torch.stack(out, dim=-1) if out else ids.new_zeros(ids.reshape(-1, ids.shape[-1]).shape[0], 0)
+        if ids.dim() == 1:
+            return torch.cat((ids, new[0]))
+        return torch.cat((ids, new), dim=-1)

@@ -1,0 +1,231 @@
+"""The building blocks every architecture shares: RMSNorm, RoPE (NeoX
+rotate-half and llama.cpp's "normal" adjacent pairs), the KV cache ring,
+attention over it, and the gated MLP.
+
+Cache layout and positions. Every layer's cache is a ring of ``capacity``
+entries per slot: the context for global layers, the window for sliding
+window (SWA) layers; position p lives in entry ``p % capacity``. With ``L``
+tokens already cached, entry i holds position
+``i + capacity * floor((L-1-i)/capacity)`` (none when ``i >= L``), which for a
+global layer (``L <= capacity``) is just i. A step of T new tokens writes its
+keys into the ring in place and attends over the cache as it sits, masked by
+that formula, when nothing it overwrites is still needed: a decode step
+(T = 1 overwrites only the position that fell out of the window) and any step
+of a global layer (its ring never wraps: ``check_room`` keeps every length
+within it). A prefill chunk on an SWA layer may overwrite keys its own earlier
+queries need (it may even be longer than the ring), so it attends over the
+cached entries and its new keys together, then stores its last
+``min(T, capacity)``. Shapes decide every branch, so the decode step compiles
+with ``fullgraph=True``.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+__all__ = ["RMSNorm", "rope_inv_freq", "rope_angles", "rope_neox", "rope_normal", "KVCache",
+           "Attention", "GatedMLP", "gelu_tanh"]
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim, dtype=torch.float32))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Statistics in float32 whatever the activation dtype: an f16 sum of
+        # squares over 6656 features overflows.
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (xf * self.weight.float()).to(x.dtype)
+
+
+# ---- RoPE -------------------------------------------------------------------------
+
+def rope_inv_freq(head_dim: int, base: float, linear_scale: float = 1.0) -> torch.Tensor:
+    """``base ** (-2i / head_dim) / linear_scale`` for i < head_dim/2 (float64
+    math, float32 out). ``linear_scale`` is linear RoPE scaling (positions
+    divided by the factor); other scalings plug in here."""
+    half = torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim
+    return (base ** -half / linear_scale).float()
+
+
+def rope_angles(positions: torch.Tensor, inv_freq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(cos, sin) ``[B, T, 1, D/2]`` for positions ``[B, T]``: made once per
+    forward and shared by every layer with these frequencies."""
+    angles = positions.unsqueeze(-1).float() * inv_freq            # [B, T, D/2]
+    return angles.cos().unsqueeze(2), angles.sin().unsqueeze(2)
+
+
+def rope_neox(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """NeoX (rotate-half) RoPE: feature i pairs with i + D/2. x ``[B, T, H, D]``."""
+    x1, x2 = x.float().chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
+
+
+def rope_normal(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """llama.cpp's "normal" RoPE: features 2i and 2i+1 form a pair (what its
+    converter's q/k permutation of Llama weights expects). x ``[B, T, H, D]``."""
+    xf = x.float().unflatten(-1, (-1, 2))
+    x1, x2 = xf[..., 0], xf[..., 1]
+    return torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2).to(x.dtype)
+
+
+# ---- KV cache -----------------------------------------------------------------------
+
+class KVCache(nn.Module):
+    """One layer's keys and values: ``[slots, capacity, n_kv, head_dim]`` rings."""
+
+    def __init__(self, slots: int, capacity: int, n_kv: int, head_dim: int,
+                 dtype: torch.dtype, device: torch.device | str | None):
+        super().__init__()
+        self.capacity = capacity
+        shape = (slots, capacity, n_kv, head_dim)
+        self.register_buffer("k", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+        self.register_buffer("v", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+
+    def entry_positions(self, lengths: torch.Tensor) -> torch.Tensor:
+        """``[B]`` cached lengths -> ``[B, capacity]`` position held by each entry
+        (-1 when the entry is still empty)."""
+        i = torch.arange(self.capacity, device=lengths.device)
+        last = lengths.unsqueeze(-1) - 1
+        pos = i + self.capacity * torch.div(last - i, self.capacity, rounding_mode="floor")
+        return torch.where(i <= last, pos, torch.full_like(pos, -1))
+
+    def update(self, slots: torch.Tensor, positions: torch.Tensor,
+               k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store the last ``min(T, capacity)`` of the new keys ``[B, T, n_kv, D]``
+        at their ring entries, in place."""
+        m = min(k.shape[1], self.capacity)
+        idx = positions[:, -m:] % self.capacity
+        rows = slots.unsqueeze(-1).expand_as(idx)
+        self.k.index_put_((rows, idx), k[:, -m:].to(self.k.dtype))
+        self.v.index_put_((rows, idx), v[:, -m:].to(self.v.dtype))
+
+    def rows(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values ``[B, capacity, n_kv, D]`` of the batch's slots: the
+        buffers themselves when the batch holds every slot (``Decoder.forward``
+        then passes them in slot order), else a gather of those slots."""
+        if slots.shape[0] == self.k.shape[0]:
+            return self.k, self.v
+        # index_select, not self.k[slots]: advanced indexing on CPU takes a
+        # parallel path that costs milliseconds on a busy machine.
+        return self.k.index_select(0, slots), self.v.index_select(0, slots)
+
+
+# ---- attention ------------------------------------------------------------------------
+
+class Attention(nn.Module):
+    """Multi-head attention with GQA over a ``KVCache``.
+
+    Options: ``window`` (sliding window; None is global), ``rope`` (a RoPE
+    function) with ``rope_slot`` (which of the model's frequency tables this
+    layer uses), ``qk_norm_eps`` (per-head RMSNorm of q and k before RoPE),
+    ``gate`` (Glimmer's sigmoid output gate from the normed input), ``bias``
+    (q/k/v biases) and ``scale`` (of q.k; None is 1/sqrt(head_dim))."""
+
+    def __init__(self, hidden: int, n_heads: int, n_kv: int, head_dim: int, *,
+                 window: int | None = None, rope: Callable = rope_neox, rope_slot: int = 0,
+                 qk_norm_eps: float | None = None, gate: bool = False, bias: bool = False,
+                 scale: float | None = None):
+        super().__init__()
+        self.n_heads, self.n_kv, self.head_dim = n_heads, n_kv, head_dim
+        self.window, self.rope, self.rope_slot, self.scale = window, rope, rope_slot, scale
+        q_dim, kv_dim = n_heads * head_dim, n_kv * head_dim
+        self.wq = nn.Linear(hidden, q_dim, bias=bias)
+        self.wk = nn.Linear(hidden, kv_dim, bias=bias)
+        self.wv = nn.Linear(hidden, kv_dim, bias=bias)
+        self.wgate = nn.Linear(hidden, q_dim, bias=False) if gate else None
+        self.wo = nn.Linear(q_dim, hidden, bias=False)
+        self.q_norm = RMSNorm(head_dim, qk_norm_eps) if qk_norm_eps is not None else None
+        self.k_norm = RMSNorm(head_dim, qk_norm_eps) if qk_norm_eps is not None else None
+        self.kv_cache: KVCache | None = None
+
+    def in_place(self, T: int) -> bool:
+        """Whether a step of T tokens writes its keys before attending over the
+        cache as it sits (see the module docstring): nothing it overwrites is
+        needed by its own queries."""
+        return T == 1 or self.window is None
+
+    def make_mask(self, positions: torch.Tensor, lengths: torch.Tensor | None) -> torch.Tensor:
+        """``[B, 1, group*T, S]``: which keys each query row may see: the T new
+        ones without ``lengths``; with it the ring after this step's write, or
+        (an SWA prefill chunk) the ring before it and then the T new ones. It
+        depends only on the layer's window and T, so ``Decoder.forward`` makes
+        one per window."""
+        key_pos = positions
+        if self.kv_cache is not None and lengths is not None:
+            T = positions.shape[1]
+            if self.in_place(T):  # the ring after this step's write
+                key_pos = self.kv_cache.entry_positions(lengths + T)
+            else:                 # the ring before it, then the new keys
+                key_pos = torch.cat((self.kv_cache.entry_positions(lengths), positions), dim=1)
+        # Causal, within the window, and never an empty entry (position -1).
+        qp, kp = positions.unsqueeze(-1), key_pos.unsqueeze(1)              # [B,T,1], [B,1,S]
+        mask = (kp <= qp) & (kp >= 0)
+        if self.window is not None:
+            mask = mask & (qp - kp < self.window)
+        (B, T), S, group = positions.shape, key_pos.shape[1], self.n_heads // self.n_kv
+        return mask.unsqueeze(1).expand(B, group, T, S).reshape(B, 1, group * T, S)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor,
+                rot: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor,
+                slots: torch.Tensor | None) -> torch.Tensor:
+        B, T, _ = x.shape
+        q = self.wq(x).view(B, T, self.n_heads, self.head_dim)
+        k = self.wk(x).view(B, T, self.n_kv, self.head_dim)
+        v = self.wv(x).view(B, T, self.n_kv, self.head_dim)
+        if self.q_norm is not None:  # per-head norms come before RoPE (Qwen3, Gemma 3)
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = self.rope(q, *rot), self.rope(k, *rot)
+
+        if self.kv_cache is not None and slots is not None:
+            cache = self.kv_cache
+            if self.in_place(T):
+                cache.update(slots, positions, k, v)
+                keys, values = cache.rows(slots)
+            else:  # an SWA prefill chunk: old ring and new keys, then keep the last window
+                old_k, old_v = cache.rows(slots)
+                keys = torch.cat((old_k.to(k.dtype), k), dim=1)
+                values = torch.cat((old_v.to(v.dtype), v), dim=1)
+                cache.update(slots, positions, k, v)
+        else:
+            keys, values = k, v
+        # GQA without copying K/V: query head h uses KV head h // group, so the
+        # group's heads become extra query rows of their KV head.
+        group, D = self.n_heads // self.n_kv, self.head_dim
+        q = q.view(B, T, self.n_kv, group, D).permute(0, 2, 3, 1, 4).reshape(B, self.n_kv, group * T, D)
+        # In the cache's dtype when attending over it as it sits (a bfloat16 model
+        # with its f16 cache), so the cache is never converted.
+        q = q.to(keys.dtype)
+        o = F.scaled_dot_product_attention(q, keys.transpose(1, 2), values.transpose(1, 2),
+                                           attn_mask=mask, scale=self.scale).to(x.dtype)
+        o = o.view(B, self.n_kv, group, T, D).permute(0, 3, 1, 2, 4).reshape(B, T, -1)
+        if self.wgate is not None:
+            o = o * torch.sigmoid(self.wgate(x))   # gate from the normed input x, per feature
+        return self.wo(o)
+
+
+# ---- MLP --------------------------------------------------------------------------------
+
+def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    """GELU with the tanh approximation (Gemma's ``gelu_pytorch_tanh``, llama.cpp's GELU)."""
+    return F.gelu(x, approximate="tanh")
+
+
+class GatedMLP(nn.Module):
+    """``w_down(act(w_gate(x)) * w_up(x))``: SwiGLU with ``F.silu``, GeGLU with ``gelu_tanh``."""
+
+    def __init__(self, hidden: int, ffn: int, act: Callable = F.silu):
+        super().__init__()
+        self.act = act
+        self.w_gate = nn.Linear(hidden, ffn, bias=False)
+        self.w_up = nn.Linear(hidden, ffn, bias=False)
+        self.w_down = nn.Linear(ffn, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w_down(self.act(self.w_gate(x)) * self.w_up(x))

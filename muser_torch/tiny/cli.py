@@ -1,0 +1,76 @@
+"""``muser-torch make-tiny``: write a deterministic synthetic Glimmer GGUF."""
+from __future__ import annotations
+
+import argparse
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from ..arch.glimmer import GlimmerConfig
+from ..formats.types import QK_K
+from ..tokenizer import ByteTokenizer
+from .recipe import SEED_CONFIG, planned_bytes
+from .writer import write_tiny
+
+__all__ = ["register", "main", "config_from_args", "check_config"]
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("make-tiny", help="write a deterministic synthetic Glimmer GGUF")
+    p.add_argument("output", type=Path)
+    p.add_argument("--shapes", choices=("tiny", "seed"), default="tiny",
+                   help="'seed' writes the full 52-layer release geometry (~16.7 GB)")
+    p.add_argument("--lane", choices=("q4_k_xl", "nvfp4"), default="q4_k_xl")
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--hidden", type=int, default=256)
+    p.add_argument("--heads", type=int, default=2)
+    p.add_argument("--kv-heads", type=int, default=1)
+    p.add_argument("--head-dim", type=int, default=128)
+    p.add_argument("--ffn", type=int, default=512)
+    p.add_argument("--vocab", type=int, default=ByteTokenizer.VOCAB_SIZE)
+    p.add_argument("--context", type=int, default=512)
+    p.add_argument("--window", type=int, default=64)
+    p.add_argument("--pattern", type=int, default=4)
+    p.add_argument("--qk-norm", action="store_true", help="add per-head q/k norms")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=main)
+
+
+def config_from_args(args: argparse.Namespace) -> GlimmerConfig:
+    if args.shapes == "seed":
+        return replace(SEED_CONFIG, weight_precision=args.lane)
+    return GlimmerConfig(
+        context_length=args.context, hidden=args.hidden, ffn=args.ffn, n_layers=args.layers,
+        n_heads=args.heads, n_kv_heads=args.kv_heads, head_dim=args.head_dim, rms_eps=1e-6,
+        sliding_window=args.window, sliding_window_pattern=args.pattern, rope_base=10000.0,
+        vocab_size=args.vocab, weight_precision=args.lane)
+
+
+def main(args: argparse.Namespace) -> int:
+    config = config_from_args(args)
+    check_config(config)
+    size, params = planned_bytes(config, args.qk_norm)
+    t0 = time.time()
+    write_tiny(args.output, config, args.seed, args.qk_norm, progress=size > 256 << 20)
+    print(f"wrote {args.output}: {config.n_layers} layers, {params:,} parameters, "
+          f"{size:,} bytes of tensor data ({size * 8 / params:.2f} bits/weight) "
+          f"in {time.time() - t0:.1f} s")
+    return 0
+
+
+def check_config(c: GlimmerConfig) -> None:
+    """Refuse shapes the recipe cannot pack, naming the argument."""
+    for what, v in (("hidden", c.hidden), ("ffn", c.ffn), ("heads*head-dim", c.q_dim)):
+        if v <= 0 or v % QK_K:
+            raise ValueError(f"make-tiny: {what}={v} must be a positive multiple of {QK_K} "
+                             f"(K-quant rows are {QK_K}-element super-blocks)")
+    if c.n_heads % max(c.n_kv_heads, 1) or c.n_kv_heads < 1:
+        raise ValueError(f"make-tiny: heads={c.n_heads} must be a multiple of kv-heads={c.n_kv_heads}")
+    if c.head_dim % 2:
+        raise ValueError(f"make-tiny: head-dim={c.head_dim} must be even (RoPE pairs)")
+    for what, v in (("layers", c.n_layers), ("vocab", c.vocab_size), ("context", c.context_length),
+                    ("window", c.sliding_window), ("pattern", c.sliding_window_pattern)):
+        if v < 1:
+            raise ValueError(f"make-tiny: {what}={v} must be >= 1")
+    if c.sliding_window > c.context_length:
+        raise ValueError(f"make-tiny: window={c.sliding_window} must be <= context={c.context_length}")
