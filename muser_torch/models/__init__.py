@@ -17,10 +17,11 @@ from ..arch import architecture_of
 from ..gguf_io import load_gguf
 from .decoder import Decoder
 from .glimmer import Glimmer
+from .llama import Llama, Qwen2, Qwen3
 
-__all__ = ["MODELS", "from_gguf", "Decoder", "Glimmer"]
+__all__ = ["MODELS", "from_gguf", "Decoder", "Glimmer", "Llama", "Qwen2", "Qwen3"]
 
-MODELS: dict[str, type[Decoder]] = {cls.ARCH.name: cls for cls in (Glimmer,)}
+MODELS: dict[str, type[Decoder]] = {cls.ARCH.name: cls for cls in (Glimmer, Llama, Qwen2, Qwen3)}
 
 
 def from_gguf(path: str | os.PathLike, device: torch.device | str | None = None,

@@ -60,6 +60,9 @@ def _install(model: nn.Module, path: str, role: Role, w: PackedWeight, device: t
     if role is Role.NORM:
         norm = w.dequantize().reshape(w.n_in).to(device, torch.float32)
         getattr(owner, leaf).weight = nn.Parameter(norm, requires_grad=False)
+    elif role is Role.BIAS:   # onto the QLinear its table row follows
+        bias = w.dequantize().reshape(w.n_in).to(device, torch.float32)
+        setattr(owner, leaf, nn.Parameter(bias, requires_grad=False))
     elif role is Role.EMBEDDING:
         setattr(owner, leaf, QEmbedding.from_weight(w, dtype=embed_dtype))
     else:

@@ -1,4 +1,4 @@
-"""llama.cpp's RoPE for llama / qwen2 / qwen3 (``models/rope_scaling.py``):
+"""llama.cpp's RoPE for llama / qwen2 / qwen3 (``arch/rope.py``, ``models/rope_scaling.py``):
 the rotation is ggml's own ``ggml_rope_ext`` for both modes, partial
 rotation, frequency factors and YaRN; the metadata reading gives the
 frequencies and magnitude transformers computes for the same scaling."""
@@ -9,7 +9,8 @@ import math
 import pytest
 import torch
 
-from muser_torch.models.rope_scaling import RopeArgs, rope_args, rope_frequencies, rotate
+from muser_torch.arch.rope import RopeArgs, rope_args
+from muser_torch.models.rope_scaling import rope_frequencies, rotate
 
 from ..gguf.helpers import fresh_seed
 from .ggml_rope import ggml_rope, lib as ggml_lib
@@ -19,8 +20,7 @@ from .hf_files import hf_config, llama3_rope_factors
 def ours(x: torch.Tensor, positions: torch.Tensor, a: RopeArgs, ff: torch.Tensor | None) -> torch.Tensor:
     inv, mscale = rope_frequencies(a, ff)
     ang = positions.float()[None, :, None] * inv           # [1, T, D/2]
-    cos, sin = ang.cos().unsqueeze(2) * mscale, ang.sin().unsqueeze(2) * mscale
-    return rotate(x.unsqueeze(0), cos, sin, a.mode, a.n_rot)[0]
+    return rotate(x.unsqueeze(0), ang.cos().unsqueeze(2), ang.sin().unsqueeze(2), a.mode, a.n_rot, mscale)[0]
 
 
 CASES = [
