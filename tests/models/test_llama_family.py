@@ -130,3 +130,25 @@ def test_rope_facts_reach_the_model(hf_file):
     l3 = ours(hf_file, "llama-llama3")
     assert l3.rope_freqs is not None and (l3.rope_freqs.weight > 1).any()
     assert ours(hf_file, "llama").rope_freqs is None
+
+
+@pytest.mark.parametrize("variant", ARCH_VARIANTS)
+def test_model_tokenizer_is_the_files(hf_file, variant):
+    """``model.tokenizer`` (llama: sentencepiece; qwen: byte-level BPE) gives
+    transformers' ids for the same file, decodes back, and ``generate`` stops
+    at its end-of-sequence tokens."""
+    from pathlib import Path
+
+    from transformers import AutoTokenizer
+    path = Path(hf_file(variant))
+    model = ours(hf_file, variant)
+    tok = model.tokenizer
+    ref = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    text = "the model reads packed weights: données, 東京, x = 1 + 2"
+    ids = tok.encode(text, bos=False, eos=False)
+    assert ids == ref.encode(text, add_special_tokens=False), f"{variant} (seed {SEED})"
+    assert tok.decode(ids) == text
+    stop = list(tok.stop_ids)
+    assert stop and all(0 <= s < model.config.vocab_size for s in stop)
+    out = model.generate(torch.tensor(ids), 12)[len(ids):].tolist()
+    assert all(t not in stop for t in out[:-1])   # it runs until a stop token or the limit
