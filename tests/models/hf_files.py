@@ -19,9 +19,9 @@ How a file is made, each step from someone else's code:
    every matrix into a mix of types; 1-D tensors (norms, biases,
    ``rope_freqs``) stay F32 as the converter keeps them.
 
-The Hugging Face weights never leave this module: the tests compare the
-file's bytes with what transformers makes of the file, never with the floats
-drawn here.
+The tests hold transformers' load of a file to the file's bytes; only the
+all-F32 check compares it with the floats drawn here (to show the file is
+the converted model, names, permutation and config included).
 
 transformers' GGUF loader reads neither ``rope.scaling.*`` nor
 ``rope_freqs`` for these architectures, nor ``attention.key_length`` for
@@ -37,7 +37,6 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 import gguf
-import numpy as np
 import torch
 from gguf.constants import GGMLQuantizationType, GGUFValueType, LlamaFileType
 
