@@ -93,12 +93,12 @@ def model_path(model: Path | None, lane: str) -> Path:
 
 
 def main(args: argparse.Namespace) -> int:
-    from .glimmer import Glimmer
+    from .models import from_gguf
 
     path = model_path(args.model, args.lane)
     device = resolve_device(args.device)
     apply_threads(args.threads)
-    model = Glimmer.from_gguf(path, device=device, dtype=resolve_dtype(args.dtype, device),
+    model = from_gguf(path, device=device, dtype=resolve_dtype(args.dtype, device),
                               progress=path.stat().st_size > 256 << 20)
     tok = model.tokenizer
     if tok is None:

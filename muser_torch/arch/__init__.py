@@ -1,13 +1,16 @@
 """The architectures muser-torch runs, as tables (``spec.py`` says how one is
 described): ``ARCHITECTURES`` maps ``general.architecture`` to its facts.
 
-Adding one: a module here with its config (keys and ranges), tensor table and
-fences, a row below, and its model in ``muser_torch/models/``."""
+Adding one: a module here with its config (``spec.DECODER_KEYS`` plus its own
+keys and ranges), its tensor table (the llama.cpp names of ``names.py`` it
+has; new names go there) and fences, a row below, and its model in
+``muser_torch/models/``."""
 from __future__ import annotations
 
 from typing import Any
 
 from ..errors import MetadataError
+from .gemma3 import GEMMA3
 from .glimmer import GLIMMER
 from .llama import LLAMA
 from .qwen import QWEN2, QWEN3
@@ -15,7 +18,7 @@ from .spec import Architecture, Role, TensorSpec
 
 __all__ = ["ARCHITECTURES", "architecture_of", "Architecture", "Role", "TensorSpec"]
 
-ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (GLIMMER, LLAMA, QWEN2, QWEN3)}
+ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (GEMMA3, GLIMMER, LLAMA, QWEN2, QWEN3)}
 
 
 def architecture_of(md: dict[str, Any], where: str) -> Architecture:

@@ -22,21 +22,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..formats import GGMLType
-from .spec import (LLAMA_CPP_TYPES, MAX_CONTEXT, MAX_SIZE, Architecture, Key, Role, TensorSpec,
+from .names import optional, tensor_table
+from .spec import (DECODER_KEYS, LLAMA_CPP_TYPES, MAX_SIZE, Architecture, DecoderConfig, Key, Role,
                    number, read_keys)
 
 ARCH = "gemma3"
 
-KEYS = (
-    Key("context_length", "context_length", hi=MAX_CONTEXT),
-    Key("hidden", "embedding_length"),
-    Key("ffn", "feed_forward_length"),
-    Key("n_layers", "block_count"),
-    Key("n_heads", "attention.head_count"),
-    Key("n_kv_heads", "attention.head_count_kv"),
-    Key("head_dim", "attention.key_length"),
-    Key("rms_eps", "attention.layer_norm_rms_epsilon", real=True, lo=1e-12, hi=0.1),
-    Key("sliding_window", "attention.sliding_window", hi=MAX_CONTEXT),
+KEYS = DECODER_KEYS + (
     Key("sliding_window_pattern", "attention.sliding_window_pattern", default=6),
     Key("rope_base", "rope.freq_base", real=True, lo=1.0, hi=1e12, default=10000.0),
     Key("rope_base_local", "rope.freq_base_swa", real=True, lo=1.0, hi=1e12, default=10000.0),
@@ -47,39 +39,21 @@ _ROPE_SCALING_TYPES = ("none", "linear")
 
 
 @dataclass(frozen=True)
-class Gemma3Config:
-    context_length: int
-    hidden: int
-    ffn: int
-    n_layers: int
-    n_heads: int
-    n_kv_heads: int
-    head_dim: int
-    rms_eps: float
-    sliding_window: int
+class Gemma3Config(DecoderConfig):
+    ARCH_NAME = ARCH
+
     vocab_size: int
     sliding_window_pattern: int = 6
-    rope_base: float = 1_000_000.0
+    rope_base: float = 10000.0
     rope_base_local: float = 10000.0
     rope_scale: float = 1.0          # linear RoPE scaling of the global layers
     final_softcap: float = 0.0       # 0: none
-
-    @property
-    def q_dim(self) -> int:
-        return self.n_heads * self.head_dim
-
-    @property
-    def kv_dim(self) -> int:
-        return self.n_kv_heads * self.head_dim
 
     @property
     def query_scale(self) -> float:
         if self.n_layers == 62:   # Gemma 3 27B (llama.cpp: LLM_TYPE_27B)
             return (self.hidden / self.n_heads) ** -0.5
         return self.head_dim ** -0.5
-
-    def is_global(self, layer: int) -> bool:
-        return (layer + 1) % self.sliding_window_pattern == 0
 
     @classmethod
     def from_metadata(cls, md: dict[str, Any]) -> "Gemma3Config":
@@ -100,16 +74,6 @@ class Gemma3Config:
         cfg.check()
         return cfg
 
-    def check(self) -> None:
-        if self.n_heads % self.n_kv_heads:
-            raise ValueError(f"{ARCH}.attention.head_count {self.n_heads} is not a multiple of "
-                             f"head_count_kv {self.n_kv_heads}")
-        if self.head_dim % 2:
-            raise ValueError(f"{ARCH}.attention.key_length {self.head_dim} must be even (RoPE)")
-        if self.sliding_window > self.context_length:
-            raise ValueError(f"{ARCH}.attention.sliding_window {self.sliding_window} exceeds "
-                             f"context_length {self.context_length}")
-
 
 def _vocab_size(md: dict[str, Any]) -> int:
     """``gemma3.vocab_size`` when present, else the tokenizer's token count (the
@@ -127,31 +91,19 @@ def _vocab_size(md: dict[str, Any]) -> int:
     return v
 
 
-E, P, N = Role.EMBEDDING, Role.PROJECTION, Role.NORM
-TENSORS = (
-    TensorSpec("token_embd.weight", "tok_embeddings", E, ("hidden", "vocab_size")),
-    TensorSpec("blk.{i}.attn_norm.weight", "layers.{i}.attention_norm", N, ("hidden",)),
-    TensorSpec("blk.{i}.attn_q.weight", "layers.{i}.attention.wq", P, ("hidden", "q_dim")),
-    TensorSpec("blk.{i}.attn_k.weight", "layers.{i}.attention.wk", P, ("hidden", "kv_dim")),
-    TensorSpec("blk.{i}.attn_v.weight", "layers.{i}.attention.wv", P, ("hidden", "kv_dim")),
-    TensorSpec("blk.{i}.attn_q_norm.weight", "layers.{i}.attention.q_norm", N, ("head_dim",)),
-    TensorSpec("blk.{i}.attn_k_norm.weight", "layers.{i}.attention.k_norm", N, ("head_dim",)),
-    TensorSpec("blk.{i}.attn_output.weight", "layers.{i}.attention.wo", P, ("q_dim", "hidden")),
-    TensorSpec("blk.{i}.post_attention_norm.weight", "layers.{i}.post_attention_norm", N,
-               ("hidden",)),
-    TensorSpec("blk.{i}.ffn_norm.weight", "layers.{i}.ffn_norm", N, ("hidden",)),
-    TensorSpec("blk.{i}.ffn_gate.weight", "layers.{i}.feed_forward.w_gate", P, ("hidden", "ffn")),
-    TensorSpec("blk.{i}.ffn_up.weight", "layers.{i}.feed_forward.w_up", P, ("hidden", "ffn")),
-    TensorSpec("blk.{i}.ffn_down.weight", "layers.{i}.feed_forward.w_down", P, ("ffn", "hidden")),
-    TensorSpec("blk.{i}.post_ffw_norm.weight", "layers.{i}.post_ffw_norm", N, ("hidden",)),
-    TensorSpec("output_norm.weight", "norm", N, ("hidden",)),
-    TensorSpec("output.weight", "output", P, ("hidden", "vocab_size"), group="output",
-               tied_to="token_embd.weight"),
+TENSORS = tensor_table(
+    "token_embd",
+    "attn_norm", "attn_q", "attn_k", "attn_v", "attn_q_norm", "attn_k_norm", "attn_output",
+    "post_attention_norm",
+    "ffn_norm", "ffn_gate", "ffn_up", "ffn_down", "post_ffw_norm",
+    "output_norm",
+    optional("output", "output", tied_to="token_embd"),
 )
 
 # llama.cpp's quantizer may put any of its types on a projection or the
 # embedding (the tied lm_head is the embedding, so the two fences agree).
-FENCES = {P: LLAMA_CPP_TYPES, E: LLAMA_CPP_TYPES, N: frozenset({GGMLType.F32})}
+FENCES = {Role.PROJECTION: LLAMA_CPP_TYPES, Role.EMBEDDING: LLAMA_CPP_TYPES,
+          Role.NORM: frozenset({GGMLType.F32})}
 
 GEMMA3 = Architecture(ARCH, "Gemma 3", Gemma3Config, TENSORS, FENCES,
                       groups={"output": "an untied lm_head"})

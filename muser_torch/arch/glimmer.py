@@ -7,23 +7,15 @@ from typing import Any
 
 from ..errors import LaneError
 from ..formats import GGMLType
-from .spec import MAX_CONTEXT, Architecture, Key, Role, TensorSpec, read_keys
+from .names import optional, tensor_table
+from .spec import DECODER_KEYS, Architecture, DecoderConfig, Key, Role, read_keys
 
 ARCH = "glimmer"
 LANES = ("q4_k_xl", "nvfp4")
 LANE_KEY = "muser.weight_precision"   # metadata key naming the lane, one of LANES
 
 # config field <- GGUF key under "glimmer.", in the config's field order
-KEYS = (
-    Key("context_length", "context_length", hi=MAX_CONTEXT),
-    Key("hidden", "embedding_length"),
-    Key("ffn", "feed_forward_length"),
-    Key("n_layers", "block_count"),
-    Key("n_heads", "attention.head_count"),
-    Key("n_kv_heads", "attention.head_count_kv"),
-    Key("head_dim", "attention.key_length"),
-    Key("rms_eps", "attention.layer_norm_rms_epsilon", real=True, lo=1e-12, hi=0.1),
-    Key("sliding_window", "attention.sliding_window", hi=MAX_CONTEXT),
+KEYS = DECODER_KEYS + (
     Key("sliding_window_pattern", "attention.sliding_window_pattern"),
     Key("rope_base", "rope.freq_base", real=True, lo=1.0, hi=1e12),
     Key("vocab_size", "vocab_size"),
@@ -31,32 +23,13 @@ KEYS = (
 
 
 @dataclass(frozen=True)
-class GlimmerConfig:
-    context_length: int
-    hidden: int
-    ffn: int
-    n_layers: int
-    n_heads: int
-    n_kv_heads: int
-    head_dim: int
-    rms_eps: float
-    sliding_window: int
+class GlimmerConfig(DecoderConfig):
+    ARCH_NAME = ARCH
+
     sliding_window_pattern: int
     rope_base: float
     vocab_size: int
     weight_precision: str = "q4_k_xl"
-
-    @property
-    def q_dim(self) -> int:
-        return self.n_heads * self.head_dim
-
-    @property
-    def kv_dim(self) -> int:
-        return self.n_kv_heads * self.head_dim
-
-    def is_global(self, layer: int) -> bool:
-        """Global (full-context) attention on every ``sliding_window_pattern``-th layer."""
-        return (layer + 1) % self.sliding_window_pattern == 0
 
     @classmethod
     def from_metadata(cls, md: dict[str, Any]) -> "GlimmerConfig":
@@ -73,17 +46,6 @@ class GlimmerConfig:
         cfg.check()
         return cfg
 
-    def check(self) -> None:
-        """Refuse values each in range but unusable together (ValueError naming the keys)."""
-        if self.n_heads % self.n_kv_heads:
-            raise ValueError(f"{ARCH}.attention.head_count {self.n_heads} is not a multiple of "
-                             f"head_count_kv {self.n_kv_heads}")
-        if self.head_dim % 2:
-            raise ValueError(f"{ARCH}.attention.key_length {self.head_dim} must be even (RoPE)")
-        if self.sliding_window > self.context_length:
-            raise ValueError(f"{ARCH}.attention.sliding_window {self.sliding_window} exceeds "
-                             f"context_length {self.context_length}")
-
     def to_metadata(self) -> dict[str, Any]:
         md: dict[str, Any] = {"general.architecture": ARCH, LANE_KEY: self.weight_precision}
         for k in KEYS:
@@ -91,33 +53,21 @@ class GlimmerConfig:
         return md
 
 
-E, P, N = Role.EMBEDDING, Role.PROJECTION, Role.NORM
-TENSORS = (
-    TensorSpec("token_embd.weight", "tok_embeddings", E, ("hidden", "vocab_size")),
-    TensorSpec("blk.{i}.attn_norm.weight", "layers.{i}.attention_norm", N, ("hidden",)),
-    TensorSpec("blk.{i}.attn_q.weight", "layers.{i}.attention.wq", P, ("hidden", "q_dim")),
-    TensorSpec("blk.{i}.attn_gate.weight", "layers.{i}.attention.wgate", P, ("hidden", "q_dim")),
-    TensorSpec("blk.{i}.attn_k.weight", "layers.{i}.attention.wk", P, ("hidden", "kv_dim")),
-    TensorSpec("blk.{i}.attn_v.weight", "layers.{i}.attention.wv", P, ("hidden", "kv_dim")),
-    TensorSpec("blk.{i}.attn_output.weight", "layers.{i}.attention.wo", P, ("q_dim", "hidden")),
-    TensorSpec("blk.{i}.ffn_norm.weight", "layers.{i}.ffn_norm", N, ("hidden",)),
-    TensorSpec("blk.{i}.ffn_gate.weight", "layers.{i}.feed_forward.w_gate", P, ("hidden", "ffn")),
-    TensorSpec("blk.{i}.ffn_up.weight", "layers.{i}.feed_forward.w_up", P, ("hidden", "ffn")),
-    TensorSpec("blk.{i}.ffn_down.weight", "layers.{i}.feed_forward.w_down", P, ("ffn", "hidden")),
-    TensorSpec("blk.{i}.attn_q_norm.weight", "layers.{i}.attention.q_norm", N, ("head_dim",),
-               group="qk_norm"),
-    TensorSpec("blk.{i}.attn_k_norm.weight", "layers.{i}.attention.k_norm", N, ("head_dim",),
-               group="qk_norm"),
-    TensorSpec("output_norm.weight", "norm", N, ("hidden",)),
-    # The lm_head is untied and fenced like any projection.
-    TensorSpec("output.weight", "output", P, ("hidden", "vocab_size")),
+TENSORS = tensor_table(
+    "token_embd",
+    "attn_norm", "attn_q", "attn_gate", "attn_k", "attn_v", "attn_output",
+    "ffn_norm", "ffn_gate", "ffn_up", "ffn_down",
+    optional("attn_q_norm", "qk_norm"), optional("attn_k_norm", "qk_norm"),
+    "output_norm",
+    "output",   # the lm_head is untied and fenced like any projection
 )
 
 # The dtype fences (GLIMMER.md, "Weight types and fail-closed admission").
 FENCES = {
-    P: frozenset({GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K, GGMLType.NVFP4_E2M1, GGMLType.F16}),
-    E: frozenset({GGMLType.Q4_K, GGMLType.F16}),
-    N: frozenset({GGMLType.F32}),
+    Role.PROJECTION: frozenset({GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K, GGMLType.NVFP4_E2M1,
+                                GGMLType.F16}),
+    Role.EMBEDDING: frozenset({GGMLType.Q4_K, GGMLType.F16}),
+    Role.NORM: frozenset({GGMLType.F32}),
 }
 
 

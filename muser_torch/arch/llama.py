@@ -23,22 +23,17 @@ What llama.cpp takes from the file and what it fixes:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 from ..formats import GGMLType
+from .names import optional, tensor_table
 from .rope import RopeArgs, rope_args
-from .spec import (LLAMA_CPP_TYPES, MAX_CONTEXT, MAX_SIZE, Architecture, Key, Role, TensorSpec,
-                   number, read_keys)
+from .spec import (DECODER_KEYS, LLAMA_CPP_TYPES, MAX_CONTEXT, MAX_SIZE, Architecture, DecoderConfig,
+                   Key, Role, number, read_keys)
 
-KEYS = (
-    Key("context_length", "context_length", hi=MAX_CONTEXT),
-    Key("hidden", "embedding_length"),
-    Key("ffn", "feed_forward_length"),
-    Key("n_layers", "block_count"),
-    Key("n_heads", "attention.head_count"),
-    Key("n_kv_heads", "attention.head_count_kv"),
-    Key("rms_eps", "attention.layer_norm_rms_epsilon", real=True, lo=1e-12, hi=0.1),
-)
+# The shared decoder keys, less two: the head size is optional here (read by
+# _head_dim) and these graphs have no sliding window (llama.cpp's n_swa = 0).
+KEYS = tuple(k for k in DECODER_KEYS if k.field not in ("head_dim", "sliding_window"))
 # Range checks only (rope_args reads them): every number it may use, with llama.cpp's defaults.
 ROPE_KEYS = (
     Key("base", "rope.freq_base", real=True, lo=1.000001, hi=1e12, default=10000.0),
@@ -56,28 +51,12 @@ _REFUSED_KEYS = ("rope.scaling.yarn_attn_factor",)
 
 
 @dataclass(frozen=True)
-class LlamaFamilyConfig:
-    context_length: int
-    hidden: int
-    ffn: int
-    n_layers: int
-    n_heads: int
-    n_kv_heads: int
-    rms_eps: float
-    head_dim: int
+class LlamaFamilyConfig(DecoderConfig):
+    ARCH_NAME = "llama"
+    ROPE_MODE = "normal"   # llama.cpp's LLAMA_ROPE_TYPE_NORM
+
     vocab_size: int
     rope: RopeArgs
-
-    ARCH: ClassVar[str] = "llama"
-    ROPE_MODE: ClassVar[str] = "normal"
-
-    @property
-    def q_dim(self) -> int:
-        return self.n_heads * self.head_dim
-
-    @property
-    def kv_dim(self) -> int:
-        return self.n_kv_heads * self.head_dim
 
     @property
     def rope_pairs(self) -> int:
@@ -86,7 +65,7 @@ class LlamaFamilyConfig:
     @classmethod
     def from_metadata(cls, md: dict[str, Any]) -> "LlamaFamilyConfig":
         """Build from GGUF metadata; KeyError for a missing key, ValueError naming a bad one."""
-        arch = cls.ARCH
+        arch = cls.ARCH_NAME
         values = read_keys(md, arch, KEYS)
         for name in _REFUSED_KEYS:
             if f"{arch}.{name}" in md:
@@ -100,17 +79,10 @@ class LlamaFamilyConfig:
         read_keys(md, arch, ROPE_KEYS)
         rope = rope_args(md, arch, mode=cls.ROPE_MODE, n_rot=n_rot,
                          context_length=values["context_length"])
-        cfg = cls(**values, head_dim=head_dim, vocab_size=vocab_size(md, arch), rope=rope)
+        cfg = cls(**values, head_dim=head_dim, sliding_window=0, vocab_size=vocab_size(md, arch),
+                  rope=rope)
         cfg.check()
         return cfg
-
-    def check(self) -> None:
-        arch = self.ARCH
-        if self.n_heads % self.n_kv_heads:
-            raise ValueError(f"{arch}.attention.head_count {self.n_heads} is not a multiple of "
-                             f"head_count_kv {self.n_kv_heads}")
-        if self.head_dim % 2:
-            raise ValueError(f"{arch} head size {self.head_dim} must be even (RoPE rotates pairs)")
 
 
 def _one(md: dict[str, Any], key: str, default: int) -> int:
@@ -151,38 +123,13 @@ def vocab_size(md: dict[str, Any], arch: str) -> int:
 E, P, N, B = Role.EMBEDDING, Role.PROJECTION, Role.NORM, Role.BIAS
 
 
-def tensor_table(*, qkv_bias: bool = False, qk_norm: bool = False, rope_freqs: bool = False
-                 ) -> tuple[TensorSpec, ...]:
-    """The family's tensors: the shared rows plus an architecture's extras, in
-    llama.cpp's names and the Decoder's module paths."""
-    A = "layers.{i}.attention"
-    rows = [TensorSpec("token_embd.weight", "tok_embeddings", E, ("hidden", "vocab_size"))]
-    if rope_freqs:   # Llama 3 scaling; llama.cpp: TENSOR_NOT_REQUIRED
-        rows.append(TensorSpec("rope_freqs.weight", "rope_freqs", N, ("rope_pairs",), group="rope_freqs"))
-    rows += [
-        TensorSpec("blk.{i}.attn_norm.weight", "layers.{i}.attention_norm", N, ("hidden",)),
-        TensorSpec("blk.{i}.attn_q.weight", f"{A}.wq", P, ("hidden", "q_dim")),
-        TensorSpec("blk.{i}.attn_k.weight", f"{A}.wk", P, ("hidden", "kv_dim")),
-        TensorSpec("blk.{i}.attn_v.weight", f"{A}.wv", P, ("hidden", "kv_dim")),
-    ]
-    if qkv_bias:   # after their weights: a bias goes onto the QLinear already bound
-        rows += [TensorSpec("blk.{i}.attn_q.bias", f"{A}.wq.bias", B, ("q_dim",)),
-                 TensorSpec("blk.{i}.attn_k.bias", f"{A}.wk.bias", B, ("kv_dim",)),
-                 TensorSpec("blk.{i}.attn_v.bias", f"{A}.wv.bias", B, ("kv_dim",))]
-    if qk_norm:
-        rows += [TensorSpec("blk.{i}.attn_q_norm.weight", f"{A}.q_norm", N, ("head_dim",)),
-                 TensorSpec("blk.{i}.attn_k_norm.weight", f"{A}.k_norm", N, ("head_dim",))]
-    rows += [
-        TensorSpec("blk.{i}.attn_output.weight", f"{A}.wo", P, ("q_dim", "hidden")),
-        TensorSpec("blk.{i}.ffn_norm.weight", "layers.{i}.ffn_norm", N, ("hidden",)),
-        TensorSpec("blk.{i}.ffn_gate.weight", "layers.{i}.feed_forward.w_gate", P, ("hidden", "ffn")),
-        TensorSpec("blk.{i}.ffn_up.weight", "layers.{i}.feed_forward.w_up", P, ("hidden", "ffn")),
-        TensorSpec("blk.{i}.ffn_down.weight", "layers.{i}.feed_forward.w_down", P, ("ffn", "hidden")),
-        TensorSpec("output_norm.weight", "norm", N, ("hidden",)),
-        TensorSpec("output.weight", "output", P, ("hidden", "vocab_size"), group="output",
-                   tied_to="token_embd.weight"),
-    ]
-    return tuple(rows)
+def family_table(*extra: str, rope_freqs: bool = False):
+    """The family's tensors in llama.cpp's file order, with an architecture's
+    ``extra`` attention tensors (biases, q/k norms) after q/k/v."""
+    head = ["token_embd"] + ([optional("rope_freqs", "rope_freqs")] if rope_freqs else [])
+    return tensor_table(*head, "attn_norm", "attn_q", "attn_k", "attn_v", *extra, "attn_output",
+                        "ffn_norm", "ffn_gate", "ffn_up", "ffn_down", "output_norm",
+                        optional("output", "output", tied_to="token_embd"))
 
 
 # llama.cpp's quantizer may put any of its types on a projection or the
@@ -191,5 +138,6 @@ FENCES = {P: LLAMA_CPP_TYPES, E: LLAMA_CPP_TYPES, N: frozenset({GGMLType.F32}),
           B: frozenset({GGMLType.F32})}
 GROUPS = {"output": "an untied lm_head", "rope_freqs": "Llama 3 RoPE frequency factors"}
 
-LLAMA = Architecture("llama", "Llama", LlamaFamilyConfig, tensor_table(rope_freqs=True), FENCES,
+# rope_freqs: llama.cpp's TENSOR_NOT_REQUIRED for llama (Llama 3 scaling)
+LLAMA = Architecture("llama", "Llama", LlamaFamilyConfig, family_table(rope_freqs=True), FENCES,
                      groups=GROUPS)

@@ -6,24 +6,25 @@ RoPE, and its files give the head size in ``attention.key_length``."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
 
-from .llama import FENCES, GROUPS, LlamaFamilyConfig, tensor_table
+from .llama import FENCES, GROUPS, LlamaFamilyConfig, family_table
 from .spec import Architecture
 
 
 @dataclass(frozen=True)
 class Qwen2Config(LlamaFamilyConfig):
-    ARCH: ClassVar[str] = "qwen2"
-    ROPE_MODE: ClassVar[str] = "neox"
+    ARCH_NAME = "qwen2"
+    ROPE_MODE = "neox"
 
 
 @dataclass(frozen=True)
 class Qwen3Config(LlamaFamilyConfig):
-    ARCH: ClassVar[str] = "qwen3"
-    ROPE_MODE: ClassVar[str] = "neox"
+    ARCH_NAME = "qwen3"
+    ROPE_MODE = "neox"
 
 
 _GROUPS = {"output": GROUPS["output"]}
-QWEN2 = Architecture("qwen2", "Qwen2", Qwen2Config, tensor_table(qkv_bias=True), FENCES, groups=_GROUPS)
-QWEN3 = Architecture("qwen3", "Qwen3", Qwen3Config, tensor_table(qk_norm=True), FENCES, groups=_GROUPS)
+QWEN2 = Architecture("qwen2", "Qwen2", Qwen2Config,
+                     family_table("attn_q_bias", "attn_k_bias", "attn_v_bias"), FENCES, groups=_GROUPS)
+QWEN3 = Architecture("qwen3", "Qwen3", Qwen3Config, family_table("attn_q_norm", "attn_k_norm"),
+                     FENCES, groups=_GROUPS)

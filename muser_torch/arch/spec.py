@@ -3,13 +3,15 @@ model can use, and its tensors, each with a role, a shape in config terms and
 the module it becomes. Admission (``loader``), assembly (``models``) and
 ``make-tiny`` all read these tables; nothing here builds a model.
 
-A tensor table row, e.g. ``TensorSpec("blk.{i}.attn_k.weight",
+A tensor row, e.g. ``TensorSpec("blk.{i}.attn_k.weight",
 "layers.{i}.attention.wk", PROJECTION, ("hidden", "kv_dim"))``, says: on
 every layer i, a projection whose GGUF ``ne`` is ``(cfg.hidden, cfg.kv_dim)``
 (``ne`` is GGUF order: ``(n_in, n_out)`` for a matrix), bound to the module
-at that path. A row with ``group`` is optional, present on every layer or on
-none; the model is built with the groups the file has. A row with
-``tied_to`` reuses that tensor when the file lacks it (a tied lm_head).
+at that path. The rows are written once, by llama.cpp name, in ``names.py``;
+an architecture's table lists the names it has. A row with ``group`` is
+optional, present on every layer or on none; the model is built with the
+groups the file has. A row with ``tied_to`` reuses that tensor when the file
+lacks it (a tied lm_head).
 """
 from __future__ import annotations
 
@@ -20,7 +22,8 @@ from typing import Any, Callable, Iterable
 from ..formats import GGMLType
 
 __all__ = ["Role", "TensorSpec", "Key", "Architecture", "read_keys", "number", "expand",
-           "describe", "LLAMA_CPP_TYPES", "MAX_CONTEXT", "MAX_SIZE"]
+           "describe", "DecoderConfig", "DECODER_KEYS", "LLAMA_CPP_TYPES", "MAX_CONTEXT",
+           "MAX_SIZE"]
 
 
 class Role(Enum):
@@ -90,6 +93,63 @@ class Architecture:
 
     def per_layer_required(self) -> int:
         return sum(1 for s in self.tensors if s.per_layer and s.group is None)
+
+
+# The keys every decoder here reads the same way (llama.cpp's names), in order.
+DECODER_KEYS = (
+    Key("context_length", "context_length", hi=MAX_CONTEXT),
+    Key("hidden", "embedding_length"),
+    Key("ffn", "feed_forward_length"),
+    Key("n_layers", "block_count"),
+    Key("n_heads", "attention.head_count"),
+    Key("n_kv_heads", "attention.head_count_kv"),
+    Key("head_dim", "attention.key_length"),
+    Key("rms_eps", "attention.layer_norm_rms_epsilon", real=True, lo=1e-12, hi=0.1),
+    Key("sliding_window", "attention.sliding_window", hi=MAX_CONTEXT),
+)
+
+
+@dataclass(frozen=True)
+class DecoderConfig:
+    """The fields ``DECODER_KEYS`` fill, what a decoder derives from them, and
+    the checks of values each in range but unusable together. An
+    architecture's config subclasses it with its own fields; ``ARCH_NAME``
+    prefixes the keys in messages."""
+    ARCH_NAME = ""
+    context_length: int
+    hidden: int
+    ffn: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    rms_eps: float
+    sliding_window: int
+
+    @property
+    def q_dim(self) -> int:
+        return self.n_heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        return self.n_kv_heads * self.head_dim
+
+    def is_global(self, layer: int) -> bool:
+        """Global (full-context) attention on every ``sliding_window_pattern``-th
+        layer (a field of the subclass: where it comes from differs)."""
+        return (layer + 1) % self.sliding_window_pattern == 0
+
+    def check(self) -> None:
+        """ValueError naming the keys of values that do not fit together."""
+        a = self.ARCH_NAME
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(f"{a}.attention.head_count {self.n_heads} is not a multiple of "
+                             f"head_count_kv {self.n_kv_heads}")
+        if self.head_dim % 2:
+            raise ValueError(f"{a}.attention.key_length {self.head_dim} must be even (RoPE)")
+        if self.sliding_window > self.context_length:
+            raise ValueError(f"{a}.attention.sliding_window {self.sliding_window} exceeds "
+                             f"context_length {self.context_length}")
 
 
 def number(key: str, v: Any, real: bool) -> "int | float":

@@ -42,7 +42,7 @@ def register(subparsers) -> None:
 
 
 def build(args: argparse.Namespace, device: torch.device, dtype: torch.dtype):
-    from ..glimmer import Glimmer
+    from ..models import Glimmer, from_gguf
     from ..tiny import SEED_CONFIG
 
     if args.model == "seed":
@@ -51,7 +51,7 @@ def build(args: argparse.Namespace, device: torch.device, dtype: torch.dtype):
         config = replace(SEED_CONFIG, n_layers=args.layers, weight_precision=args.lane)
         return Glimmer.random(config, device=device, dtype=dtype, seed=0), f"seed geometry x{args.layers} layers ({args.lane})"
     path = model_path(None if args.model == "demo" else Path(args.model), args.lane)
-    return Glimmer.from_gguf(path, device=device, dtype=dtype), path.name
+    return from_gguf(path, device=device, dtype=dtype), path.name
 
 
 GRAPH_REPS = 4   # ops/triton_bench.graph_time replays 5 x GRAPH_REPS + 1 times

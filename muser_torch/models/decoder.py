@@ -41,7 +41,12 @@ class Decoder(nn.Module, Generation):
                  final_softcap: float | None = None):
         super().__init__()
         self.config = config
-        self.tok_embeddings = nn.Embedding(config.vocab_size, config.hidden)
+        # nn.Embedding's own init (normal_) on the meta device costs seconds of
+        # imports; the meta build of from_gguf needs no values at all.
+        table = torch.empty(config.vocab_size, config.hidden)
+        if not table.is_meta:
+            nn.init.normal_(table)
+        self.tok_embeddings = nn.Embedding(config.vocab_size, config.hidden, _weight=table)
         self.layers = nn.ModuleList(layers)
         self.norm = RMSNorm(config.hidden, config.rms_eps)
         self.output = nn.Linear(config.hidden, config.vocab_size, bias=False)

@@ -50,7 +50,8 @@ def rope_inv_freq(head_dim: int, base: float, linear_scale: float = 1.0) -> torc
     """``base ** (-2i / head_dim) / linear_scale`` for i < head_dim/2 (float64
     math, float32 out). ``linear_scale`` is linear RoPE scaling (positions
     divided by the factor); other scalings plug in here."""
-    half = torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim
+    # on the CPU even inside a meta-device build (tiny; a meta arange costs imports)
+    half = torch.arange(0, head_dim, 2, dtype=torch.float64, device="cpu") / head_dim
     return (base ** -half / linear_scale).float()
 
 

@@ -32,7 +32,7 @@ def rope_frequencies(a: RopeArgs, freq_factors: torch.Tensor | None = None
     """(inv_freq float32 ``[n_rot/2]``, mscale): ggml's angle for pair i at
     position p is ``p * inv_freq[i]``; cos and sin are scaled by mscale.
     ``freq_factors`` (``rope_freqs.weight``) divide each pair's frequency."""
-    i = torch.arange(a.n_rot // 2, dtype=torch.float64)
+    i = torch.arange(a.n_rot // 2, dtype=torch.float64, device="cpu")   # CPU even in a meta build
     extrap = a.base ** (-2.0 * i / a.n_rot)
     if freq_factors is not None:
         extrap = extrap / freq_factors.to(torch.float64)

