@@ -14,6 +14,7 @@ __all__ = ["TENSOR_NAMES", "optional", "tensor_table"]
 # short name, GGUF name and module path ({i}: the layer), role, GGUF ne in config terms
 _TABLE = """
 token_embd          token_embd.weight                  tok_embeddings                 embedding  hidden vocab_size
+rope_freqs          rope_freqs.weight                  rope_freqs                     norm       rope_pairs
 attn_norm           blk.{i}.attn_norm.weight           layers.{i}.attention_norm      norm       hidden
 attn_q              blk.{i}.attn_q.weight              layers.{i}.attention.wq        projection hidden q_dim
 attn_k              blk.{i}.attn_k.weight              layers.{i}.attention.wk        projection hidden kv_dim
@@ -21,6 +22,9 @@ attn_v              blk.{i}.attn_v.weight              layers.{i}.attention.wv  
 attn_gate           blk.{i}.attn_gate.weight           layers.{i}.attention.wgate     projection hidden q_dim
 attn_q_norm         blk.{i}.attn_q_norm.weight         layers.{i}.attention.q_norm    norm       head_dim
 attn_k_norm         blk.{i}.attn_k_norm.weight         layers.{i}.attention.k_norm    norm       head_dim
+attn_q_bias         blk.{i}.attn_q.bias                layers.{i}.attention.wq.bias   bias       q_dim
+attn_k_bias         blk.{i}.attn_k.bias                layers.{i}.attention.wk.bias   bias       kv_dim
+attn_v_bias         blk.{i}.attn_v.bias                layers.{i}.attention.wv.bias   bias       kv_dim
 attn_output         blk.{i}.attn_output.weight         layers.{i}.attention.wo        projection q_dim hidden
 post_attention_norm blk.{i}.post_attention_norm.weight layers.{i}.post_attention_norm norm       hidden
 ffn_norm            blk.{i}.ffn_norm.weight            layers.{i}.ffn_norm            norm       hidden
@@ -32,6 +36,8 @@ output_norm         output_norm.weight                 norm                     
 output              output.weight                      output                         projection hidden vocab_size
 """
 # attn_gate is Glimmer's sigmoid output gate (per feature of the attention output).
+# A bias row follows its weight's row in a table: it goes onto that QLinear.
+# rope_freqs: Llama 3's per-pair RoPE frequency divisors (rope_pairs = n_rot / 2).
 
 
 def _parse(table: str) -> dict[str, TensorSpec]:

@@ -30,6 +30,7 @@ class Role(Enum):
     EMBEDDING = "embedding"
     PROJECTION = "projection"
     NORM = "norm"
+    BIAS = "bias"      # a projection's float bias; its module path names the projection's .bias
 
 
 # Every type the CPU, CUDA and Metal kernels compute for qmatmul and embedding

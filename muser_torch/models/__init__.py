@@ -18,10 +18,11 @@ from ..gguf_io import load_gguf
 from .decoder import Decoder
 from .gemma3 import Gemma3
 from .glimmer import Glimmer
+from .llama import Llama, Qwen2, Qwen3
 
-__all__ = ["MODELS", "from_gguf", "Decoder", "Gemma3", "Glimmer"]
+__all__ = ["MODELS", "from_gguf", "Decoder", "Gemma3", "Glimmer", "Llama", "Qwen2", "Qwen3"]
 
-MODELS: dict[str, type[Decoder]] = {cls.ARCH.name: cls for cls in (Gemma3, Glimmer)}
+MODELS: dict[str, type[Decoder]] = {cls.ARCH.name: cls for cls in (Gemma3, Glimmer, Llama, Qwen2, Qwen3)}
 
 
 def from_gguf(path: str | os.PathLike, device: torch.device | str | None = None,

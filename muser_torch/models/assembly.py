@@ -16,11 +16,10 @@ from ..errors import MetadataError
 from ..formats import PackedWeight
 from ..gguf_io import GGUFFile
 from ..nn import QEmbedding, QLinear
-from ..tokenizer import ByteTokenizer
+from ..text import tokenizer_from_metadata
 
 __all__ = ["assemble", "tokenizer_for"]
 
-_LLAMA_CPP_TOKENIZERS = ("llama", "gpt2")
 GetWeight = Callable[[str, int, int], PackedWeight]   # (name, n_out, n_in) -> weight
 
 
@@ -60,6 +59,9 @@ def _install(model: nn.Module, path: str, role: Role, w: PackedWeight, device: t
     if role is Role.NORM:
         norm = w.dequantize().reshape(w.n_in).to(device, torch.float32)
         getattr(owner, leaf).weight = nn.Parameter(norm, requires_grad=False)
+    elif role is Role.BIAS:   # onto the QLinear its table row follows
+        bias = w.dequantize().reshape(w.n_in).to(device, torch.float32)
+        setattr(owner, leaf, nn.Parameter(bias, requires_grad=False))
     elif role is Role.EMBEDDING:
         setattr(owner, leaf, QEmbedding.from_weight(w, dtype=embed_dtype))
     else:
@@ -67,16 +69,10 @@ def _install(model: nn.Module, path: str, role: Role, w: PackedWeight, device: t
 
 
 def tokenizer_for(gguf: GGUFFile) -> Any:
-    """The tokenizer a file carries: the demo's byte tokenizer, None for no
-    ``tokenizer.ggml.*`` keys, a MetadataError for one it cannot read.
-
-    Files with llama.cpp's SentencePiece or BPE vocabularies
-    (``tokenizer.ggml.model`` 'llama' or 'gpt2') get None until the
-    ``muser_torch.text`` tokenizers land; this is the one place to switch over."""
-    md = gguf.metadata
-    if md.get("tokenizer.ggml.model") in _LLAMA_CPP_TOKENIZERS:
-        return None
+    """The tokenizer a file carries (``muser_torch.text``): the demo's byte
+    tokenizer, llama.cpp's SentencePiece or BPE vocabulary, None for no
+    ``tokenizer.ggml.*`` keys; a MetadataError for one it cannot read."""
     try:
-        return ByteTokenizer.from_metadata(md)
-    except (ValueError, OverflowError) as e:   # OverflowError: an infinite token id
-        raise MetadataError(f"{gguf.path}: {e}") from None
+        return tokenizer_from_metadata(gguf.metadata)
+    except MetadataError as e:
+        raise MetadataError(f"{gguf.path.name}: {e}") from None
