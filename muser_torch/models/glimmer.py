@@ -13,7 +13,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..arch.glimmer import GLIMMER, GlimmerConfig
-from ..tiny.recipe import recipe_weight
+from ..arch.glimmer_recipe import recipe_weight
 from .assembly import assemble
 from .decoder import Decoder
 from .parts import Attention, GatedMLP, RMSNorm, rope_inv_freq
@@ -57,7 +57,7 @@ class Glimmer(Decoder):
                dtype: torch.dtype = torch.float16, seed: int = 0,
                qk_norm: bool = False) -> "Glimmer":
         """Random packed weights made directly on ``device`` in the seed's recipe
-        (``config.weight_precision`` picks the lane; ``tiny/recipe.py``), at any
+        (``config.weight_precision`` picks the lane; ``arch/glimmer_recipe.py``), at any
         shape including the full 52-layer geometry: random bytes with sane
         scale fields, no file and no float copy of any weight."""
         device = torch.device(device if device is not None else "cpu")

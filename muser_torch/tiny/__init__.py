@@ -1,7 +1,9 @@
-"""Synthetic Glimmers: the seed's weight recipe (``recipe.py``), the file
-writer (``writer.py``) and ``muser-torch make-tiny`` (``cli.py``)."""
+"""Synthetic Glimmers: the file writer (``writer.py``) and ``muser-torch
+make-tiny`` (``cli.py``) over the seed's weight recipe, which is a fact of
+the architecture and lives in ``arch/glimmer_recipe.py``."""
+from ..arch.glimmer_recipe import (SEED_CONFIG, plan, planned_bytes, recipe_type, recipe_weight,
+                                   tensor_std)
 from .cli import register
-from .recipe import SEED_CONFIG, plan, planned_bytes, recipe_type, recipe_weight, tensor_std
 from .writer import gguf_metadata, write_tiny
 
 __all__ = ["register", "SEED_CONFIG", "plan", "planned_bytes", "recipe_type", "recipe_weight",

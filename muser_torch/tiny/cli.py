@@ -9,7 +9,7 @@ from pathlib import Path
 from ..arch.glimmer import GlimmerConfig
 from ..formats.types import QK_K
 from ..tokenizer import ByteTokenizer
-from .recipe import SEED_CONFIG, planned_bytes
+from ..arch.glimmer_recipe import SEED_CONFIG, planned_bytes
 from .writer import write_tiny
 
 __all__ = ["register", "main", "config_from_args", "check_config"]

@@ -11,7 +11,7 @@ from ..formats import GGMLType
 from ..formats.types import NVFP4_GROUP
 from ..gguf_io import SCALE2_SUFFIX, SCALE_SUFFIX, load_gguf, save_gguf
 from ..tokenizer import ByteTokenizer
-from .recipe import plan, planned_bytes, recipe_weight
+from ..arch.glimmer_recipe import plan, planned_bytes, recipe_weight
 
 __all__ = ["gguf_metadata", "write_tiny"]
 

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import torch
 
-from ..arch.glimmer import GLIMMER, GlimmerConfig
-from ..arch.spec import expand
+from .glimmer import GLIMMER, GlimmerConfig
+from .spec import expand
 from ..formats import GGMLType, PackedWeight, random_weight
 from ..formats.types import NVFP4_GROUP
 
