@@ -32,14 +32,15 @@ from ..errors import (CompanionError, GGUFError, GGUFFormatError, GGUFTruncatedE
                       UnsupportedTypeError, UnsupportedVersionError)
 from ..formats import GGMLType
 from ..formats.types import NEEDS_COMPANIONS, NVFP4_GROUP
-from .types import (_INT64_MAX, _INTS, _SCALARS, _U32, _U64, MAGIC, MAX_DIMS, SCALE2_SUFFIX,
-                    SCALE_SUFFIX, VERSIONS, DEFAULT_ALIGNMENT, V, GGUFValueType, _align,
-                    _ggml_type, block_geometry, type_name)
+from .types import (_INT64_MAX, _INTS, _SCALARS, _U32, _U64, DEFAULT_ALIGNMENT, MAGIC, MAX_DIMS,
+                    MAX_KEY_BYTES, MAX_TENSOR_NAME_BYTES, SCALE2_SUFFIX, SCALE_SUFFIX, VERSIONS, V,
+                    GGUFValueType, _align, _ggml_type, block_geometry, type_name)
 
 # Smallest encodings, used to bound counts by the bytes left in the file.
 _MIN_KV_BYTES = 8 + 4 + 1           # empty key, type, one u8
 _MIN_TENSOR_INFO_BYTES = 8 + 4 + 8 + 4 + 8  # empty name, n_dims, one dim, type, offset
 _MIN_STRING_BYTES = 8
+_COPY_DECODE_BYTES = 1 << 16   # strings longer than this decode without a copy
 
 
 # ---- records ---------------------------------------------------------------
@@ -228,15 +229,39 @@ class _Cursor:
         self.pos += 8
         return v
 
-    def string(self, what: str) -> str:
+    def string(self, what: str, max_bytes: int | None = None) -> str:
         n = self.u64(f"the length of {what}")
         self.need(n, f"{what} ({n} bytes)")
+        if max_bytes is not None and n > max_bytes:
+            raise GGUFFormatError(f"{what} at offset {self.pos - 8} is {n} bytes long; the GGUF "
+                                  f"spec allows at most {max_bytes}")
         start = self.pos
         self.pos += n
         try:
-            return self.buf[start:self.pos].decode("utf-8")
+            if n <= _COPY_DECODE_BYTES:
+                return self.buf[start:self.pos].decode("utf-8")
+            # A long string decodes straight from the map: slicing first would
+            # copy it, doubling the memory a corrupt length can cost.
+            with memoryview(self.buf) as whole, whole[start:self.pos] as view:
+                return str(view, "utf-8")
         except UnicodeDecodeError as e:
             raise GGUFFormatError(f"{what} at offset {start} is not valid UTF-8: {e}") from None
+
+    def skip_strings(self, n: int, what: str) -> None:
+        """Step over ``n`` strings, checking each length against the file (a
+        tight loop: a vocabulary holds hundreds of thousands)."""
+        buf, size, pos, unpack = self.buf, self.size, self.pos, _U64.unpack_from
+        for i in range(n):
+            if size - pos < 8:
+                self.pos = pos
+                self.need(8, f"the length of item {i} of {what}")
+            (length,) = unpack(buf, pos)
+            pos += 8
+            if length > size - pos:
+                self.pos = pos
+                self.need(length, f"item {i} of {what} ({length} bytes)")
+            pos += length
+        self.pos = pos
 
     def count(self, what: str, min_item_bytes: int) -> int:
         """A u64 count, refused if the items could not fit in the rest of the file."""
@@ -268,7 +293,12 @@ class _Cursor:
         self.pos += dt.itemsize
         return bool(v) if vtype == V.BOOL else v.item()
 
-    def array(self, what: str) -> tuple[GGUFValueType, list]:
+    def array(self, what: str) -> tuple[GGUFValueType, "_Deferred"]:
+        """An array's item type and where its items lie; ``items`` reads them.
+        They are read only once the whole header has checked out: a corrupt
+        count that still fits the file would otherwise turn up to the file's
+        size of bytes into Python objects (8 to 36 bytes each) before the
+        garbage after it is noticed."""
         itype = self.value_type(f"the items of {what}")
         if itype == V.ARRAY:
             # llama.cpp's reader refuses nested arrays too; refusing keeps
@@ -276,14 +306,55 @@ class _Cursor:
             raise GGUFFormatError(f"{what} is an array of arrays, which GGUF readers do not support")
         if itype == V.STRING:
             n = self.count(f"the length of array {what}", _MIN_STRING_BYTES)
-            return itype, [self.string(f"item {i} of {what}") for i in range(n)]
+            start = self.pos
+            self.skip_strings(n, what)
+            return itype, _Deferred(itype, start, n, what)
         dt = _SCALARS[itype]
         n = self.count(f"the length of array {what}", dt.itemsize)
-        items = np.frombuffer(self.buf, dtype=dt, count=n, offset=self.pos)
+        start = self.pos
         self.pos += n * dt.itemsize
-        if itype == V.BOOL:
+        return itype, _Deferred(itype, start, n, what)
+
+    def items(self, arr: "_Deferred") -> list:
+        """The items of an array found by ``array``, as a list."""
+        if arr.itype == V.STRING:
+            return self._strings(arr)
+        items = np.frombuffer(self.buf, dtype=_SCALARS[arr.itype], count=arr.count, offset=arr.offset)
+        if arr.itype == V.BOOL:
             items = items != 0
-        return itype, items.tolist()
+        return items.tolist()
+
+
+    def _strings(self, arr: "_Deferred") -> list[str]:
+        # Lengths were checked by skip_strings; only the UTF-8 can be wrong now.
+        buf, pos, unpack, out = self.buf, arr.offset, _U64.unpack_from, []
+        for i in range(arr.count):
+            (length,) = unpack(buf, pos)
+            pos += 8
+            if length <= _COPY_DECODE_BYTES:
+                raw = buf[pos:pos + length]
+                try:
+                    out.append(raw.decode("utf-8"))
+                except UnicodeDecodeError as e:
+                    raise GGUFFormatError(f"item {i} of {arr.what} at offset {pos} is not "
+                                          f"valid UTF-8: {e}") from None
+            else:
+                self.pos = pos - 8
+                out.append(self.string(f"item {i} of {arr.what}"))
+            pos += length
+        return out
+
+
+@dataclass(frozen=True)
+class _Deferred:
+    """An array located in the header whose items are not read yet."""
+    itype: GGUFValueType
+    offset: int
+    count: int
+    what: str
+
+    def __repr__(self) -> str:
+        return f"<array of {self.count} {self.itype.name}>"
 
 
 def load_gguf(path: "str | os.PathLike[str]", *, progress: bool = False) -> GGUFFile:
@@ -343,7 +414,7 @@ def _parse(path: Path, mm: mmap.mmap, size: int, progress: bool) -> GGUFFile:
         metadata: dict[str, Any] = {}
         types: dict[str, GGUFValueType] = {}
         for i in range(n_kv):
-            key = cur.string(f"metadata key {i}")
+            key = cur.string(f"metadata key {i}", MAX_KEY_BYTES)
             if key in metadata:
                 raise GGUFFormatError(f"metadata key {key!r} appears twice (second at entry {i})")
             vtype = cur.value_type(f"metadata {key!r}")
@@ -355,7 +426,7 @@ def _parse(path: Path, mm: mmap.mmap, size: int, progress: bool) -> GGUFFile:
 
         infos = []
         for i in range(n_tensors):
-            name = cur.string(f"the name of tensor {i}")
+            name = cur.string(f"the name of tensor {i}", MAX_TENSOR_NAME_BYTES)
             n_dims = cur.u32(f"the dimension count of tensor {name!r}")
             if n_dims > MAX_DIMS:
                 raise GGUFFormatError(f"tensor {name!r} has {n_dims} dimensions, at most {MAX_DIMS} allowed")
@@ -371,6 +442,9 @@ def _parse(path: Path, mm: mmap.mmap, size: int, progress: bool) -> GGUFFile:
     data_offset = _align(cur.pos, alignment)
     buf = np.frombuffer(mm, dtype=np.uint8)
     tensors = _check_tensors(infos, alignment, data_offset, size, buf)
+    for key, value in metadata.items():
+        if isinstance(value, _Deferred):
+            metadata[key] = cur.items(value)
     return GGUFFile(path, version, alignment, data_offset, size, metadata, types, tensors)
 
 
@@ -383,6 +457,7 @@ def _alignment(metadata: Mapping[str, Any], types: Mapping[str, GGUFValueType]) 
             f"general.alignment is {a!r} ({types['general.alignment'].name}), "
             f"expected a positive power of two")
     return a
+
 
 def _check_tensors(infos, alignment: int, data_offset: int, size: int,
                    buf: np.ndarray) -> dict[str, GGUFTensor]:

@@ -32,6 +32,10 @@ MAX_DIMS = 4                  # GGML_MAX_DIMS
 # and "X.weight_scale_2" (F32), as NVFP4 safetensors checkpoints do.
 SCALE_SUFFIX, SCALE2_SUFFIX = "_scale", "_scale_2"
 MAX_NAME_BYTES = 63           # llama.cpp refuses tensor names of GGML_MAX_NAME (64) bytes or more
+# What the reader accepts, the GGUF spec's limits: keys at most 2**16 - 1 bytes,
+# tensor names at most 64 (the writer keeps to llama.cpp's 63).
+MAX_KEY_BYTES = 2**16 - 1
+MAX_TENSOR_NAME_BYTES = 64
 _INT64_MAX = 2**63 - 1
 
 _U32 = struct.Struct("<I")
