@@ -15,7 +15,7 @@ from tqdm import tqdm
 
 from ..formats import GGMLType
 from ..formats.floats import TORCH_DTYPES
-from .reader import GGUFTensor
+from .records import GGUFTensor
 from .types import (_INTS, _SCALARS, _U32, _U64, DEFAULT_ALIGNMENT, MAGIC, MAX_DIMS,
                     MAX_NAME_BYTES, WRITE_VERSION, V, _align, _ggml_type, block_geometry,
                     type_name)
