@@ -1,6 +1,8 @@
 """`muser-torch run` and `muser-torch bench model` end to end on a tiny file."""
 from __future__ import annotations
 
+import pytest
+
 from muser_torch.cli import main as cli
 
 from .conftest import SEED
@@ -31,3 +33,21 @@ def test_bench_model_prints_throughput(tiny_files, capsys):
     out = capsys.readouterr().out
     assert rc == 0
     assert "prefill" in out and "decode" in out and "GB/s" in out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--max-new-tokens", "-5"], "--max-new-tokens must be >= 0, got -5"),
+    (["--max-new-tokens", "100000"], "--max-new-tokens 100000: the prompt's 4 tokens plus 100000 "
+                                     "new ones exceed the model's context length of 96 (at most "
+                                     "92 new tokens fit)"),
+    (["--temperature", "-1"], "--temperature must be a finite number >= 0"),
+    (["--temperature", "nan"], "--temperature must be a finite number >= 0"),
+    (["--top-p", "0"], "--top-p must be in (0, 1]"),
+    (["--top-k", "0"], "--top-k must be >= 1"),
+    (["--threads", "0"], "--threads must be >= 1"),
+])
+def test_run_refuses_bad_arguments_before_printing_anything(tiny_files, capsys, argv, message):
+    assert cli(["run", tiny_files["q4_k_xl"], "--prompt", "abc", *argv]) == 2
+    out = capsys.readouterr()
+    assert out.out == "", f"printed {out.out!r} before refusing"
+    assert message in out.err and out.err.count("\n") == 1, out.err
