@@ -125,58 +125,48 @@ def scan(path: str | Path) -> Layout:
     sc = _Scan(head)
     assert head[:4] == b"GGUF", f"{path} is not a GGUF file"
     lay = Layout(path, size, DEFAULT_ALIGNMENT)
-    add = lay.fields.append
-    add(Field("version", 4, 4, "version"))
-    add(Field("tensor_count", 8, 8, "count"))
-    add(Field("kv_count", 16, 8, "count"))
-    sc.pos = 8
-    n_tensors, n_kv = sc.take("<Q"), sc.take("<Q")
+    sc.pos = 4
+
+    def take(name: str, fmt: str, role: str):
+        """Read one fixed-width value, recording it as a field when it is 4 or 8 bytes."""
+        if struct.calcsize(fmt) in (4, 8):
+            lay.fields.append(Field(name, sc.pos, struct.calcsize(fmt), role))
+        return sc.take(fmt)
+
+    def string(name: str) -> str:
+        lay.fields.append(Field(f"{name} length", sc.pos, 8, "length"))
+        return sc.string()
+
+    take("version", "<I", "version")
+    n_tensors, n_kv = take("tensor_count", "<Q", "count"), take("kv_count", "<Q", "count")
     for i in range(n_kv):
         start = sc.pos
-        add(Field(f"kv[{i}] key length", sc.pos, 8, "length"))
-        key = sc.string()
-        add(Field(f"kv[{i}] {key} type", sc.pos, 4, "type"))
-        vtype = sc.take("<I")
-        value_start = sc.pos
-        item_type = None
+        key = string(f"kv[{i}] key")
+        vtype = take(f"kv[{i}] {key} type", "<I", "type")
+        value_start, item_type = sc.pos, None
         if vtype == STRING:
-            add(Field(f"kv[{i}] {key} string length", sc.pos, 8, "length"))
-            sc.string()
+            string(f"kv[{i}] {key} string")
         elif vtype == ARRAY:
-            add(Field(f"kv[{i}] {key} item type", sc.pos, 4, "type"))
-            item_type = sc.take("<I")
-            add(Field(f"kv[{i}] {key} array length", sc.pos, 8, "count"))
-            n = sc.take("<Q")
-            if item_type == STRING:
-                for j in range(n):
-                    if j < 2:   # the first few items' lengths; a 262k-token vocab needs no more
-                        add(Field(f"kv[{i}] {key} item {j} length", sc.pos, 8, "length"))
-                    sc.string()
-            else:
+            item_type = take(f"kv[{i}] {key} item type", "<I", "type")
+            n = take(f"kv[{i}] {key} array length", "<Q", "count")
+            if item_type != STRING:
                 sc.pos += n * struct.calcsize(SCALAR_FORMATS[item_type])
+            for j in range(n if item_type == STRING else 0):
+                # the first items' lengths are fields; a 262k-token vocabulary needs no more
+                string(f"kv[{i}] {key} item {j}") if j < 2 else sc.string()
         else:
-            fmt = SCALAR_FORMATS[vtype]
-            if struct.calcsize(fmt) in (4, 8):
-                add(Field(f"kv[{i}] {key} value", sc.pos, struct.calcsize(fmt), "value"))
-            value = sc.take(fmt)
+            value = take(f"kv[{i}] {key} value", SCALAR_FORMATS[vtype], "value")
             if key == "general.alignment":
                 lay.alignment = int(value)
         lay.kvs.append(KV(i, key, vtype, item_type, start, value_start, sc.pos))
     for i in range(n_tensors):
         start = sc.pos
-        add(Field(f"tensor[{i}] name length", sc.pos, 8, "length"))
-        name = sc.string()
-        add(Field(f"tensor[{i}] {name} n_dims", sc.pos, 4, "ndims"))
-        n_dims = sc.take("<I")
-        ne = []
-        for d in range(n_dims):
-            add(Field(f"tensor[{i}] {name} ne[{d}]", sc.pos, 8, "dims"))
-            ne.append(sc.take("<Q"))
-        add(Field(f"tensor[{i}] {name} type", sc.pos, 4, "type"))
-        type_id = sc.take("<I")
-        add(Field(f"tensor[{i}] {name} data offset", sc.pos, 8, "offset"))
-        rel = sc.take("<Q")
-        lay.tensors.append(TensorInfo(i, name, type_id, tuple(ne), start, sc.pos, rel))
+        name = string(f"tensor[{i}] name")
+        n_dims = take(f"tensor[{i}] {name} n_dims", "<I", "ndims")
+        ne = tuple(take(f"tensor[{i}] {name} ne[{d}]", "<Q", "dims") for d in range(n_dims))
+        type_id = take(f"tensor[{i}] {name} type", "<I", "type")
+        rel = take(f"tensor[{i}] {name} data offset", "<Q", "offset")
+        lay.tensors.append(TensorInfo(i, name, type_id, ne, start, sc.pos, rel))
     lay.infos_end = sc.pos
     lay.data_start = -(-sc.pos // lay.alignment) * lay.alignment
     lay.head = head[:lay.data_start]
