@@ -122,8 +122,12 @@ class _Cursor:
                                   f"(valid: 0..{max(GGUFValueType)})") from None
 
     def value(self, vtype: GGUFValueType, what: str) -> Any:
-        if vtype == V.STRING:
-            return self.string(what)
+        if vtype == V.STRING:   # located now, decoded with the arrays (see ``array``)
+            start = self.pos
+            n = self.u64(f"the length of {what}")
+            self.need(n, f"{what} ({n} bytes)")
+            self.pos += n
+            return _Deferred(vtype, start, 1, what, array=False)
         if vtype == V.ARRAY:
             return self.array(what)
         dt = _SCALARS[vtype]
@@ -133,11 +137,12 @@ class _Cursor:
         return bool(v) if vtype == V.BOOL else v.item()
 
     def array(self, what: str) -> tuple[GGUFValueType, "_Deferred"]:
-        """An array's item type and where its items lie; ``items`` reads them.
-        They are read only once the whole header has checked out: a corrupt
-        count that still fits the file would otherwise turn up to the file's
-        size of bytes into Python objects (8 to 36 bytes each) before the
-        garbage after it is noticed."""
+        """An array's item type and where its items lie; ``materialize`` reads
+        them. Values (string values too) are read only once the whole header
+        has checked out: a corrupt count or length that still fits the file
+        would otherwise turn up to the file's size of bytes into Python
+        objects (8 to 36 bytes an item, or a string as long as the file)
+        before the garbage after it is noticed."""
         itype = self.value_type(f"the items of {what}")
         if itype == V.ARRAY:
             # llama.cpp's reader refuses nested arrays too; refusing keeps
@@ -154,46 +159,50 @@ class _Cursor:
         self.pos += n * dt.itemsize
         return itype, _Deferred(itype, start, n, what)
 
-    def items(self, arr: "_Deferred") -> list:
-        """The items of an array found by ``array``, as a list."""
-        if arr.itype == V.STRING:
-            return self._strings(arr)
-        items = np.frombuffer(self.buf, dtype=_SCALARS[arr.itype], count=arr.count, offset=arr.offset)
-        if arr.itype == V.BOOL:
+    def materialize(self, d: "_Deferred") -> "str | list":
+        """The value located by ``value`` or ``array``: a str, or a list."""
+        if d.itype == V.STRING:
+            strings = self._strings(d)
+            return strings if d.array else strings[0]
+        items = np.frombuffer(self.buf, dtype=_SCALARS[d.itype], count=d.count, offset=d.offset)
+        if d.itype == V.BOOL:
             items = items != 0
         return items.tolist()
 
-
-    def _strings(self, arr: "_Deferred") -> list[str]:
-        # Lengths were checked by skip_strings; only the UTF-8 can be wrong now.
-        buf, pos, unpack, out = self.buf, arr.offset, _U64.unpack_from, []
-        for i in range(arr.count):
+    def _strings(self, d: "_Deferred") -> list[str]:
+        # Lengths were checked when located; only the UTF-8 can be wrong now.
+        buf, pos, unpack, out = self.buf, d.offset, _U64.unpack_from, []
+        for i in range(d.count):
             (length,) = unpack(buf, pos)
             pos += 8
             if length <= _COPY_DECODE_BYTES:
-                raw = buf[pos:pos + length]
                 try:
-                    out.append(raw.decode("utf-8"))
+                    out.append(buf[pos:pos + length].decode("utf-8"))
                 except UnicodeDecodeError as e:
-                    raise GGUFFormatError(f"item {i} of {arr.what} at offset {pos} is not "
-                                          f"valid UTF-8: {e}") from None
+                    raise GGUFFormatError(f"{d.item(i)} at offset {pos} is not valid UTF-8: "
+                                          f"{e}") from None
             else:
                 self.pos = pos - 8
-                out.append(self.string(f"item {i} of {arr.what}"))
+                out.append(self.string(d.item(i)))
             pos += length
         return out
 
 
 @dataclass(frozen=True)
 class _Deferred:
-    """An array located in the header whose items are not read yet."""
+    """A string value or an array located in the header, not read yet. For
+    strings ``offset`` is that of the (first) length field."""
     itype: GGUFValueType
     offset: int
     count: int
     what: str
+    array: bool = True
+
+    def item(self, i: int) -> str:
+        return f"item {i} of {self.what}" if self.array else self.what
 
     def __repr__(self) -> str:
-        return f"<array of {self.count} {self.itype.name}>"
+        return f"<array of {self.count} {self.itype.name}>" if self.array else "<a string>"
 
 
 def load_gguf(path: "str | os.PathLike[str]", *, progress: bool = False) -> GGUFFile:
@@ -283,7 +292,7 @@ def _parse(path: Path, mm: mmap.mmap, size: int, progress: bool) -> GGUFFile:
     tensors = _check_tensors(infos, alignment, data_offset, size, buf)
     for key, value in metadata.items():
         if isinstance(value, _Deferred):
-            metadata[key] = cur.items(value)
+            metadata[key] = cur.materialize(value)
     return GGUFFile(path, version, alignment, data_offset, size, metadata, types, tensors)
 
 

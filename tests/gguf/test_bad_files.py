@@ -210,17 +210,24 @@ def _peak_alloc(fn) -> int:
         tracemalloc.stop()
 
 
-def test_array_items_are_read_only_after_the_header_checks_out(tmp_path):
-    """A corrupt count that still fits the file must not become a list of
-    Python ints (36 bytes each) before the garbage after it is noticed."""
+@pytest.mark.parametrize("kind", ["int32 array", "string"])
+def test_values_are_read_only_after_the_header_checks_out(tmp_path, kind):
+    """A corrupt count or length that still fits the file must not become
+    Python objects (36 bytes an int, or a str as long as the file) before
+    the garbage after it is noticed."""
     seed = fresh_seed()
     rng = np.random.default_rng(seed)
     n = 1 << 20
-    items = rng.integers(1 << 20, 1 << 30, n, dtype=np.int32).tobytes()   # no small-int cache
-    garbage = struct.pack("<Q", 2**40)                                     # key length past the end
-    data = raw_gguf([s("big") + struct.pack("<IIQ", 9, 5, n) + items, garbage], [], n_kv=2).data
+    if kind == "string":
+        entry = s("big") + struct.pack("<I", 8) + s(b"x" * (4 * n))
+        want = "x" * (4 * n)
+    else:
+        items = rng.integers(1 << 20, 1 << 30, n, dtype=np.int32)     # no small-int cache
+        entry = s("big") + struct.pack("<IIQ", 9, 5, n) + items.tobytes()
+        want = items.tolist()
+    garbage = struct.pack("<Q", 2**40)                                 # key length past the end
     path = tmp_path / "deferred.gguf"
-    path.write_bytes(data)
+    path.write_bytes(raw_gguf([entry, garbage], [], n_kv=2).data)
     tracemalloc.start()
     try:
         with pytest.raises(GGUFTruncatedError, match="metadata key 1"):
@@ -229,10 +236,9 @@ def test_array_items_are_read_only_after_the_header_checks_out(tmp_path):
     finally:
         tracemalloc.stop()
     assert peak < 1 << 20, f"seed {seed}: {peak:,} bytes allocated before refusing"
-    # the same array in a valid file reads back item for item
-    good = raw_gguf([s("big") + struct.pack("<IIQ", 9, 5, n) + items], []).data
-    path.write_bytes(good)
-    assert load_gguf(path).metadata["big"] == np.frombuffer(items, np.int32).tolist(), f"seed {seed}"
+    # the same value in a valid file reads back exactly
+    path.write_bytes(raw_gguf([entry], []).data)
+    assert load_gguf(path).metadata["big"] == want, f"seed {seed}"
 
 
 def test_spec_limits_on_key_and_tensor_name_lengths(tmp_path):
