@@ -1,4 +1,4 @@
-"""``muser-torch inspect FILE [--json]``: what a GGUF holds and what it costs.
+"""``muser-torch inspect FILE [FILE ...] [--json]``: what GGUF files hold and what they cost.
 
 One row per tensor class, as in the seed's Figure 6.6: the label is the
 tensor name without its ``blk.N.`` prefix, and tensors are grouped by
@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import sys
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -140,15 +141,31 @@ def to_json(s: Summary) -> dict[str, Any]:
 
 
 def main(args: argparse.Namespace) -> int:
-    gguf = load_gguf(args.file, progress=True)  # the bar appears only after 1 s
-    s = summarize(gguf)
-    print(json.dumps(to_json(s), indent=2, ensure_ascii=False) if args.json else format_table(s))
-    return 0
+    """Each file in turn; one that cannot be read gets a one-line error on
+    stderr and the others are still shown (exit status 2 if any failed)."""
+    failed = False
+    for i, name in enumerate(args.files):
+        try:
+            s = summarize(load_gguf(name, progress=True))  # the bar appears only after 1 s
+        except (ValueError, OSError) as e:   # GGUFError included
+            print(f"muser-torch inspect: error: {e}", file=sys.stderr)
+            failed = True
+            continue
+        if args.json:
+            print(json.dumps(to_json(s), ensure_ascii=False), flush=True)
+        else:
+            print(("\n" if i else "") + format_table(s), flush=True)
+    return 2 if failed else 0
 
 
 def register(subparsers: "argparse._SubParsersAction") -> None:
-    p = subparsers.add_parser("inspect", help="tensor classes, sizes and lane of a GGUF file",
-                              description=__doc__.splitlines()[0])
-    p.add_argument("file", help="a .gguf file")
-    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p = subparsers.add_parser(
+        "inspect", help="tensor classes, sizes and lane of GGUF files",
+        description=__doc__.splitlines()[0],
+        epilog="With several files (e.g. models/*.gguf) the tables follow one another; "
+               "--json prints one JSON object per file, one per line (JSON Lines), so a "
+               "single file gives a single object.")
+    p.add_argument("files", nargs="+", metavar="FILE", help="one or more .gguf files")
+    p.add_argument("--json", action="store_true",
+                   help="one JSON object per file, one per line (JSON Lines)")
     p.set_defaults(func=main)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import codecs
+import math
 import sys
 import time
 from pathlib import Path
@@ -92,9 +93,32 @@ def model_path(model: Path | None, lane: str) -> Path:
     return path
 
 
+def check_sampling_args(args: argparse.Namespace) -> None:
+    """Refuse bad generation arguments before anything is loaded or printed."""
+    if args.max_new_tokens < 0:
+        raise ValueError(f"--max-new-tokens must be >= 0, got {args.max_new_tokens}")
+    if not math.isfinite(args.temperature) or args.temperature < 0:
+        raise ValueError(f"--temperature must be a finite number >= 0, got {args.temperature}")
+    if args.top_k is not None and args.top_k < 1:
+        raise ValueError(f"--top-k must be >= 1, got {args.top_k}")
+    if args.top_p is not None and not 0 < args.top_p <= 1:
+        raise ValueError(f"--top-p must be in (0, 1], got {args.top_p}")
+
+
+def check_room(n_prompt: int, max_new_tokens: int, context_length: int) -> None:
+    """Refuse a run whose prompt plus new tokens cannot fit the model's context."""
+    if n_prompt + max_new_tokens > context_length:
+        room = max(context_length - n_prompt, 0)
+        raise ValueError(f"--max-new-tokens {max_new_tokens}: the prompt's {n_prompt} tokens plus "
+                         f"{max_new_tokens} new ones exceed the model's context length of "
+                         f"{context_length} (at most {room} new tokens fit)")
+
+
 def main(args: argparse.Namespace) -> int:
     from .models import from_gguf
 
+    # Every argument is checked before the model loads and the prompt is echoed.
+    check_sampling_args(args)
     path = model_path(args.model, args.lane)
     device = resolve_device(args.device)
     apply_threads(args.threads)
@@ -104,6 +128,7 @@ def main(args: argparse.Namespace) -> int:
     if tok is None:
         raise ValueError(f"{path} carries no tokenizer.ggml.* keys; run needs the byte tokenizer")
     ids = torch.tensor(tok.encode(args.prompt, bos=True), device=device)
+    check_room(ids.numel(), args.max_new_tokens, model.config.context_length)
     out = sys.stdout
     out.write(args.prompt)
     out.flush()

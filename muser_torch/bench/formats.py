@@ -107,7 +107,7 @@ def _print_output_cost(rows: int, cols: int, repeat: int) -> None:
     t = _interleaved_best({"fresh": lambda: torch.empty(rows, cols).fill_(1.0),
                            "reused": lambda: buf.fill_(1.0)}, max(3, repeat))
     print(f"the output alone ({rows}x{cols} float32, torch fill_): fresh tensor "
-          f"{t['fresh'] * 1e3:.1f} ms, reused buffer {t['reused'] * 1e3:.1f} ms")
+          f"{_g(t['fresh'] * 1e3)} ms, reused buffer {_g(t['reused'] * 1e3)} ms")
 
 
 def _big_shape(text: str) -> tuple[int, int]:
@@ -119,7 +119,12 @@ def _big_shape(text: str) -> tuple[int, int]:
 
 
 def _times(ratio: float | None) -> str:
-    return "-" if ratio is None else f"{ratio:.1f}x"
+    return "-" if ratio is None else f"{ratio:.3g}x"
+
+
+def _g(x: float) -> str:
+    """Three significant digits: small sizes and slow paths never print as 0."""
+    return f"{x:.3g}"
 
 
 def main(args: argparse.Namespace) -> int:
@@ -142,11 +147,11 @@ def main(args: argparse.Namespace) -> int:
           f"{'quant MB/s':>10} {'quant s':>8}")
     for qtype in qtypes:
         r = bench_type(qtype, x, args.repeat)
-        gguf_rate = "-" if r["gguf"] is None else f"{r['gguf']:.0f}"
+        gguf_rate = "-" if r["gguf"] is None else _g(r["gguf"])
         ratio, op_ratio, into_ratio = (_times(r[k]) for k in ("ref_ratio", "op_ratio", "into_ratio"))
-        print(f"{r['type']:<11} {r['bytes'] / 1e6:>9.1f} {gguf_rate:>9} {r['ref']:>10.0f} {ratio:>8} "
-              f"{r['op']:>10.0f} {op_ratio:>8} {r['into']:>10.0f} {into_ratio:>8} "
-              f"{r['quant']:>10.1f} {r['quant_s']:>8.2f}", flush=True)
+        print(f"{r['type']:<11} {_g(r['bytes'] / 1e6):>9} {gguf_rate:>9} {_g(r['ref']):>10} {ratio:>8} "
+              f"{_g(r['op']):>10} {op_ratio:>8} {_g(r['into']):>10} {into_ratio:>8} "
+              f"{_g(r['quant']):>10} {_g(r['quant_s']):>8}", flush=True)
     _print_output_cost(args.rows, args.cols, args.repeat)
     if big_shape is not None:
         rows, cols = big_shape
@@ -154,6 +159,6 @@ def main(args: argparse.Namespace) -> int:
         t0, c0 = time.perf_counter(), time.process_time()
         quantize(big, GGMLType.Q4_K)
         wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-        print(f"Q4_K quantize {rows}x{cols}: {wall:.1f} s wall, {cpu:.1f} s CPU "
+        print(f"Q4_K quantize {rows}x{cols}: {_g(wall)} s wall, {_g(cpu)} s CPU "
               f"(target: under 30 s on 2 cores)")
     return 0

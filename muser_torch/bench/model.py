@@ -53,8 +53,6 @@ def build(args: argparse.Namespace, device: torch.device, dtype: torch.dtype):
     from ..tiny import SEED_CONFIG
 
     if args.model == "seed":
-        if args.layers < 1:
-            raise ValueError(f"bench model: --layers must be >= 1, got {args.layers}")
         config = replace(SEED_CONFIG, n_layers=args.layers, weight_precision=args.lane)
         return Glimmer.random(config, device=device, dtype=dtype, seed=0), f"seed geometry x{args.layers} layers ({args.lane})"
     path = model_path(None if args.model == "demo" else Path(args.model), args.lane)
@@ -70,9 +68,12 @@ def main(args: argparse.Namespace) -> int:
     device = resolve_device(args.device)
     apply_threads(args.threads)
     dtype = resolve_dtype(args.dtype, device)
-    for what, v in (("--prompt-len", args.prompt_len), ("--decode", args.decode), ("--batch", args.batch)):
+    for what, v in (("--prompt-len", args.prompt_len), ("--decode", args.decode),
+                    ("--batch", args.batch), ("--layers", args.layers)):
         if v < 1:
             raise ValueError(f"bench model: {what} must be >= 1, got {v}")
+    if args.warmup < 0:
+        raise ValueError(f"bench model: --warmup must be >= 0, got {args.warmup}")
     model, label = build(args, device, dtype)
     c = model.config
     total = args.prompt_len + args.warmup + args.decode
@@ -120,9 +121,9 @@ def main(args: argparse.Namespace) -> int:
         print(f"  decode, one step in a CUDA graph: {args.batch * 1e3 / graph_ms:10.1f} tok/s "
               f"({graph_ms:.2f} ms/step, {per_token / graph_ms / 1e6:.1f} GB/s of weights)")
     kv = model.kv_bytes_per_token() * args.batch
-    print(f"  weights read per decode step: {per_token / 1e6:.2f} MB "
-          f"-> {per_token * steps_per_s / 1e9:.2f} GB/s implied; "
-          f"plus {kv / 1e6:.2f} MB of KV cache ({(per_token + kv) * steps_per_s / 1e9:.2f} GB/s in all)")
+    print(f"  weights read per decode step: {per_token / 1e6:.3g} MB "
+          f"-> {per_token * steps_per_s / 1e9:.3g} GB/s implied; "
+          f"plus {kv / 1e6:.3g} MB of KV cache ({(per_token + kv) * steps_per_s / 1e9:.3g} GB/s in all)")
     return 0
 
 

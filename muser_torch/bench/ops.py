@@ -39,6 +39,10 @@ class Shape:
     n_out: int
 
 
+# --tokens above this is a typo, not a benchmark: at 2048 the lm_head's
+# float32 output alone is 1.65 GB.
+MAX_TOKENS = 2048
+
 # Figure 6.6 (release path; the draft rows are left out).
 SHAPES = (
     Shape("attn_q", GGMLType.Q4_K, 6656, 4096),
@@ -174,6 +178,11 @@ def main(args: argparse.Namespace) -> int:
         if unknown:
             raise ValueError(f"bench ops: unknown shape(s) {unknown}; choose from {list(known)}")
         shapes = tuple(known[s] for s in args.shapes)
+    bad_tokens = [t for t in args.tokens if not 1 <= t <= MAX_TOKENS]
+    if bad_tokens:
+        raise ValueError(f"bench ops: --tokens must each be in 1..{MAX_TOKENS}, got {bad_tokens}")
+    if args.baseline_mb < 1:
+        raise ValueError(f"bench ops: --baseline-mb must be >= 1, got {args.baseline_mb}")
     if args.threads is not None:
         if args.threads < 1:
             raise ValueError(f"bench ops: --threads must be >= 1, got {args.threads}")

@@ -46,6 +46,7 @@ raises ValueError.
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import importlib.util
 import os
@@ -55,11 +56,12 @@ import torch
 from torch import Tensor
 
 from ..formats import FLOAT_DTYPES, check_companions, check_packed, companion_args
-from ..formats.weight import scale_bytes
+from ..formats.registry import format_for
 from ..formats.types import NEEDS_COMPANIONS, GGMLType
+from ..formats.weight import scale_bytes
 
 __all__ = ["qmatmul", "qmatmul_t", "dequantize", "embedding", "check_args", "backend",
-           "use_backend", "chosen_backend", "CPU_BACKENDS"]
+           "implemented_types", "use_backend", "chosen_backend", "CPU_BACKENDS"]
 
 _INDEX_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
 _COMPANIONS = "Tensor? scales=None, Tensor? scale_2=None"
@@ -68,21 +70,39 @@ _WEIGHT = f"Tensor packed, int qtype, int n_out, int n_in, {_COMPANIONS}"
 
 # ---- argument checks ---------------------------------------------------------------------
 
+# A weight dimension past this is a corrupt or confused argument, not a matrix:
+# the largest real ones (vocabularies, FFN widths) are under 2**20, and the
+# schema's int is 64-bit, so torch.ops refuses 2**63 with its own message.
+MAX_DIM = 2**31 - 1
+
+
+@functools.lru_cache(maxsize=None)
+def implemented_types() -> frozenset[GGMLType]:
+    """The types the ops compute: those with a block format in the registry
+    (``formats.registry``; every backend falls back to its reference decoder
+    for what it has no kernel of its own for)."""
+    def registered(t: GGMLType) -> bool:
+        try:
+            format_for(t)
+            return True
+        except ValueError:
+            return False
+    return frozenset(t for t in GGMLType if registered(t))
+
+
 def check_args(op: str, packed: Tensor, qtype: int, n_out: int, n_in: int,
                scales: Tensor | None, scale_2: Tensor | None, *,
                x: Tensor | None = None, x_name: str = "x", x_width: int | None = None,
                ids: Tensor | None = None, where: str | None = None) -> GGMLType:
     """Raise ValueError (naming ``muser.<op>``, or ``where`` when given, the
     argument and what was expected) unless the arguments describe a valid
-    call; return the GGMLType. Reads no tensor data, so fake kernels call it too."""
+    call; return the GGMLType. Reads no tensor data, so fake kernels call it too.
+
+    The type is checked by id before any size: an id the ops do not compute
+    is refused even when its rows happen to have the expected byte count."""
     try:
-        try:
-            qt = GGMLType.parse(qtype)
-        except ValueError as e:
-            raise ValueError(f"qtype: {e}") from None
-        for name, v in (("n_out", n_out), ("n_in", n_in)):
-            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
-                raise ValueError(f"{name} must be a positive int, got {v!r}")
+        qt = _check_qtype(qtype)
+        _check_dims(n_out, n_in)
         check_packed(packed, qt, n_in, "packed", n_out=n_out)
         if qt in NEEDS_COMPANIONS:
             check_companions(scales, scale_2, n_out, n_in, packed.device)
@@ -114,6 +134,38 @@ def check_args(op: str, packed: Tensor, qtype: int, n_out: int, n_in: int,
     return qt
 
 
+def _check_qtype(qtype) -> GGMLType:
+    """The GGMLType of ``qtype`` (a GGMLType, id or name), refused by id unless
+    the ops compute it. A bool is refused: ``True`` is not F16.
+
+    ``torch.ops.muser.*`` receive ints only: torch's dispatcher turns a bool
+    into 0/1 before any Python sees it, so there only the Python wrappers
+    (``_normalize``) can tell ``True`` from ``1``."""
+    if isinstance(qtype, bool):
+        raise ValueError(f"qtype must be a GGMLType, its int id or its name, got the bool {qtype}")
+    try:
+        qt = GGMLType.parse(qtype)
+    except ValueError as e:
+        raise ValueError(f"qtype: {e}; the ops compute {_implemented_list()}") from None
+    if qt not in implemented_types():
+        raise ValueError(f"qtype: {qt.name} (id {int(qt)}) has no block format here; "
+                         f"the ops compute {_implemented_list()}")
+    return qt
+
+
+def _implemented_list() -> str:
+    return ", ".join(f"{t.name} ({int(t)})" for t in sorted(implemented_types()))
+
+
+def _check_dims(n_out, n_in) -> None:
+    for name, v in (("n_out", n_out), ("n_in", n_in)):
+        if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+            raise ValueError(f"{name} must be a positive int, got {v!r}")
+        if v > MAX_DIM:
+            raise ValueError(f"{name} is {v}, past {MAX_DIM} (2**31 - 1): no weight matrix "
+                             f"is that large")
+
+
 def check_ids_in_range(op: str, ids: Tensor, n_out: int) -> None:
     """Raise ValueError unless every id indexes a row (reads the ids: not for fakes)."""
     if ids.numel():
@@ -123,13 +175,18 @@ def check_ids_in_range(op: str, ids: Tensor, n_out: int) -> None:
                              f"from {lo} to {hi}")
 
 
-def _normalize(where, qtype, scales, scale_2, device):
+def _normalize(where, qtype, scales, scale_2, device, n_out=None, n_in=None):
     """Wrapper-side conveniences: a GGMLType or its name for qtype, float8
-    scales, a Python float for scale_2. Errors are prefixed with ``where``."""
+    scales, a Python float for scale_2. Errors are prefixed with ``where``.
+    The type and the dimensions are checked here too, before torch's
+    dispatcher converts them (a bool to 0/1, an int past 64 bits to its own
+    error)."""
     try:
-        qtype = int(GGMLType.parse(qtype))
+        qtype = int(_check_qtype(qtype))
+        if n_out is not None or n_in is not None:
+            _check_dims(n_out, n_in)
     except ValueError as e:
-        raise ValueError(f"{where}: qtype: {e}") from None
+        raise ValueError(f"{where}: {e}") from None
     scales, scale_2 = companion_args(scales, scale_2, device)
     return qtype, scales, scale_2
 
@@ -299,28 +356,32 @@ def qmatmul(x: Tensor, packed: Tensor, qtype, n_out: int, n_in: int,
     """``x[..., n_in] @ W.T`` with W packed as ``qtype``; output in x's dtype.
     ``qtype`` may be a GGMLType, its id or its name; ``scales`` may be
     float8_e4m3fn and ``scale_2`` a Python float (NVFP4_E2M1)."""
-    qtype, scales, scale_2 = _normalize("muser.qmatmul", qtype, scales, scale_2, packed.device)
+    qtype, scales, scale_2 = _normalize("muser.qmatmul", qtype, scales, scale_2, packed.device,
+                                          n_out, n_in)
     return torch.ops.muser.qmatmul(x, packed, qtype, n_out, n_in, scales, scale_2)
 
 
 def qmatmul_t(g: Tensor, packed: Tensor, qtype, n_out: int, n_in: int,
               scales: Tensor | None = None, scale_2=None) -> Tensor:
     """``g[..., n_out] @ W`` (the gradient of :func:`qmatmul` for x)."""
-    qtype, scales, scale_2 = _normalize("muser.qmatmul_t", qtype, scales, scale_2, packed.device)
+    qtype, scales, scale_2 = _normalize("muser.qmatmul_t", qtype, scales, scale_2, packed.device,
+                                          n_out, n_in)
     return torch.ops.muser.qmatmul_t(g, packed, qtype, n_out, n_in, scales, scale_2)
 
 
 def dequantize(packed: Tensor, qtype, n_out: int, n_in: int,
                scales: Tensor | None = None, scale_2=None) -> Tensor:
     """W as float32 ``[n_out, n_in]`` (bit-exact with gguf)."""
-    qtype, scales, scale_2 = _normalize("muser.dequantize", qtype, scales, scale_2, packed.device)
+    qtype, scales, scale_2 = _normalize("muser.dequantize", qtype, scales, scale_2, packed.device,
+                                          n_out, n_in)
     return torch.ops.muser.dequantize(packed, qtype, n_out, n_in, scales, scale_2)
 
 
 def embedding(ids: Tensor, packed: Tensor, qtype, n_out: int, n_in: int,
               scales: Tensor | None = None, scale_2=None) -> Tensor:
     """Rows ``ids`` of W as float32 ``[*ids.shape, n_in]``."""
-    qtype, scales, scale_2 = _normalize("muser.embedding", qtype, scales, scale_2, packed.device)
+    qtype, scales, scale_2 = _normalize("muser.embedding", qtype, scales, scale_2, packed.device,
+                                          n_out, n_in)
     return torch.ops.muser.embedding(ids, packed, qtype, n_out, n_in, scales, scale_2)
 
 

@@ -2,7 +2,11 @@
 reported, never asserted: only that every column is filled)."""
 from __future__ import annotations
 
+import math
+
 from muser_torch.cli import main as cli
+
+from ..printed import numbers
 
 
 def test_bench_formats_prints_every_column(capsys):
@@ -17,6 +21,15 @@ def test_bench_formats_prints_every_column(capsys):
     assert len(rows["Q4_K"]) == 11 and rows["Q4_K"][4].endswith("x")   # gguf ratios present
     assert rows["NVFP4_E2M1"][2] == "-"                                # gguf lacks the type
     assert "the output alone" in out and "Q4_K quantize 32x256" in out
+    # every measured number (sizes, rates, ratios, times) is finite and positive
+    for name in ("Q4_K", "NVFP4_E2M1", "BF16"):
+        values = numbers(" ".join(rows[name][1:]))
+        assert len(values) == (10 if name != "NVFP4_E2M1" else 6), rows[name]
+        assert all(math.isfinite(v) and v > 0 for v in values), rows[name]
+    for line in out.splitlines():
+        if line.startswith(("the output alone", "Q4_K quantize")):
+            values = numbers(line.split(":", 1)[1].split(" (target")[0])
+            assert len(values) == 2 and all(math.isfinite(v) and v > 0 for v in values), line
 
 
 def test_bench_formats_refuses_bad_arguments(capsys):

@@ -9,7 +9,7 @@ import torch
 import muser_torch.ops as ops
 from muser_torch.formats.types import GGMLType
 
-from .conftest import Case
+from .conftest import Case, ref_dequantize
 
 
 @pytest.fixture
@@ -105,3 +105,51 @@ def test_metal_emulation_without_mps_module(q4k, monkeypatch):
     with ops.use_backend("metal-emulator"):
         _raises(r"muser\.qmatmul: use_backend\('metal-emulator'\), but muser_torch/ops/mps\.py",
                 ops.qmatmul, torch.zeros(1, 256), q4k.packed, q4k.qtype, 6, 256)
+
+
+def test_bool_qtype_is_refused(q4k):
+    """True is not F16: the wrappers refuse it (torch.ops' dispatcher turns a
+    bool into 1 before any Python sees it, so there the F16 sizes decide)."""
+    x, p = torch.zeros(1, 256), q4k.packed
+    _raises(r"muser\.qmatmul: qtype must be a GGMLType, its int id or its name, got the bool True",
+            ops.qmatmul, x, p, True, 6, 256)
+    _raises(r"muser\.dequantize: qtype must be .* got the bool False", ops.dequantize, p, False, 6, 256)
+    _raises(r"muser\.qmatmul: qtype must be .* bool", ops.check_args, "qmatmul", p, True, 6, 256,
+            None, None)
+
+
+@pytest.mark.parametrize("n_out, n_in, what", [(6, 2**63, "n_in is 9223372036854775808"),
+                                               (2**40, 256, "n_out is 1099511627776"),
+                                               (6, 2**31, "n_in is 2147483648")])
+def test_absurd_dimensions_get_a_clear_message(q4k, n_out, n_in, what):
+    x = torch.zeros(1, 256)
+    _raises(rf"muser\.qmatmul: {what}, past 2147483647 \(2\*\*31 - 1\)", ops.qmatmul, x,
+            q4k.packed, q4k.qtype, n_out, n_in)
+    if max(n_out, n_in) < 2**63:     # the schema's int64 holds it, so the op checks it too
+        _raises(rf"muser\.qmatmul: {what}", torch.ops.muser.qmatmul, x, q4k.packed, 12, n_out,
+                n_in)
+
+
+def test_type_ids_are_checked_before_sizes():
+    """Q2_K (id 10) rows of exactly its 84 bytes: refused by id, naming what
+    the ops compute, not by a row size."""
+    p = torch.zeros(3, 84, dtype=torch.uint8)
+    with pytest.raises(ValueError) as e:
+        ops.dequantize(p, 10, 3, 256)
+    msg = str(e.value)
+    assert "unknown GGML type id 10" in msg and "bytes" not in msg
+    assert "Q4_K (12)" in msg and "NVFP4 (40)" in msg and "NVFP4_E2M1 (1000)" in msg
+    assert ops.implemented_types() == frozenset(GGMLType)   # every GGMLType has a block format
+
+
+def test_id_40_on_q4k_sized_rows_computes_llama_cpp_nvfp4(q4k):
+    """Type 40 (llama.cpp's NVFP4) is a type the ops compute, and its rows of
+    256 inputs are 144 bytes like Q4_K's: the bytes are read as NVFP4 blocks,
+    matching the NVFP4 reference (not Q4_K's), as ggml would read them."""
+    x = torch.randn(2, 256, generator=torch.Generator().manual_seed(q4k.seed), dtype=torch.float64)
+    got = ops.qmatmul(x.float(), q4k.packed, 40, 6, 256).double()
+    want_nvfp4 = x @ ref_dequantize(q4k.packed, GGMLType.NVFP4, 256).double().T
+    want_q4k = x @ ref_dequantize(q4k.packed, GGMLType.Q4_K, 256).double().T
+    scale = want_nvfp4.abs().max()
+    assert ((got - want_nvfp4).abs().max() <= 1e-4 * scale), f"seed {q4k.seed}"
+    assert not torch.allclose(want_nvfp4, want_q4k), f"seed {q4k.seed}"

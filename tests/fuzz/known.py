@@ -1,0 +1,48 @@
+"""Known model-loader failures (issue 13), fixed in loader/config/glimmer by
+another branch. A bad outcome (untyped, crash, hang, over-cap) on a mutant
+that matches one of these is counted under its name instead of failing the
+run; ``test_fuzz`` keeps one xfail test per entry (strict=False), which
+starts passing when the fix lands. Remove an entry once it does.
+
+Each entry names the metadata keys whose mutation shows the failure, the
+stage it happens in, and the reason.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Known:
+    name: str
+    keys: tuple[str, ...]     # a mutant touching one of these keys ...
+    stages: tuple[str, ...]   # ... that goes bad in one of these stages
+    reason: str
+    replay: tuple[str, str]   # (key, sweep label): the mutant the xfail test runs
+
+
+KNOWN_LOADER_FAILURES: tuple[Known, ...] = (
+    Known("block_count_huge", ("glimmer.block_count",), ("model",),
+          "the expected-tensor list is built for every claimed layer before it is compared "
+          "with the tensors in the file: u32 max never returns / runs out of memory",
+          ("glimmer.block_count", "u32 max")),
+    Known("sliding_window_huge_float", ("glimmer.attention.sliding_window",), ("generate",),
+          "an integral FLOAT64 like 1e308 is admitted as the window, then the mask code "
+          "raises OverflowError in generate",
+          ("glimmer.attention.sliding_window", "1e308 FLOAT64")),
+    Known("tokenizer_inf", ("tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id",
+                            "tokenizer.ggml.tokens", "tokenizer.ggml.token_type"),
+          ("model",),
+          "a FLOAT32 +-inf where the byte tokenizer compares integers (bos/eos ids, tokens, "
+          "token types) leaks OverflowError from int() (only ValueError is converted to "
+          "MetadataError)",
+          ("tokenizer.ggml.bos_token_id", "+inf FLOAT32")),
+)
+
+
+def match(touches: tuple[str, ...], stage: str | None) -> str | None:
+    """The name of the known failure a bad outcome belongs to, if any."""
+    for k in KNOWN_LOADER_FAILURES:
+        if stage in k.stages and any(key in t.split() for t in touches for key in k.keys):
+            return k.name
+    return None
