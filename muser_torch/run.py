@@ -1,12 +1,14 @@
-"""``muser-torch run [MODEL]``: stream a Glimmer's continuation of a prompt.
+"""``muser-torch run [MODEL]``: stream a model's continuation of a prompt, or
+(``--chat``) answer one chat turn or a conversation typed at the prompt.
 
-With no MODEL it runs the bundled demo (``models/glimmer-demo-q4_k_xl.gguf``,
-a byte-level model trained on Python's standard library).
+MODEL is any GGUF ``muser_torch.from_gguf`` takes (Glimmer, Gemma 3, Llama,
+Qwen2/3); with none it runs the bundled demo (``models/glimmer-demo-q4_k_xl.gguf``,
+a byte-level model trained on Python's standard library). ``--chat`` renders
+the file's ``tokenizer.chat_template``.
 """
 from __future__ import annotations
 
 import argparse
-import codecs
 import math
 import sys
 import time
@@ -21,12 +23,18 @@ DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("run", help="generate text with a Glimmer GGUF (default: the bundled demo)")
+    p = subparsers.add_parser("run", help="generate text with a GGUF model (default: the bundled demo)")
     p.add_argument("model", nargs="?", type=Path, default=None,
                    help="GGUF file (default: the bundled demo, models/glimmer-demo-<lane>.gguf)")
     p.add_argument("--lane", choices=tuple(DEMO), default="q4_k_xl",
                    help="which bundled demo to run when MODEL is not given")
-    p.add_argument("--prompt", default="def ")
+    p.add_argument("--prompt", default=None,
+                   help="text to continue (default 'def '); with --chat, the user's message "
+                        "(without it, --chat reads messages from standard input until EOF)")
+    p.add_argument("--chat", action="store_true",
+                   help="render the file's chat template around the prompt and answer as the assistant")
+    p.add_argument("--backend", choices=("native", "metal-emulator"), default="native",
+                   help="CPU tensors: the native kernels, or the .metal kernels through the emulator")
     p.add_argument("--max-new-tokens", type=int, default=200)
     p.add_argument("--device", default="cpu", help="cpu, mps or cuda")
     add_dtype_arg(p)
@@ -115,44 +123,96 @@ def check_room(n_prompt: int, max_new_tokens: int, context_length: int) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    from . import ops
     from .models import from_gguf
 
     # Every argument is checked before the model loads and the prompt is echoed.
     check_sampling_args(args)
     path = model_path(args.model, args.lane)
     device = resolve_device(args.device)
+    if args.backend == "metal-emulator" and device.type != "cpu":
+        raise ValueError(f"--backend metal-emulator runs on CPU tensors; got --device {device.type}")
     apply_threads(args.threads)
     model = from_gguf(path, device=device, dtype=resolve_dtype(args.dtype, device),
-                              progress=path.stat().st_size > 256 << 20)
+                      progress=path.stat().st_size > 256 << 20)
     tok = model.tokenizer
     if tok is None:
-        raise ValueError(f"{path} carries no tokenizer.ggml.* keys; run needs the byte tokenizer")
-    ids = torch.tensor(tok.encode(args.prompt, bos=True), device=device)
-    check_room(ids.numel(), args.max_new_tokens, model.config.context_length)
+        raise ValueError(f"{path} carries no tokenizer.ggml.* keys; run needs a tokenizer")
+    with ops.use_backend(args.backend):
+        if args.chat:
+            return _chat(model, tok, path, device, args)
+        prompt = "def " if args.prompt is None else args.prompt
+        ids = tok.encode(prompt)
+        check_room(len(ids), args.max_new_tokens, model.config.context_length)
+        sys.stdout.write(prompt)
+        _generate(model, tok, ids, path, device, args)
+    return 0
+
+
+def _chat(model, tok, path: Path, device: torch.device, args: argparse.Namespace) -> int:
+    """One turn (``--prompt``) or a conversation read line by line from stdin."""
+    if getattr(tok, "chat_template", None) is None:
+        from .errors import ChatTemplateError
+        raise ChatTemplateError(f"{path.name}: --chat needs tokenizer.chat_template; the file has none")
+    messages: list[dict] = []
+    turns = [args.prompt] if args.prompt is not None else None
+    while True:
+        if turns is not None:
+            if not turns:
+                return 0
+            user = turns.pop(0)
+        else:
+            sys.stderr.write("> ")
+            sys.stderr.flush()
+            user = sys.stdin.readline()
+            if not user:
+                return 0
+            user = user.rstrip("\n")
+        messages.append({"role": "user", "content": user})
+        ids = tok.encode_chat(messages)     # renders and checks the template (ChatTemplateError)
+        check_room(len(ids), args.max_new_tokens, model.config.context_length)
+        answer = _generate(model, tok, ids, path, device, args)
+        messages.append({"role": "assistant", "content": answer})
+
+
+def _generate(model, tok, ids: list[int], path: Path, device: torch.device,
+              args: argparse.Namespace) -> str:
+    """Stream the continuation of ``ids`` to stdout; return its text. The new
+    ids are decoded together and only the grown part printed (a SentencePiece
+    decode of one token alone drops its leading space), holding back a final
+    replacement character until the rest of its bytes arrive (a byte-fallback
+    decode can still rewrite the text after it)."""
     out = sys.stdout
-    out.write(args.prompt)
     out.flush()
-    text = codecs.getincrementaldecoder("utf-8")(errors="replace")
-    n = 0
+    stop = set(tok.stop_ids)
+    new: list[int] = []
+    shown = ""
     synchronize(device)
     start = time.perf_counter()
     first = None
-    for token in model.stream(ids, args.max_new_tokens, temperature=args.temperature,
-                              top_k=args.top_k, top_p=args.top_p, seed=args.seed):
+    for token in model.stream(torch.tensor(ids, device=device), args.max_new_tokens,
+                              temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                              seed=args.seed, stop=sorted(stop)):
         t = int(token[0])
         if first is None:
             first = time.perf_counter()  # prefill done (and its token sampled)
-        n += 1
-        if t == tok.eos_id:
+        if t in stop:
             break
-        out.write(text.decode(tok.decode_bytes([t])))
-        out.flush()
-    out.write(text.decode(b"", final=True) + "\n")
+        new.append(t)
+        text = tok.decode(new)
+        ready = text.split("\ufffd", 1)[0]    # bytes of a character may still be arriving
+        if ready.startswith(shown) and len(ready) > len(shown):
+            out.write(ready[len(shown):])
+            out.flush()
+            shown = ready
+    text = tok.decode(new)
+    out.write((text[len(shown):] if text.startswith(shown) else "") + "\n")
     end = time.perf_counter()
+    n = len(new) + (1 if first is not None and len(new) < args.max_new_tokens else 0)
     decode_s = end - (first or end)
     per_token = model.weight_bytes_per_token()
     rate = (n - 1) / decode_s if n > 1 and decode_s > 0 else float("nan")
-    print(f"[{path.name} on {device}: prompt {ids.numel()} tokens in {(first or end) - start:.3f} s; "
+    print(f"[{path.name} on {device}: prompt {len(ids)} tokens in {(first or end) - start:.3f} s; "
           f"{n} new tokens, decode {rate:.1f} tok/s; {per_token / 1e6:.2f} MB of weights read "
           f"per token ({per_token * rate / 1e9:.2f} GB/s)]", file=sys.stderr)
-    return 0
+    return text

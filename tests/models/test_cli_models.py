@@ -1,0 +1,70 @@
+"""`muser-torch run / inspect / bench model` on llama.cpp-style files: plain
+continuation, one chat turn through the file's chat template, and the
+errors a user meets."""
+from __future__ import annotations
+
+import torch
+
+import muser_torch
+from muser_torch.cli import main as cli
+
+from ..printed import numbers
+from .family_files import hf_file  # noqa: F401  (fixture)
+
+
+def _greedy_text(path: str, ids: list[int], n: int) -> str:
+    model = muser_torch.from_gguf(path, dtype=torch.float32)
+    tok = model.tokenizer
+    out = model.generate(ids, n, stop=list(tok.stop_ids))[len(ids):].tolist()
+    new = []
+    for t in out:
+        if t in tok.stop_ids:
+            break
+        new.append(t)
+    return tok.decode(new)
+
+
+def test_run_continues_a_prompt(hf_file, capsys):  # noqa: F811
+    path = hf_file("qwen2")
+    rc = cli(["run", path, "--prompt", "def add(a, b):", "--max-new-tokens", "6",
+              "--temperature", "0", "--dtype", "float32"])
+    out = capsys.readouterr()
+    assert rc == 0, out.err
+    tok = muser_torch.from_gguf(path, dtype=torch.float32).tokenizer
+    want = _greedy_text(path, tok.encode("def add(a, b):"), 6)
+    assert out.out == "def add(a, b):" + want + "\n"
+
+
+def test_run_chat_answers_one_turn(hf_file, capsys):  # noqa: F811
+    path = hf_file("qwen2-tied-yarn")
+    rc = cli(["run", path, "--chat", "--prompt", "Hello there", "--max-new-tokens", "5",
+              "--temperature", "0", "--dtype", "float32"])
+    out = capsys.readouterr()
+    assert rc == 0, out.err
+    tok = muser_torch.from_gguf(path, dtype=torch.float32).tokenizer
+    ids = tok.encode_chat([{"role": "user", "content": "Hello there"}])
+    assert out.out == _greedy_text(path, ids, 5) + "\n"
+    assert "tok/s" in out.err
+
+
+def test_run_chat_without_a_template_is_one_line(capsys):
+    assert cli(["run", "--chat", "--prompt", "hi"]) == 2      # the byte-level demo has none
+    err = capsys.readouterr().err
+    assert "chat_template" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_run_refuses_emulator_off_cpu(capsys):
+    assert cli(["run", "--backend", "metal-emulator", "--device", "meta"]) == 2
+    assert "--device must be" in capsys.readouterr().err
+
+
+def test_inspect_and_bench_model_take_these_files(hf_file, capsys):  # noqa: F811
+    path = hf_file("qwen3")
+    assert cli(["inspect", path]) == 0
+    assert "Q" in capsys.readouterr().out
+    rc = cli(["bench", "model", path, "--prompt-len", "8", "--decode", "3", "--warmup", "1",
+              "--dtype", "float32"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    line = next(ln for ln in out.splitlines() if ln.strip().startswith("decode"))
+    assert all(v > 0 for v in numbers(line.split(":", 1)[1]))
