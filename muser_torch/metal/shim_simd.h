@@ -247,21 +247,24 @@ inline simd_vote vote(const char* name, bool b, const char* file, int line) {
   return simd_vote(m.vote, m.active);
 }
 }  // namespace emu_detail
+namespace emu_detail {
+// simd_all / simd_any / quad_all / quad_any: a boolean reduction over `Width` lanes.
+template <class Op, int Width>
+inline bool vote_reduce(const char* name, bool b, const char* file, int line) {
+  return collective<bool>(name, b, resolve_reduce<bool, Op, Width>, 0, false, 0, file, line);
+}
+}  // namespace emu_detail
 inline bool simd_all(bool b, MUSER_EMU_SITE) {
-  return emu_detail::collective<bool>("simd_all", b, emu_detail::resolve_reduce<bool, emu_detail::And, 32>, 0,
-                                      false, 0, MUSER_EMU_AT);
+  return emu_detail::vote_reduce<emu_detail::And, 32>("simd_all", b, MUSER_EMU_AT);
 }
 inline bool simd_any(bool b, MUSER_EMU_SITE) {
-  return emu_detail::collective<bool>("simd_any", b, emu_detail::resolve_reduce<bool, emu_detail::Or, 32>, 0,
-                                      false, 0, MUSER_EMU_AT);
+  return emu_detail::vote_reduce<emu_detail::Or, 32>("simd_any", b, MUSER_EMU_AT);
 }
 inline bool quad_all(bool b, MUSER_EMU_SITE) {
-  return emu_detail::collective<bool>("quad_all", b, emu_detail::resolve_reduce<bool, emu_detail::And, 4>, 0,
-                                      false, 0, MUSER_EMU_AT);
+  return emu_detail::vote_reduce<emu_detail::And, 4>("quad_all", b, MUSER_EMU_AT);
 }
 inline bool quad_any(bool b, MUSER_EMU_SITE) {
-  return emu_detail::collective<bool>("quad_any", b, emu_detail::resolve_reduce<bool, emu_detail::Or, 4>, 0,
-                                      false, 0, MUSER_EMU_AT);
+  return emu_detail::vote_reduce<emu_detail::Or, 4>("quad_any", b, MUSER_EMU_AT);
 }
 inline simd_vote simd_ballot(bool b, MUSER_EMU_SITE) { return emu_detail::vote("simd_ballot", b, MUSER_EMU_AT); }
 inline simd_vote simd_active_threads_mask(MUSER_EMU_SITE) {

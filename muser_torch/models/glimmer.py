@@ -9,32 +9,25 @@ code is the same for float and packed weights."""
 from __future__ import annotations
 
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
 
 from ..arch.glimmer import GLIMMER, GlimmerConfig
 from ..arch.glimmer_recipe import recipe_weight
 from .assembly import assemble
 from .decoder import Decoder
-from .parts import Attention, GatedMLP, RMSNorm, rope_inv_freq
+from .parts import Attention, GatedMLP, PreNormBlock, rope_inv_freq
 
 __all__ = ["Glimmer", "TransformerBlock"]
 
 
-class TransformerBlock(nn.Module):
+class TransformerBlock(PreNormBlock):
     def __init__(self, config: GlimmerConfig, layer: int, qk_norm: bool = False):
-        super().__init__()
         c = config
-        self.attention_norm = RMSNorm(c.hidden, c.rms_eps)
-        self.attention = Attention(c.hidden, c.n_heads, c.n_kv_heads, c.head_dim,
+        super().__init__(c.hidden, c.rms_eps,
+                         Attention(c.hidden, c.n_heads, c.n_kv_heads, c.head_dim,
                                    window=None if c.is_global(layer) else c.sliding_window,
-                                   qk_norm_eps=c.rms_eps if qk_norm else None, gate=True)
-        self.ffn_norm = RMSNorm(c.hidden, c.rms_eps)
-        self.feed_forward = GatedMLP(c.hidden, c.ffn, F.silu)
-
-    def forward(self, x, positions, rot, mask, slots):
-        h = x + self.attention(self.attention_norm(x), positions, rot, mask, slots)
-        return h + self.feed_forward(self.ffn_norm(h))
+                                   qk_norm_eps=c.rms_eps if qk_norm else None, gate=True),
+                         GatedMLP(c.hidden, c.ffn, F.silu))
 
 
 class Glimmer(Decoder):

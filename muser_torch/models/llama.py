@@ -16,26 +16,20 @@ import torch.nn.functional as F
 from ..arch.llama import LLAMA, LlamaFamilyConfig
 from ..arch.qwen import QWEN2, QWEN3
 from .decoder import Decoder
-from .parts import Attention, GatedMLP, RMSNorm
+from .parts import Attention, GatedMLP, PreNormBlock
 from .rope_scaling import rope_frequencies, rotate
 
 __all__ = ["LlamaFamily", "Llama", "Qwen2", "Qwen3", "Block"]
 
 
-class Block(nn.Module):
+class Block(PreNormBlock):
     def __init__(self, config: LlamaFamilyConfig, *, qkv_bias: bool, qk_norm: bool, mscale: float):
-        super().__init__()
         c, r = config, config.rope
         rope = functools.partial(rotate, mode=r.mode, n_rot=r.n_rot, mscale=mscale)
-        self.attention_norm = RMSNorm(c.hidden, c.rms_eps)
-        self.attention = Attention(c.hidden, c.n_heads, c.n_kv_heads, c.head_dim, rope=rope,
-                                   qk_norm_eps=c.rms_eps if qk_norm else None, bias=qkv_bias)
-        self.ffn_norm = RMSNorm(c.hidden, c.rms_eps)
-        self.feed_forward = GatedMLP(c.hidden, c.ffn, F.silu)
-
-    def forward(self, x, positions, rot, mask, slots):
-        h = x + self.attention(self.attention_norm(x), positions, rot, mask, slots)
-        return h + self.feed_forward(self.ffn_norm(h))
+        super().__init__(c.hidden, c.rms_eps,
+                         Attention(c.hidden, c.n_heads, c.n_kv_heads, c.head_dim, rope=rope,
+                                   qk_norm_eps=c.rms_eps if qk_norm else None, bias=qkv_bias),
+                         GatedMLP(c.hidden, c.ffn, F.silu))
 
 
 class _Vector(nn.Module):

@@ -230,3 +230,19 @@ class GatedMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.w_down(self.act(self.w_gate(x)) * self.w_up(x))
+
+
+class PreNormBlock(nn.Module):
+    """``h = x + attention(norm(x))``, then ``h + mlp(norm(h))``: the block of
+    Glimmer and the llama family (Gemma 3 adds post-norms of its own)."""
+
+    def __init__(self, hidden: int, eps: float, attention: nn.Module, feed_forward: nn.Module):
+        super().__init__()
+        self.attention_norm = RMSNorm(hidden, eps)
+        self.attention = attention
+        self.ffn_norm = RMSNorm(hidden, eps)
+        self.feed_forward = feed_forward
+
+    def forward(self, x, positions, rot, mask, slots):
+        h = x + self.attention(self.attention_norm(x), positions, rot, mask, slots)
+        return h + self.feed_forward(self.ffn_norm(h))

@@ -37,7 +37,11 @@ def _load() -> ctypes.CDLL | None:
 
 def lib() -> ctypes.CDLL:
     """The loaded library; skips the calling test if libggml-python is not installed."""
-    dll = _load()
+    return loaded_or_skip(_load())
+
+
+def loaded_or_skip(dll: ctypes.CDLL | None) -> ctypes.CDLL:
+    """``dll``, or a skip of the calling test when libggml-python is absent (None)."""
     if dll is None:
         pytest.skip("libggml-python is not installed (pip install libggml-python)")
     return dll

