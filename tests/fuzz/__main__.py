@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     specs = args.files or ["demo-q4_k_xl", "demo-nvfp4", "gemma3-270m"]
     files = [resolve(s, args.mutants) for s in specs]
     warm_up(next((f for f, _ in files if f in NAMED.values()), NAMED["demo-q4_k_xl"]))
-    replays = tuple(k.replay for k in known.KNOWN_LOADER_FAILURES) if args.known else ()
+    replays = tuple(k.replay for k in known.LOADER_REGRESSIONS) if args.known else ()
     report, bad = {"seed": seed, "files": {}}, 0
     tmp_root = args.tmp or (Path("/dev/shm") if Path("/dev/shm").is_dir() else None)
     with tempfile.TemporaryDirectory(prefix="muser-fuzz-", dir=tmp_root) as tmp:
