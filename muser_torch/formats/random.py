@@ -6,7 +6,8 @@ Two ways to set them:
 
 * ``std=None``: varied scales, for kernel tests and benchmarks: every f16
   scale field of either sign between 2^-10 and 2^-4, E4M3 scales between 1/4
-  and 4, so values span several binades;
+  and 4 (of either sign where the format is signed, E4M3FN), so values span
+  several binades;
 * ``std=s``: the seed's recipe for synthetic models: one scale per tensor,
   mins that centre the codes on zero, chosen so the values have about ``s``
   standard deviation (measured once per type at unit scale).
@@ -39,8 +40,12 @@ def _f16_bytes(x: torch.Tensor) -> torch.Tensor:
     return x.to(torch.float16).contiguous().view(torch.uint8).reshape(-1, 2)
 
 
-def _e4m3_bytes(shape, gen, device) -> torch.Tensor:
-    return torch.randint(_E4M3_LO, _E4M3_HI, shape, dtype=torch.uint8, generator=gen, device=device)
+def _e4m3_bytes(shape, gen, device, signed: bool = False) -> torch.Tensor:
+    """Scale bytes between 1/4 and 4; ``signed`` (E4M3FN) also draws the sign bit."""
+    b = torch.randint(_E4M3_LO, _E4M3_HI, shape, dtype=torch.uint8, generator=gen, device=device)
+    if signed:
+        b |= torch.randint(0, 2, shape, dtype=torch.uint8, generator=gen, device=device) << 7
+    return b
 
 
 def _raw(qtype: GGMLType, n_out: int, n_in: int, gen, device, scale: float | None):
@@ -60,10 +65,11 @@ def _raw(qtype: GGMLType, n_out: int, n_in: int, gen, device, scale: float | Non
                 if f.name in _MIN_FIELDS else scale
             blocks[:, span] = _f16_bytes(torch.full((n,), value, device=device))
         elif f.kind in ("ue4m3", "e4m3"):
-            blocks[:, span] = _e4m3_bytes((n, f.nbytes), gen, device)
+            blocks[:, span] = _e4m3_bytes((n, f.nbytes), gen, device,
+                                          signed=f.kind == "e4m3" and scale is None)
     scales = scale_2 = None
     if qtype.layout.companions:     # NVFP4_E2M1: E4M3 group scales and a float32 scale_2
-        scales = _e4m3_bytes((n_out, n_in // NVFP4_GROUP), gen, device)
+        scales = _e4m3_bytes((n_out, n_in // NVFP4_GROUP), gen, device, signed=scale is None)
         scale_2 = (torch.empty(1, device=device).uniform_(0.005, 0.02, generator=gen)
                    if scale is None else torch.tensor([scale], dtype=torch.float32, device=device))
     return packed, scales, scale_2

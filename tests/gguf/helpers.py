@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
-from muser_torch.formats import GGMLType
+from muser_torch.formats import GGMLType, random_weight
 
 from .ggml_gguf import lib as ggml_lib
 
@@ -118,18 +118,16 @@ def nvfp4_reference(payload: np.ndarray, scales: np.ndarray, scale_2) -> np.ndar
     return (E2M1[codes] * np.repeat(sc, 16, axis=1)) * np.float32(scale_2)
 
 
+def _torch_generator(rng: np.random.Generator) -> torch.Generator:
+    return torch.Generator().manual_seed(int(rng.integers(1 << 62)))
+
+
 def random_nvfp4(rng: np.random.Generator, n_out: int, n_in: int):
-    """(payload, scales, scale_2) torch tensors with finite positive scales."""
-    payload = torch.from_numpy(rng.integers(0, 256, (n_out, n_in // 2), dtype=np.uint8))
-    scales = torch.from_numpy(rng.integers(1, 0x7F, (n_out, n_in // 16), dtype=np.uint8))
-    return payload, scales, torch.tensor(rng.uniform(0.01, 2), dtype=torch.float32)
+    """(payload, scales, scale_2) torch tensors with finite scales (``formats.random_weight``)."""
+    w = random_weight(GGMLType.NVFP4_E2M1, n_out, n_in, generator=_torch_generator(rng))
+    return w.packed, w.scales, w.scale_2.reshape(())
 
 
 def finite_kquant(rng: np.random.Generator, type_id: int, n_out: int, n_in: int) -> torch.Tensor:
     """Random K-quant rows whose f16 super-block scales are finite and small."""
-    elems, block_bytes = geometry(type_id)
-    blocks = rng.integers(0, 256, (n_out * n_in // elems, block_bytes), dtype=np.uint8)
-    where = {12: [0, 2], 13: [0, 2], 14: [block_bytes - 2]}[type_id]   # d (and dmin) offsets
-    for off in where:
-        blocks[:, off:off + 2] = np.float16(rng.uniform(-0.1, 0.1, len(blocks)))[:, None].view(np.uint8)
-    return torch.from_numpy(blocks.reshape(n_out, -1))
+    return random_weight(type_id, n_out, n_in, generator=_torch_generator(rng)).packed

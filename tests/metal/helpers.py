@@ -11,6 +11,7 @@ import torch
 
 from muser_torch import GGMLType
 from muser_torch.formats import dequantize_reference as ref_dequantize
+from muser_torch.formats import random_weight
 from muser_torch.ops.mps import SUPPORTED
 
 # (n_out, n_in) per type: n_out never a multiple of the 4 rows of an mv
@@ -34,34 +35,10 @@ def fresh_seed() -> int:
 
 
 def random_weights(qtype: GGMLType, n_out: int, n_in: int, seed: int, device="cpu"):
-    """(packed, scales, scale_2) with finite, varied values; scales/scale_2 are None
-    except for NVFP4_E2M1. Block formats are random bytes whose f16 fields (found
-    in the layout table) hold small scales: positive, except Q4_1/Q5_1's offset m."""
-    g = torch.Generator().manual_seed(seed)
-    scales = scale_2 = None
-    if qtype in (GGMLType.F16, GGMLType.BF16):
-        w = torch.randn(n_out, n_in, generator=g) * 2.0
-        dtype = torch.float16 if qtype is GGMLType.F16 else torch.bfloat16
-        packed = w.to(dtype).view(torch.uint8).reshape(n_out, 2 * n_in)
-    elif qtype is GGMLType.NVFP4_E2M1:
-        packed = torch.randint(0, 256, (n_out, n_in // 2), generator=g, dtype=torch.uint8)
-        # E4M3FN scales over 2^-6 .. 2^5 of both signs, never the NaN code 0x7F.
-        exp = torch.randint(1, 13, (n_out, n_in // 16), generator=g)
-        man = torch.randint(0, 8, (n_out, n_in // 16), generator=g)
-        sign = torch.randint(0, 2, (n_out, n_in // 16), generator=g)
-        scales = ((sign << 7) | (exp << 3) | man).to(torch.uint8)
-        scale_2 = torch.rand(1, generator=g) * 0.5 + 0.01
-    else:
-        nb = n_in // qtype.block_elems
-        raw = torch.randint(0, 256, (n_out * nb, qtype.block_bytes), generator=g, dtype=torch.uint8)
-        for f in qtype.layout.fields:
-            if f.kind == "f16":
-                v = torch.rand(n_out * nb, 1, generator=g) * 0.02
-                v = v - 0.01 if f.name == "m" else v + 0.001
-                raw[:, f.offset:f.offset + 2] = v.to(torch.float16).view(torch.uint8)
-        packed = raw.reshape(n_out, nb * qtype.block_bytes)
-    to = lambda t: None if t is None else t.to(device)  # noqa: E731
-    return to(packed), to(scales), to(scale_2)
+    """(packed, scales, scale_2) with finite, varied values (``formats.random_weight``);
+    scales/scale_2 are None except for NVFP4_E2M1."""
+    w = random_weight(qtype, n_out, n_in, generator=torch.Generator().manual_seed(seed)).to(device)
+    return w.packed, w.scales, w.scale_2
 
 
 def reference(packed, qtype, n_in, scales, scale_2) -> torch.Tensor:

@@ -20,7 +20,7 @@ import torch
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize as gguf_dequantize
 
-from muser_torch.formats.layout import LAYOUTS
+from muser_torch.formats import GGMLType, random_weight
 from muser_torch.metal import emulator as em
 
 from .helpers import fresh_seed, rel_err
@@ -340,16 +340,9 @@ def test_vectors_swizzles_and_conversions(pytorch_style, lane_schedule):
 
 
 def _q4_k_rows(n_rows: int, n_in: int, seed: int) -> torch.Tensor:
-    """Random Q4_K rows: random bytes, with d and dmin (offsets from the layout table) small halfs."""
-    lay = LAYOUTS["Q4_K"]
-    g = torch.Generator().manual_seed(seed)
-    nb = n_in // lay.block_elems
-    raw = torch.randint(0, 256, (n_rows * nb, lay.block_bytes), generator=g, dtype=torch.uint8)
-    for name in ("d", "dmin"):
-        f = lay.field(name)
-        vals = (torch.rand(n_rows * nb, 1, generator=g) * 0.02 + 0.001).half()
-        raw[:, f.offset:f.offset + 2] = vals.view(torch.uint8)
-    return raw.reshape(n_rows, nb * lay.block_bytes)
+    """Random Q4_K rows (``formats.random_weight``: random codes, small d and dmin)."""
+    return random_weight(GGMLType.Q4_K, n_rows, n_in,
+                         generator=torch.Generator().manual_seed(seed)).packed
 
 
 @pytest.mark.parametrize("n_rows,n_in", [(10, 1024), (7, 768)])
