@@ -1,5 +1,5 @@
 """`muser-torch bench formats` end to end at a small size (its numbers are
-reported, never asserted: only that every column is filled)."""
+reported, never compared: every column is filled with a finite, positive number)."""
 from __future__ import annotations
 
 import math
