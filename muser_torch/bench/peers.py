@@ -32,6 +32,11 @@ def _peak_rss_mb(who: int = resource.RUSAGE_SELF) -> float:
     return resource.getrusage(who).ru_maxrss / 1024      # Linux reports KiB
 
 
+def _rss_now_mb() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
 def _prompt(vocab: int, n: int) -> list[int]:
     import random
     rng = random.Random(0)
@@ -147,8 +152,11 @@ _RUNNERS = {"muser": _run_muser, "transformers": _run_transformers, "llama.cpp":
 def _child(argv: list[str]) -> int:
     """``python -m muser_torch.bench.peers --one NAME PATH THREADS PROMPT DECODE DEVICE``."""
     name, path, threads, prompt_len, decode, device = argv
+    import torch  # noqa: F401  (the baseline every contender shares: Python and torch)
+    base = _rss_now_mb()
     result = _RUNNERS[name](path, int(threads), int(prompt_len), int(decode), device)
     result["peak_rss_mb"] = _peak_rss_mb()
+    result["growth_mb"] = result["peak_rss_mb"] - base
     print("RESULT " + json.dumps(result))
     return 0
 
@@ -219,17 +227,18 @@ def run(path: Path, threads: int, prompt_len: int, decode: int, llama_bench: Pat
     where = f"CPU, {threads} threads, float32" if device == "cpu" else f"{device}, bfloat16"
     print(f"bench model --peers: {path.name} ({size_mb:.0f} MB), {where}, "
           f"prefill {prompt_len} tokens, decode {decode} greedy steps (eager)")
-    print(f"  {'':13} {'load s':>8} {'peak RSS MB':>12} {'x file':>7} {'prefill tok/s':>14} "
-          f"{'decode tok/s':>13} {'muser decode / this':>20}")
+    print(f"  {'':13} {'load s':>8} {'peak RSS MB':>12} {'over torch':>11} {'x file':>7} "
+          f"{'prefill tok/s':>14} {'decode tok/s':>13} {'muser decode / this':>20}")
     mine = rows["muser"].get("decode_tps")
     for name, r in rows.items():
         if "note" in r:
             print(f"  {name:13} {r['note']}")
             continue
-        rss = r.get("peak_rss_mb")
+        rss, growth = r.get("peak_rss_mb"), r.get("growth_mb")
         ratio = None if mine is None or not r.get("decode_tps") else mine / r["decode_tps"]
         print(f"  {name:13} {_fmt(r.get('load_s'), '8.2f')} {_fmt(rss, '12.0f')} "
-              f"{_fmt(None if rss is None else rss / size_mb, '7.2f')} "
+              f"{_fmt(growth, '11.0f')} "
+              f"{_fmt(None if growth is None else growth * 2**20 / 1e6 / size_mb, '7.2f')} "
               f"{_fmt(r.get('prefill_tps'), '14.1f')} {_fmt(r.get('decode_tps'), '13.2f')} "
               f"{_fmt(ratio, '20.2f')}")
     if "graph_decode_tps" in rows["muser"]:
@@ -237,6 +246,8 @@ def run(path: Path, threads: int, prompt_len: int, decode: int, llama_bench: Pat
         other = rows["transformers"].get("decode_tps")
         print(f"  muser decode step in a CUDA graph: {g:.1f} tok/s"
               + (f" ({g / other:.2f}x transformers' eager decode)" if other else ""))
+    print("  peak RSS: the process's high-water mark; over torch: that minus the process's RSS "
+          "after `import torch`; x file: the latter over the file's size")
     if "build" in rows["llama.cpp"]:
         print(f"  llama.cpp: llama-bench {llama_bench} (build {rows['llama.cpp']['build']}); "
               "its peak RSS is the largest child process this bench started")
