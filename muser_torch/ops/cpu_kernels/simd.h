@@ -97,6 +97,73 @@ static inline void nvfp4_e2m1_w16(__m256 table, const uint8_t *row, float s, int
     *w0 = splat(s) * (v8f)e2m1_values8(table, codes);
     *w1 = splat(s) * (v8f)e2m1_values8(table, _mm_srli_si128(codes, 8));
 }
+/* A block's f16 scale: one F16C instruction where there is one (exact,
+ * subnormals included), else the scalar conversion. */
+static inline float f16_scale(const uint8_t *p) {
+#if defined(__F16C__)
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return _cvtsh_ss(h);
+#else
+    return f16(p);
+#endif
+}
+
+/* Legacy 32-element blocks: element j < 16 is the low nibble of qs[j] and
+ * j + 16 the high one; Q5's fifth bit of element j is bit j of the 32-bit
+ * qh. Quarter v holds elements 8v .. 8v+7. */
+static inline v8i legacy_nibbles(const uint8_t *qs, int v) {
+    const v8i raw = widen_u8(qs + 8 * (v & 1));
+    return v < 2 ? raw & 0xF : raw >> 4;
+}
+static inline v8i legacy_fifth(const uint8_t *qh, int v) {
+    uint32_t bits;
+    memcpy(&bits, qh, 4);                       /* little endian, as the file */
+    const v8i lane = {0, 1, 2, 3, 4, 5, 6, 7};
+    return (((v8i){0} + (int32_t)(bits >> (8 * v))) >> lane & 1) << 4;
+}
+
+/* All 32 weights of one legacy block as 4 vectors of 8, rounding as the
+ * reference: d*q (Q8_0), d*(q-8) (Q4_0), d*(q-16) (Q5_0), and for Q4_1 and
+ * Q5_1 fma(d, q, m) (one rounding, not the reference's two). `type` is a
+ * compile-time constant in every caller, so each type gets its own loop. */
+static inline __attribute__((always_inline)) void legacy_w32(const uint8_t *blk, const int type,
+                                                             v8f w[4]) {
+    switch (type) {
+    case MUSER_ID_Q8_0: {
+        const v8f d = splat(f16_scale(blk + MUSER_Q8_0_D));
+        for (int v = 0; v < 4; v++)
+            w[v] = d * to_f32((v8i)_mm256_cvtepi8_epi32(
+                           _mm_loadl_epi64((const __m128i *)(blk + MUSER_Q8_0_QS + 8 * v))));
+        return;
+    }
+    case MUSER_ID_Q4_0: {
+        const v8f d = splat(f16_scale(blk + MUSER_Q4_0_D));
+        for (int v = 0; v < 4; v++) w[v] = d * to_f32(legacy_nibbles(blk + MUSER_Q4_0_QS, v) - 8);
+        return;
+    }
+    case MUSER_ID_Q4_1: {
+        const v8f d = splat(f16_scale(blk + MUSER_Q4_1_D)), m = splat(f16_scale(blk + MUSER_Q4_1_M));
+        for (int v = 0; v < 4; v++) w[v] = fma8(d, to_f32(legacy_nibbles(blk + MUSER_Q4_1_QS, v)), m);
+        return;
+    }
+    case MUSER_ID_Q5_0: {
+        const v8f d = splat(f16_scale(blk + MUSER_Q5_0_D));
+        for (int v = 0; v < 4; v++) {
+            const v8i q = legacy_nibbles(blk + MUSER_Q5_0_QS, v) | legacy_fifth(blk + MUSER_Q5_0_QH, v);
+            w[v] = d * to_f32(q - 16);
+        }
+        return;
+    }
+    default: {                                  /* Q5_1 */
+        const v8f d = splat(f16_scale(blk + MUSER_Q5_1_D)), m = splat(f16_scale(blk + MUSER_Q5_1_M));
+        for (int v = 0; v < 4; v++) {
+            const v8i q = legacy_nibbles(blk + MUSER_Q5_1_QS, v) | legacy_fifth(blk + MUSER_Q5_1_QH, v);
+            w[v] = fma8(d, to_f32(q), m);
+        }
+    }
+    }
+}
 #endif /* __AVX2__ && __FMA__ */
 
 #endif /* MUSER_SIMD_H */
