@@ -111,16 +111,28 @@ static inline float f16_scale(const uint8_t *p) {
 
 /* Legacy 32-element blocks: element j < 16 is the low nibble of qs[j] and
  * j + 16 the high one; Q5's fifth bit of element j is bit j of the 32-bit
- * qh. Quarter v holds elements 8v .. 8v+7. */
-static inline v8i legacy_nibbles(const uint8_t *qs, int v) {
-    const v8i raw = widen_u8(qs + 8 * (v & 1));
-    return v < 2 ? raw & 0xF : raw >> 4;
+ * qh. All 32 codes are built as bytes in one register (element j in byte j),
+ * the fifth bits spread out by a byte shuffle and a compare. */
+static inline __m256i legacy_nibbles32(const uint8_t *qs) {
+    const __m128i m4 = _mm_set1_epi8(0xF), raw = _mm_loadu_si128((const __m128i *)qs);
+    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(raw, 4), m4), _mm_and_si128(raw, m4));
 }
-static inline v8i legacy_fifth(const uint8_t *qh, int v) {
+static inline __m256i legacy_fifth32(const uint8_t *qh) {
     uint32_t bits;
     memcpy(&bits, qh, 4);                       /* little endian, as the file */
-    const v8i lane = {0, 1, 2, 3, 4, 5, 6, 7};
-    return (((v8i){0} + (int32_t)(bits >> (8 * v))) >> lane & 1) << 4;
+    /* byte j <- byte j/8 of qh (vpshufb stays in its 128-bit lane, and each
+     * lane holds the broadcast qh), then 0x10 where its bit j%8 is set */
+    const __m256i spread = _mm256_shuffle_epi8(
+        _mm256_set1_epi32((int)bits),
+        _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0));
+    const __m256i bit = _mm256_set1_epi64x((int64_t)0x8040201008040201ull);
+    return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit),
+                            _mm256_set1_epi8(0x10));
+}
+/* Signed code bytes 8v .. 8v+7 of `codes` as floats. */
+static inline v8f legacy_codes8(__m256i codes, int v) {
+    const __m128i half = v < 2 ? _mm256_castsi256_si128(codes) : _mm256_extracti128_si256(codes, 1);
+    return to_f32((v8i)_mm256_cvtepi8_epi32(v & 1 ? _mm_unpackhi_epi64(half, half) : half));
 }
 
 /* All 32 weights of one legacy block as 4 vectors of 8, rounding as the
@@ -129,40 +141,39 @@ static inline v8i legacy_fifth(const uint8_t *qh, int v) {
  * compile-time constant in every caller, so each type gets its own loop. */
 static inline __attribute__((always_inline)) void legacy_w32(const uint8_t *blk, const int type,
                                                              v8f w[4]) {
+    __m256i codes;
+    float d, m = 0.0f;
     switch (type) {
-    case MUSER_ID_Q8_0: {
-        const v8f d = splat(f16_scale(blk + MUSER_Q8_0_D));
+    case MUSER_ID_Q8_0: {                       /* the codes are the bytes: widen from memory */
+        const v8f dv = splat(f16_scale(blk + MUSER_Q8_0_D));
         for (int v = 0; v < 4; v++)
-            w[v] = d * to_f32((v8i)_mm256_cvtepi8_epi32(
-                           _mm_loadl_epi64((const __m128i *)(blk + MUSER_Q8_0_QS + 8 * v))));
+            w[v] = dv * to_f32((v8i)_mm256_cvtepi8_epi32(
+                            _mm_loadl_epi64((const __m128i *)(blk + MUSER_Q8_0_QS + 8 * v))));
         return;
     }
-    case MUSER_ID_Q4_0: {
-        const v8f d = splat(f16_scale(blk + MUSER_Q4_0_D));
-        for (int v = 0; v < 4; v++) w[v] = d * to_f32(legacy_nibbles(blk + MUSER_Q4_0_QS, v) - 8);
-        return;
+    case MUSER_ID_Q4_0:
+        d = f16_scale(blk + MUSER_Q4_0_D);
+        codes = _mm256_sub_epi8(legacy_nibbles32(blk + MUSER_Q4_0_QS), _mm256_set1_epi8(8));
+        break;
+    case MUSER_ID_Q4_1:
+        d = f16_scale(blk + MUSER_Q4_1_D), m = f16_scale(blk + MUSER_Q4_1_M);
+        codes = legacy_nibbles32(blk + MUSER_Q4_1_QS);
+        break;
+    case MUSER_ID_Q5_0:
+        d = f16_scale(blk + MUSER_Q5_0_D);
+        codes = _mm256_sub_epi8(_mm256_or_si256(legacy_nibbles32(blk + MUSER_Q5_0_QS),
+                                                legacy_fifth32(blk + MUSER_Q5_0_QH)),
+                                _mm256_set1_epi8(16));
+        break;
+    default:                                    /* Q5_1 */
+        d = f16_scale(blk + MUSER_Q5_1_D), m = f16_scale(blk + MUSER_Q5_1_M);
+        codes = _mm256_or_si256(legacy_nibbles32(blk + MUSER_Q5_1_QS),
+                                legacy_fifth32(blk + MUSER_Q5_1_QH));
     }
-    case MUSER_ID_Q4_1: {
-        const v8f d = splat(f16_scale(blk + MUSER_Q4_1_D)), m = splat(f16_scale(blk + MUSER_Q4_1_M));
-        for (int v = 0; v < 4; v++) w[v] = fma8(d, to_f32(legacy_nibbles(blk + MUSER_Q4_1_QS, v)), m);
-        return;
-    }
-    case MUSER_ID_Q5_0: {
-        const v8f d = splat(f16_scale(blk + MUSER_Q5_0_D));
-        for (int v = 0; v < 4; v++) {
-            const v8i q = legacy_nibbles(blk + MUSER_Q5_0_QS, v) | legacy_fifth(blk + MUSER_Q5_0_QH, v);
-            w[v] = d * to_f32(q - 16);
-        }
-        return;
-    }
-    default: {                                  /* Q5_1 */
-        const v8f d = splat(f16_scale(blk + MUSER_Q5_1_D)), m = splat(f16_scale(blk + MUSER_Q5_1_M));
-        for (int v = 0; v < 4; v++) {
-            const v8i q = legacy_nibbles(blk + MUSER_Q5_1_QS, v) | legacy_fifth(blk + MUSER_Q5_1_QH, v);
-            w[v] = fma8(d, to_f32(q), m);
-        }
-    }
-    }
+    const v8f dv = splat(d), mv = splat(m);
+    const int offset = type == MUSER_ID_Q4_1 || type == MUSER_ID_Q5_1;
+    for (int v = 0; v < 4; v++)
+        w[v] = offset ? fma8(dv, legacy_codes8(codes, v), mv) : dv * legacy_codes8(codes, v);
 }
 #endif /* __AVX2__ && __FMA__ */
 
