@@ -17,8 +17,9 @@ reference:
 ``qmatmul`` picks its kernel from ``LADDER`` (rung -> kernel by token count,
 ``rung_for``): up to ``FUSED_MAX_TOKENS`` rows the fused kernel reads the
 packed bytes once, threads taking chunks of weight rows, decoding each row in
-registers (Q4_K, Q5_K, Q6_K, NVFP4_E2M1 on AVX2+FMA CPUs) or 256 elements at
-a time into an L1 scratch (every other type), and dotting it with groups of
+registers (the K-quants, the legacy Q4_0 .. Q8_0 and NVFP4_E2M1 on AVX2+FMA
+CPUs) or 256 elements at a time into an L1 scratch (every other type, and
+every type on other CPUs), and dotting it with groups of
 up to 8 tokens while it sits in L1; above, ``muser_gemm``, a register-blocked
 GEMM that decodes each block of weight rows once, 256 columns at a time into
 an L1 tile, for all tokens (x packed into token panels); without the library,

@@ -93,6 +93,23 @@ ROW_KERNEL void row_nvfp4_e2m1(const uint8_t *row, const uint8_t *crow, const fl
     ACC_FINISH(T)
 }
 
+/* Q4_0, Q4_1, Q5_0, Q5_1, Q8_0: see legacy_w32; `type` is a constant. */
+_Static_assert(QK_LEGACY == 4 * 8 && MUSER_Q4_0_ELEMS == QK_LEGACY && MUSER_Q4_1_ELEMS == QK_LEGACY &&
+                   MUSER_Q5_0_ELEMS == QK_LEGACY && MUSER_Q5_1_ELEMS == QK_LEGACY &&
+                   MUSER_Q8_0_ELEMS == QK_LEGACY && MUSER_Q5_0_QH + 4 <= MUSER_Q5_0_QS &&
+                   MUSER_Q5_1_QH + 4 <= MUSER_Q5_1_QS,
+               "legacy_w32 decodes a block as 4 vectors of 8 with a 32-bit qh");
+ROW_KERNEL void row_legacy(const uint8_t *row, const int type, const int bytes, int64_t nb,
+                           const float *x, int64_t n_in, const int T, float *out) {
+    ACC_DECLARE(T);
+    for (int64_t b = 0; b < nb; b++) {
+        v8f w[4];
+        legacy_w32(row + b * bytes, type, w);
+        for (int v = 0; v < 4; v++) FMA_TOKENS(w[v], QK_LEGACY * b + 8 * v, v);
+    }
+    ACC_FINISH(T)
+}
+
 #if defined(__AVX512F__)
 /* AVX-512: the same fused kernels 16 wide, over R = 1 or 2 weight rows at a
  * time. Each step widens 16 code bytes to int32 lanes (vpmovzxbd) and FMAs 16
@@ -318,6 +335,12 @@ ROW_KERNEL void row_dot(const kind_t *k, const uint8_t *row, const uint8_t *crow
     case MUSER_ID_NVFP4_E2M1:
         row_nvfp4_e2m1(row, crow, lut, s2, n_in / NVFP4_GROUP, x, n_in, T, out);
         return;
+#define LEGACY_CASE(TYPE)                                                                 \
+    case MUSER_ID_##TYPE:                                                                 \
+        row_legacy(row, MUSER_ID_##TYPE, MUSER_##TYPE##_BYTES, n_in / QK_LEGACY, x, n_in, T, out); \
+        return
+    LEGACY_CASE(Q4_0); LEGACY_CASE(Q4_1); LEGACY_CASE(Q5_0); LEGACY_CASE(Q5_1); LEGACY_CASE(Q8_0);
+#undef LEGACY_CASE
 #endif
     default: row_generic(k, row, crow, lut, s2, x, n_in, T, out);
     }

@@ -97,6 +97,84 @@ static inline void nvfp4_e2m1_w16(__m256 table, const uint8_t *row, float s, int
     *w0 = splat(s) * (v8f)e2m1_values8(table, codes);
     *w1 = splat(s) * (v8f)e2m1_values8(table, _mm_srli_si128(codes, 8));
 }
+/* A block's f16 scale: one F16C instruction where there is one (exact,
+ * subnormals included), else the scalar conversion. */
+static inline float f16_scale(const uint8_t *p) {
+#if defined(__F16C__)
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return _cvtsh_ss(h);
+#else
+    return f16(p);
+#endif
+}
+
+/* Legacy 32-element blocks: element j < 16 is the low nibble of qs[j] and
+ * j + 16 the high one; Q5's fifth bit of element j is bit j of the 32-bit
+ * qh. All 32 codes are built as bytes in one register (element j in byte j),
+ * the fifth bits spread out by a byte shuffle and a compare. */
+static inline __m256i legacy_nibbles32(const uint8_t *qs) {
+    const __m128i m4 = _mm_set1_epi8(0xF), raw = _mm_loadu_si128((const __m128i *)qs);
+    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(raw, 4), m4), _mm_and_si128(raw, m4));
+}
+static inline __m256i legacy_fifth32(const uint8_t *qh) {
+    uint32_t bits;
+    memcpy(&bits, qh, 4);                       /* little endian, as the file */
+    /* byte j <- byte j/8 of qh (vpshufb stays in its 128-bit lane, and each
+     * lane holds the broadcast qh), then 0x10 where its bit j%8 is set */
+    const __m256i spread = _mm256_shuffle_epi8(
+        _mm256_set1_epi32((int)bits),
+        _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0));
+    const __m256i bit = _mm256_set1_epi64x((int64_t)0x8040201008040201ull);
+    return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit),
+                            _mm256_set1_epi8(0x10));
+}
+/* Signed code bytes 8v .. 8v+7 of `codes` as floats. */
+static inline v8f legacy_codes8(__m256i codes, int v) {
+    const __m128i half = v < 2 ? _mm256_castsi256_si128(codes) : _mm256_extracti128_si256(codes, 1);
+    return to_f32((v8i)_mm256_cvtepi8_epi32(v & 1 ? _mm_unpackhi_epi64(half, half) : half));
+}
+
+/* All 32 weights of one legacy block as 4 vectors of 8, rounding as the
+ * reference: d*q (Q8_0), d*(q-8) (Q4_0), d*(q-16) (Q5_0), and for Q4_1 and
+ * Q5_1 fma(d, q, m) (one rounding, not the reference's two). `type` is a
+ * compile-time constant in every caller, so each type gets its own loop. */
+static inline __attribute__((always_inline)) void legacy_w32(const uint8_t *blk, const int type,
+                                                             v8f w[4]) {
+    __m256i codes;
+    float d, m = 0.0f;
+    switch (type) {
+    case MUSER_ID_Q8_0: {                       /* the codes are the bytes: widen from memory */
+        const v8f dv = splat(f16_scale(blk + MUSER_Q8_0_D));
+        for (int v = 0; v < 4; v++)
+            w[v] = dv * to_f32((v8i)_mm256_cvtepi8_epi32(
+                            _mm_loadl_epi64((const __m128i *)(blk + MUSER_Q8_0_QS + 8 * v))));
+        return;
+    }
+    case MUSER_ID_Q4_0:
+        d = f16_scale(blk + MUSER_Q4_0_D);
+        codes = _mm256_sub_epi8(legacy_nibbles32(blk + MUSER_Q4_0_QS), _mm256_set1_epi8(8));
+        break;
+    case MUSER_ID_Q4_1:
+        d = f16_scale(blk + MUSER_Q4_1_D), m = f16_scale(blk + MUSER_Q4_1_M);
+        codes = legacy_nibbles32(blk + MUSER_Q4_1_QS);
+        break;
+    case MUSER_ID_Q5_0:
+        d = f16_scale(blk + MUSER_Q5_0_D);
+        codes = _mm256_sub_epi8(_mm256_or_si256(legacy_nibbles32(blk + MUSER_Q5_0_QS),
+                                                legacy_fifth32(blk + MUSER_Q5_0_QH)),
+                                _mm256_set1_epi8(16));
+        break;
+    default:                                    /* Q5_1 */
+        d = f16_scale(blk + MUSER_Q5_1_D), m = f16_scale(blk + MUSER_Q5_1_M);
+        codes = _mm256_or_si256(legacy_nibbles32(blk + MUSER_Q5_1_QS),
+                                legacy_fifth32(blk + MUSER_Q5_1_QH));
+    }
+    const v8f dv = splat(d), mv = splat(m);
+    const int offset = type == MUSER_ID_Q4_1 || type == MUSER_ID_Q5_1;
+    for (int v = 0; v < 4; v++)
+        w[v] = offset ? fma8(dv, legacy_codes8(codes, v), mv) : dv * legacy_codes8(codes, v);
+}
 #endif /* __AVX2__ && __FMA__ */
 
 #endif /* MUSER_SIMD_H */
