@@ -188,17 +188,23 @@ def _measure(name: str, path: Path, threads: int, prompt_len: int, decode: int,
 def _llama_bench(binary: Path, path: Path, threads: int, prompt_len: int, decode: int,
                  timeout_s: float) -> dict:
     """llama.cpp's own ``llama-bench`` (pp and tg tok/s, mean of 3 repetitions)."""
-    cmd = [str(binary), "-m", str(path), "-t", str(threads), "-p", str(prompt_len),
-           "-n", str(decode), "-r", "3", "-o", "json"]
+    # Run through a small Python parent of its own, whose RUSAGE_CHILDREN is
+    # llama-bench's alone (ours also holds the other contenders' processes).
+    wrapper = ("import resource, subprocess, sys; r = subprocess.run(sys.argv[1:]); "
+               "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, file=sys.stderr); "
+               "sys.exit(r.returncode)")
+    cmd = [sys.executable, "-c", wrapper, str(binary), "-m", str(path), "-t", str(threads),
+           "-p", str(prompt_len), "-n", str(decode), "-r", "3", "-o", "json"]
     try:
         res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired:
         return {"note": f"llama-bench did not finish within {timeout_s:.0f} s"}
     try:
         rows = json.loads(res.stdout)
-    except json.JSONDecodeError:
+        peak_kib = int(res.stderr.strip().splitlines()[-1])
+    except (json.JSONDecodeError, ValueError, IndexError):
         return {"note": f"llama-bench failed (exit {res.returncode})"}
-    out = {"peak_rss_mb": _peak_rss_mb(resource.RUSAGE_CHILDREN), "build": rows[0].get("build_commit")}
+    out = {"peak_rss_mb": peak_kib / 1024, "build": rows[0].get("build_commit")}
     for row in rows:
         key = "prefill_tps" if row.get("n_prompt") else "decode_tps"
         out[key] = float(row["avg_ts"])
