@@ -51,21 +51,17 @@ def _setting(device: str):
     return torch.device(device), (torch.float32 if device == "cpu" else torch.bfloat16)
 
 
-def _sync(device) -> None:
-    import torch
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-
-
 def _run_muser(path: str, threads: int, prompt_len: int, decode: int, device: str) -> dict:
     import torch
+
+    from ..run import synchronize
 
     from ..models import from_gguf
     torch.set_num_threads(threads)
     dev, dtype = _setting(device)
     t0 = time.perf_counter()
     model = from_gguf(path, device=dev, dtype=dtype)
-    _sync(dev)
+    synchronize(dev)
     load_s = time.perf_counter() - t0
     ids = torch.tensor([_prompt(model.config.vocab_size, prompt_len)], device=dev)
     graph_steps = 5 * 4 + 1 if dev.type == "cuda" else 0   # cuda_timing.graph_time's replays
@@ -75,18 +71,18 @@ def _run_muser(path: str, threads: int, prompt_len: int, decode: int, device: st
     with torch.no_grad():
         model(ids[:, :8], slots)            # first calls compile kernels / page weights in
         model.reset()
-        _sync(dev)
+        synchronize(dev)
         t0 = time.perf_counter()
         tok = model(ids, slots, last_only=True)[:, -1].argmax(-1, keepdim=True)
-        _sync(dev)
+        synchronize(dev)
         prefill_s = time.perf_counter() - t0
         for _ in range(min(decode, 4)):     # warm the one-token kernels
             tok = model(tok, slots)[:, -1].argmax(-1, keepdim=True)
-        _sync(dev)
+        synchronize(dev)
         t0 = time.perf_counter()
         for _ in range(decode):
             tok = model(tok, slots)[:, -1].argmax(-1, keepdim=True)
-        _sync(dev)
+        synchronize(dev)
         decode_s = time.perf_counter() - t0
         if dev.type == "cuda":
             from .cuda_timing import graph_time
@@ -98,32 +94,34 @@ def _run_muser(path: str, threads: int, prompt_len: int, decode: int, device: st
 def _run_transformers(path: str, threads: int, prompt_len: int, decode: int, device: str) -> dict:
     import torch
     from transformers import AutoModelForCausalLM
+
+    from ..run import synchronize
     torch.set_num_threads(threads)
     dev, dtype = _setting(device)
     p = Path(path)
     t0 = time.perf_counter()
     model = AutoModelForCausalLM.from_pretrained(str(p.parent), gguf_file=p.name, dtype=dtype)
     model.to(dev).eval()
-    _sync(dev)
+    synchronize(dev)
     load_s = time.perf_counter() - t0
     ids = torch.tensor([_prompt(model.config.vocab_size, prompt_len)], device=dev)
     with torch.no_grad():
         model(ids[:, :8], use_cache=True)   # warm-up, as for muser
-        _sync(dev)
+        synchronize(dev)
         t0 = time.perf_counter()
         out = model(ids, use_cache=True)
-        _sync(dev)
+        synchronize(dev)
         prefill_s = time.perf_counter() - t0
         past, tok = out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)
         for _ in range(min(decode, 4)):
             out = model(tok, past_key_values=past, use_cache=True)
             past, tok = out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)
-        _sync(dev)
+        synchronize(dev)
         t0 = time.perf_counter()
         for _ in range(decode):
             out = model(tok, past_key_values=past, use_cache=True)
             past, tok = out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)
-        _sync(dev)
+        synchronize(dev)
         decode_s = time.perf_counter() - t0
     return {"load_s": load_s, "prefill_tps": prompt_len / prefill_s, "decode_tps": decode / decode_s}
 

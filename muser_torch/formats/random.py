@@ -23,6 +23,7 @@ import functools
 import torch
 
 from .floats import TORCH_DTYPES
+from .registry import f16_bytes
 from .types import NVFP4_GROUP, GGMLType
 from .weight import PackedWeight
 
@@ -34,10 +35,6 @@ _E4M3_LO, _E4M3_HI = 0x28, 0x48
 # (K-quants, m a 6-bit sub-block min) or d*q + m (Q4_1, Q5_1).
 _CODE_MEAN = {GGMLType.Q4_1: 7.5, GGMLType.Q5_1: 15.5, GGMLType.Q4_K: 7.5, GGMLType.Q5_K: 15.5}
 _MIN_FIELDS = {"dmin": 1.0, "m": -1.0}     # sign of the centring min relative to d
-
-
-def _f16_bytes(x: torch.Tensor) -> torch.Tensor:
-    return x.to(torch.float16).contiguous().view(torch.uint8).reshape(-1, 2)
 
 
 def _e4m3_bytes(shape, gen, device, signed: bool = False) -> torch.Tensor:
@@ -59,11 +56,11 @@ def _raw(qtype: GGMLType, n_out: int, n_in: int, gen, device, scale: float | Non
         if f.kind == "f16" and scale is None:
             mag = torch.exp2(torch.empty(n, device=device).uniform_(-10, -4, generator=gen))
             sign = torch.randint(0, 2, (n,), generator=gen, device=device) * 2 - 1
-            blocks[:, span] = _f16_bytes(mag * sign)
+            blocks[:, span] = f16_bytes(mag * sign)
         elif f.kind == "f16":
             value = scale * _CODE_MEAN.get(qtype, 0.0) * _MIN_FIELDS.get(f.name, 0.0) \
                 if f.name in _MIN_FIELDS else scale
-            blocks[:, span] = _f16_bytes(torch.full((n,), value, device=device))
+            blocks[:, span] = f16_bytes(torch.full((n,), value, device=device))
         elif f.kind in ("ue4m3", "e4m3"):
             blocks[:, span] = _e4m3_bytes((n, f.nbytes), gen, device,
                                           signed=f.kind == "e4m3" and scale is None)
