@@ -29,7 +29,7 @@ from muser_torch.formats import GGMLType, quantize  # noqa: E402
 from muser_torch.glimmer import gguf_names, module_name  # noqa: E402
 from muser_torch.gguf_io import SCALE2_SUFFIX, SCALE_SUFFIX, save_gguf  # noqa: E402
 from muser_torch.tiny import gguf_metadata, plan  # noqa: E402
-from muser_torch.tokenizer import ByteTokenizer  # noqa: E402
+from muser_torch.text.byte_tokenizer import ByteTokenizer  # noqa: E402
 from train_demo import HERE, stdlib_files, token_stream  # noqa: E402
 
 

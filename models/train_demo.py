@@ -25,7 +25,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from muser_torch.config import GlimmerConfig  # noqa: E402
 from muser_torch.glimmer import Glimmer  # noqa: E402
-from muser_torch.tokenizer import ByteTokenizer  # noqa: E402
+from muser_torch.text.byte_tokenizer import ByteTokenizer  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 DEMO_CONFIG = GlimmerConfig(

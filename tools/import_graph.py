@@ -18,8 +18,8 @@ ROOT = Path(__file__).resolve().parent.parent / "muser_torch"
 LAYERS = {
     "errors": 0,
     "formats": 1,
-    "metal": 2, "ops": 2,
-    "nn": 3, "gguf_io": 3, "text": 3, "tokenizer": 3,
+    "ops": 2,
+    "nn": 3, "gguf_io": 3, "text": 3,
     "arch": 4,
     "loader": 5,
     "models": 6, "glimmer": 6, "config": 6,

@@ -1,6 +1,7 @@
 """The ``muser`` operators: every torch.library schema, its fake (meta)
 implementation, its autograd formula and its argument checks live here;
-kernels live beside it, one file per backend (cpu.py, mps.py, cuda.py).
+kernels live beside it, one folder per backend (``cpu/``, ``cuda/``, ``metal/``),
+each holding its dispatch, its ladder table and its kernel sources.
 
 Schemas (namespace ``muser``)::
 
@@ -28,9 +29,9 @@ and ``scale_2`` (float32, one element); other types take neither.
 * ``embedding``: rows ``ids`` of W as float32 ``[*ids.shape, n_in]``
   (float32 so the caller picks the activation dtype; the rows are exact).
 
-Backends: the default implementation runs ``cpu.py`` on CPU tensors and
-raises ValueError for a device with no kernel. ``ops/cuda.py`` and
-``ops/mps.py`` register theirs with ``torch.library.register_kernel(
+Backends: the default implementation runs ``cpu/`` on CPU tensors and
+raises ValueError for a device with no kernel. ``cuda/`` and
+``metal/`` register theirs with ``torch.library.register_kernel(
 "muser::<op>", "cuda" | "mps", fn)``, ``fn`` taking the schema's arguments in
 order; they are imported here when present and their device is available.
 Registered kernels skip the default implementation, so they should call
@@ -38,9 +39,9 @@ Registered kernels skip the default implementation, so they should call
 
 Metal emulation is chosen explicitly, never by an environment variable:
 inside ``with use_backend("metal-emulator"):`` the CPU path calls
-``ops/mps.py``'s function of the same name on the CPU tensors, which runs
-the .metal kernels through the CPU emulator (an op mps.py does not define,
-such as ``qmatmul_t``, stays on the CPU kernels); without ops/mps.py it
+``ops/metal``'s function of the same name on the CPU tensors, which runs
+the .metal kernels through the CPU emulator (an op metal/ does not define,
+such as ``qmatmul_t``, stays on the CPU kernels); without ops/metal it
 raises ValueError.
 """
 from __future__ import annotations
@@ -200,7 +201,7 @@ _chosen = "native"
 @contextlib.contextmanager
 def use_backend(name: str):
     """Within the block, the ops run CPU tensors on backend ``name`` (one of
-    ``CPU_BACKENDS``); ``"metal-emulator"`` runs ops/mps.py's kernels."""
+    ``CPU_BACKENDS``); ``"metal-emulator"`` runs ops/metal's kernels."""
     global _chosen
     if name not in CPU_BACKENDS:
         raise ValueError(f"use_backend: unknown backend {name!r}; expected one of {CPU_BACKENDS}")
@@ -220,14 +221,14 @@ def _backend_for(op: str, device: torch.device):
     """The kernel module for a device with no registered kernel of its own."""
     if device.type != "cpu":
         raise ValueError(f"muser.{op}: no kernel for device {device.type!r} (CPU kernels are "
-                         f"built in; cuda and mps need ops/cuda.py or ops/mps.py and the device)")
+                         f"built in; cuda and mps need ops/cuda or ops/metal and the device)")
     if _chosen == "metal-emulator":
-        if importlib.util.find_spec(f"{__name__}.mps") is None:
-            raise ValueError(f"muser.{op}: use_backend('metal-emulator'), but muser_torch/ops/mps.py "
+        if importlib.util.find_spec(f"{__name__}.metal") is None:
+            raise ValueError(f"muser.{op}: use_backend('metal-emulator'), but muser_torch/ops/metal "
                              "(the Metal kernels) is not installed")
-        from . import mps
-        if hasattr(mps, op):
-            return mps
+        from . import metal
+        if hasattr(metal, op):
+            return metal
     from . import cpu
     return cpu
 
@@ -395,16 +396,19 @@ def backend(device_type: str):
     return _BACKENDS.get(device_type)
 
 
+# device type -> (the backend folder that registers its kernels, whether the device is here)
+_ACCELERATORS = {"cuda": ("cuda", lambda: torch.cuda.is_available()),
+                 "mps": ("metal", lambda: torch.backends.mps.is_available())}
+
+
 def _load_backends() -> None:
-    """Import ops/cuda.py and ops/mps.py (which register their kernels) when the
-    file exists and its device is available; a failure there never breaks CPU."""
-    available = {"cuda": lambda: torch.cuda.is_available(),
-                 "mps": lambda: torch.backends.mps.is_available()}
-    for name, is_available in available.items():
+    """Import ops/cuda and ops/metal (which register their kernels) when the
+    folder exists and its device is available; a failure there never breaks CPU."""
+    for name, (folder, is_available) in _ACCELERATORS.items():
         try:
-            if importlib.util.find_spec(f"{__name__}.{name}") is None or not is_available():
+            if importlib.util.find_spec(f"{__name__}.{folder}") is None or not is_available():
                 continue
-            _BACKENDS[name] = importlib.import_module(f"{__name__}.{name}")
+            _BACKENDS[name] = importlib.import_module(f"{__name__}.{folder}")
         except Exception as e:  # noqa: BLE001  (a broken backend must not break the package)
             warnings.warn(f"muser_torch: the {name} kernels failed to load ({e!r}); "
                           f"{name} tensors will raise", RuntimeWarning, stacklevel=2)

@@ -7,16 +7,14 @@ extra (transformers, tokenizers, jinja2), imported only then.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import Any, Mapping
 
 from ..errors import MetadataError
 from .gguf_tokenizer import MODELS, GGUFTokenizer   # imports no third-party package itself
 from .metadata import MODEL_KEY
 
-if TYPE_CHECKING:
-    from ..tokenizer import ByteTokenizer
-
-BYTE_MODEL = "glimmer-bytes"   # tokenizer.MODEL_NAME; tokenizer.py imports this package
+from .byte_tokenizer import MODEL_NAME as BYTE_MODEL
+from .byte_tokenizer import ByteTokenizer
 SUPPORTED_MODELS = (BYTE_MODEL,) + MODELS
 
 
@@ -27,7 +25,6 @@ def tokenizer_from_metadata(metadata: Mapping[str, Any]) -> "ByteTokenizer | GGU
     if name is None:
         return None
     if name == BYTE_MODEL:
-        from ..tokenizer import ByteTokenizer   # imported here: tokenizer.py imports .metadata
         return ByteTokenizer.from_metadata(metadata)
     if name in MODELS:
         return GGUFTokenizer.from_metadata(metadata)
@@ -35,4 +32,4 @@ def tokenizer_from_metadata(metadata: Mapping[str, Any]) -> "ByteTokenizer | GGU
                         f"{list(SUPPORTED_MODELS)}")
 
 
-__all__ = ["SUPPORTED_MODELS", "GGUFTokenizer", "tokenizer_from_metadata"]
+__all__ = ["SUPPORTED_MODELS", "ByteTokenizer", "GGUFTokenizer", "tokenizer_from_metadata"]

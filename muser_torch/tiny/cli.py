@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ..arch.glimmer import GlimmerConfig
 from ..formats.types import QK_K
-from ..tokenizer import ByteTokenizer
+from ..text.byte_tokenizer import ByteTokenizer
 from ..arch.glimmer_recipe import SEED_CONFIG, planned_bytes
 from .writer import write_tiny
 

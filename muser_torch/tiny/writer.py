@@ -10,7 +10,7 @@ from ..arch.glimmer import GlimmerConfig
 from ..formats import GGMLType
 from ..formats.types import NVFP4_GROUP
 from ..gguf_io import SCALE2_SUFFIX, SCALE_SUFFIX, load_gguf, save_gguf
-from ..tokenizer import ByteTokenizer
+from ..text.byte_tokenizer import ByteTokenizer
 from ..arch.glimmer_recipe import plan, planned_bytes, recipe_weight
 
 __all__ = ["gguf_metadata", "write_tiny"]

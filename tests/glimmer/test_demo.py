@@ -38,7 +38,7 @@ def published_perplexity() -> dict[str, float]:
 def held_out() -> torch.Tensor:
     from train_demo import stdlib_files, token_stream
 
-    from muser_torch.tokenizer import ByteTokenizer
+    from muser_torch.text.byte_tokenizer import ByteTokenizer
     files = stdlib_files()[1]
     held = token_stream(files, ByteTokenizer())
     if (len(files), held.numel()) != (HELD_FILES, HELD_TOKENS):

@@ -5,7 +5,7 @@ import os
 import pytest
 
 from muser_torch.gguf_io import load_gguf, save_gguf
-from muser_torch.tokenizer import ByteTokenizer
+from muser_torch.text.byte_tokenizer import ByteTokenizer
 
 
 

@@ -3,7 +3,7 @@ import random
 import pytest
 
 from muser_torch import ops
-from muser_torch.metal import emulator
+from muser_torch_metal_emulator import emulator
 
 
 @pytest.fixture(params=emulator.SCHEDULES)

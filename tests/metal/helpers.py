@@ -12,7 +12,7 @@ import torch
 from muser_torch import GGMLType
 from muser_torch.formats import dequantize_reference as ref_dequantize
 from muser_torch.formats import random_weight
-from muser_torch.ops.mps import SUPPORTED
+from muser_torch.ops.metal import SUPPORTED
 
 # (n_out, n_in) per type: n_out never a multiple of the 4 rows of an mv
 # threadgroup or the 32 of an mm tile; most n_in leave a partial 64-wide K step.
@@ -22,7 +22,7 @@ SHAPE_OF = {
     GGMLType.Q4_0: (11, 96), GGMLType.Q4_1: (9, 160), GGMLType.Q5_0: (13, 224), GGMLType.Q5_1: (7, 288),
     GGMLType.Q8_0: (19, 96),
 }
-# The tests sweep exactly ops.mps.SUPPORTED (a type without a shape above fails here).
+# The tests sweep exactly ops.metal.SUPPORTED (a type without a shape above fails here).
 SHAPES = [(t, *SHAPE_OF[t]) for t in sorted(SUPPORTED)]
 IDS = [f"{t.name}-{o}x{i}" for t, o, i in SHAPES]
 TOKEN_COUNTS = (1, 2, 3, 4, 5, 8, 9, 16, 17, 64)

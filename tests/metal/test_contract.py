@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from muser_torch.metal import emulator as em
+from muser_torch_metal_emulator import emulator as em
 
 SOURCE = r"""
 #include <metal_stdlib>

@@ -21,7 +21,7 @@ from gguf import GGMLQuantizationType
 from gguf.quants import dequantize as gguf_dequantize
 
 from muser_torch.formats import GGMLType, random_weight
-from muser_torch.metal import emulator as em
+from muser_torch_metal_emulator import emulator as em
 
 from .helpers import fresh_seed, rel_err
 

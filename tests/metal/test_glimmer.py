@@ -9,7 +9,7 @@ import torch
 
 from muser_torch.glimmer import Glimmer
 from muser_torch import ops
-from muser_torch.ops import mps
+from muser_torch.ops import metal
 from muser_torch.run import DEMO as DEMOS
 
 from .helpers import fresh_seed, rel_err
@@ -19,7 +19,7 @@ DEMO = DEMOS["q4_k_xl"]
 
 def _compare(model: Glimmer, vocab: int, seed: int, monkeypatch) -> None:
     used = set()
-    kernel = mps._kernel
+    kernel = metal._kernel
 
     def spy(device, name, op):
         used.add(name.split("_")[1])

@@ -8,8 +8,8 @@ import torch
 
 from muser_torch import GGMLType
 from muser_torch import ops
-from muser_torch.metal import emulator
-from muser_torch.ops import mps
+from muser_torch_metal_emulator import emulator
+from muser_torch.ops import metal
 
 from .helpers import IDS, SHAPE_OF, SHAPES, TOKEN_COUNTS, fresh_seed, random_weights, reference, rel_err
 
@@ -17,28 +17,28 @@ pytestmark = pytest.mark.usefixtures("emulate")
 
 
 def test_the_tests_cover_every_supported_type():
-    assert {t for t, _, _ in SHAPES} == mps.SUPPORTED == set(SHAPE_OF)
+    assert {t for t, _, _ in SHAPES} == metal.SUPPORTED == set(SHAPE_OF)
 
 
 def test_every_type_and_rung_has_its_kernel():
-    lib = mps._compile(mps.source(), emulate=True)
+    lib = metal._compile(metal.source(), emulate=True)
     names = set(dir(lib))
-    for qt in mps.SUPPORTED:
-        for kind in mps.KERNEL_KINDS:
-            assert mps.kernel_name(qt, kind) in names, (qt, kind)
-    assert len(names) == len(mps.SUPPORTED) * len(mps.KERNEL_KINDS)
+    for qt in metal.SUPPORTED:
+        for kind in metal.KERNEL_KINDS:
+            assert metal.kernel_name(qt, kind) in names, (qt, kind)
+    assert len(names) == len(metal.SUPPORTED) * len(metal.KERNEL_KINDS)
 
 
 def test_ladder():
-    assert [mps.rung_for(n).kernel for n in TOKEN_COUNTS] == \
+    assert [metal.rung_for(n).kernel for n in TOKEN_COUNTS] == \
         ["mv", "ext", "ext", "ext", "ext", "ext", "mm", "mm", "mm", "mm"]
-    assert [r.kernel for r in mps.LADDER] == ["mv", "ext", "mm"]
+    assert [r.kernel for r in metal.LADDER] == ["mv", "ext", "mm"]
 
 
 def test_the_source_is_ascii_and_plain_msl():
     """PyTorch hands the source to Metal as ASCII; the prelude carries the layout
     table's offsets; nothing emulator-specific is left in the kernels."""
-    src = mps.source()
+    src = metal.source()
     assert src.isascii()
     from muser_torch.formats.layout import c_header
     assert c_header("MUSER_").rstrip() in src
@@ -53,11 +53,11 @@ def test_qmatmul_every_rung(qtype, n_out, n_in, lane_schedule):
     g = torch.Generator().manual_seed(seed + 1)
     for n_tok in TOKEN_COUNTS:
         x = torch.randn(n_tok, n_in, generator=g)
-        y = mps.qmatmul(x, packed, int(qtype), n_out, n_in, scales, scale_2)
+        y = metal.qmatmul(x, packed, int(qtype), n_out, n_in, scales, scale_2)
         ref = x.double() @ w.T
         assert y.shape == (n_tok, n_out) and y.dtype == torch.float32
         err = rel_err(y, ref)
-        assert err < 1e-5, (f"{qtype.name} rung {mps.rung_for(n_tok).kernel} n_tok={n_tok} schedule="
+        assert err < 1e-5, (f"{qtype.name} rung {metal.rung_for(n_tok).kernel} n_tok={n_tok} schedule="
                             f"{lane_schedule}: rel err {err:.3g} (seed {seed})")
 
 
@@ -65,7 +65,7 @@ def test_qmatmul_every_rung(qtype, n_out, n_in, lane_schedule):
 def test_dequantize_is_bit_exact(qtype, n_out, n_in, lane_schedule):
     seed = fresh_seed()
     packed, scales, scale_2 = random_weights(qtype, n_out, n_in, seed)
-    got = mps.dequantize(packed, int(qtype), n_out, n_in, scales, scale_2)
+    got = metal.dequantize(packed, int(qtype), n_out, n_in, scales, scale_2)
     want = reference(packed, qtype, n_in, scales, scale_2)
     bad = (got != want).nonzero()
     assert bad.numel() == 0, (f"{qtype.name}: {len(bad)} elements differ, first at {bad[0].tolist()} "
@@ -79,7 +79,7 @@ def test_embedding_reads_requested_rows(qtype, n_out, n_in, lane_schedule):
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, n_out, (2, 5), generator=g)
     ids[0, 0] = n_out - 1                                     # the last row: its end touches the guard page
-    got = mps.embedding(ids, packed, int(qtype), n_out, n_in, scales, scale_2)
+    got = metal.embedding(ids, packed, int(qtype), n_out, n_in, scales, scale_2)
     want = reference(packed, qtype, n_in, scales, scale_2)[ids]
     assert got.shape == (2, 5, n_in)
     assert torch.equal(got, want), f"{qtype.name}: embedding rows differ (seed {seed}, schedule {lane_schedule})"
@@ -93,9 +93,9 @@ def test_ext_rung_pins_matvec_order(qtype):
     seed = fresh_seed()
     packed, scales, scale_2 = random_weights(qtype, n_out, n_in, seed)
     x = torch.randn(5, n_in, generator=torch.Generator().manual_seed(seed))
-    batch = mps.qmatmul(x, packed, int(qtype), n_out, n_in, scales, scale_2)
+    batch = metal.qmatmul(x, packed, int(qtype), n_out, n_in, scales, scale_2)
     for t in range(5):
-        one = mps.qmatmul(x[t:t + 1], packed, int(qtype), n_out, n_in, scales, scale_2)
+        one = metal.qmatmul(x[t:t + 1], packed, int(qtype), n_out, n_in, scales, scale_2)
         assert torch.equal(batch[t], one[0]), f"token {t} (seed {seed})"
 
 
@@ -106,7 +106,7 @@ def test_qmatmul_keeps_activation_dtype_and_leading_dims(dtype, qtype):
     n_out, n_in = SHAPE_OF[qtype]
     packed, scales, scale_2 = random_weights(qtype, n_out, n_in, seed)
     x = torch.randn(2, 3, n_in, generator=torch.Generator().manual_seed(seed)).to(dtype)
-    y = mps.qmatmul(x, packed, int(qtype), n_out, n_in)
+    y = metal.qmatmul(x, packed, int(qtype), n_out, n_in)
     ref = x.double() @ reference(packed, qtype, n_in, None, None).double().T
     assert y.dtype == dtype and y.shape == (2, 3, n_out)
     assert rel_err(y, ref) < 1e-2, f"seed {seed}"
@@ -116,7 +116,7 @@ def test_emulator_catches_a_missing_barrier_in_the_tiled_matmul(lane_schedule):
     """Delete the barrier between filling the tiles and multiplying them: the
     emulated mm kernel must then go wrong under every schedule."""
     barrier = "    threadgroup_barrier(mem_flags::mem_threadgroup);\n    for (int kk"
-    src, cut = mps.source(), '#line 1 "legacy.metal"'
+    src, cut = metal.source(), '#line 1 "legacy.metal"'
     assert barrier in src and cut in src
     src = src.split(cut)[0]          # the prelude, the shared loops and the K-quants: enough for muser_mm_q4_k
     lib = emulator.compile_shader(src.replace(barrier, "    for (int kk"))
@@ -127,7 +127,7 @@ def test_emulator_catches_a_missing_barrier_in_the_tiled_matmul(lane_schedule):
     x = torch.randn(17, n_in, generator=torch.Generator().manual_seed(seed))
     y = torch.zeros(17, n_out)
     lib.muser_mm_q4_k(packed, packed, torch.ones(1), x, y, n_out, n_in, 17,
-                      threads=(mps.MM_THREADS, 2), group_size=(mps.MM_THREADS, 1))
+                      threads=(metal.MM_THREADS, 2), group_size=(metal.MM_THREADS, 1))
     ref = x.double() @ reference(packed, qtype, n_in, None, None).double().T
     assert not rel_err(y, ref) < 1e-5, f"missing barrier went unnoticed ({lane_schedule}, seed {seed})"
 
@@ -135,15 +135,15 @@ def test_emulator_catches_a_missing_barrier_in_the_tiled_matmul(lane_schedule):
 def test_types_outside_the_fence_raise():
     packed = torch.zeros(4, 36, dtype=torch.uint8)           # llama.cpp's NVFP4: 64-element blocks
     with pytest.raises(ValueError, match=r"NVFP4 has no Metal kernel"):
-        mps.qmatmul(torch.zeros(1, 64), packed, int(GGMLType.NVFP4), 4, 64)
+        metal.qmatmul(torch.zeros(1, 64), packed, int(GGMLType.NVFP4), 4, 64)
     with pytest.raises(ValueError, match=r"multiple of 16"):
-        mps.dequantize(torch.zeros(2, 20, dtype=torch.uint8), int(GGMLType.F16), 2, 10)
+        metal.dequantize(torch.zeros(2, 20, dtype=torch.uint8), int(GGMLType.F16), 2, 10)
 
 
 def test_fast_math_is_refused(monkeypatch):
     monkeypatch.setenv("PYTORCH_MPS_FAST_MATH", "1")
     with pytest.raises(RuntimeError, match="PYTORCH_MPS_FAST_MATH is set; the Metal kernels need safe math"):
-        mps._compile(mps.source(), emulate=True)
+        metal._compile(metal.source(), emulate=True)
 
 
 def test_gpu_limits_are_checked_on_first_use():
@@ -154,10 +154,10 @@ def test_gpu_limits_are_checked_on_first_use():
         thread_execution_width, max_threads_per_threadgroup = 32, 96
 
     with pytest.raises(RuntimeError, match="16-wide simdgroups; the Metal kernels assume 32"):
-        mps._check_limits(Narrow(), "muser_mv_q4_k", "mv")
-    mps._check_limits(Small(), "muser_mv_q4_k", "mv")
+        metal._check_limits(Narrow(), "muser_mv_q4_k", "mv")
+    metal._check_limits(Small(), "muser_mv_q4_k", "mv")
     with pytest.raises(RuntimeError, match="allows 96 threads per threadgroup; it is launched with 128"):
-        mps._check_limits(Small(), "muser_mm_q4_k", "mm")
+        metal._check_limits(Small(), "muser_mm_q4_k", "mm")
 
 
 def test_cpu_tensors_need_emulate_mode():
@@ -166,4 +166,4 @@ def test_cpu_tensors_need_emulate_mode():
     packed, _, _ = random_weights(qtype, n_out, n_in, 0)
     with ops.use_backend("native"), \
             pytest.raises(ValueError, match=r"use_backend\('metal-emulator'\)"):
-        mps.dequantize(packed, int(qtype), n_out, n_in)
+        metal.dequantize(packed, int(qtype), n_out, n_in)

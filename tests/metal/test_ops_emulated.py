@@ -1,5 +1,5 @@
 """The muser ops inside ops.use_backend("metal-emulator"): the CPU dispatch hands CPU tensors
-to ops/mps.py, which runs the .metal kernels through the emulator."""
+to ops/metal.py, which runs the .metal kernels through the emulator."""
 from __future__ import annotations
 
 import pytest
@@ -7,7 +7,7 @@ import torch
 
 import muser_torch.ops as ops
 from muser_torch import GGMLType
-from muser_torch.ops import mps
+from muser_torch.ops import metal
 
 from .helpers import SHAPE_OF, fresh_seed, random_weights, reference, rel_err
 
@@ -20,7 +20,7 @@ def test_ops_route_through_the_emulator(monkeypatch):
     n_out, n_in = SHAPE_OF[qtype]
     packed, scales, scale_2 = random_weights(qtype, n_out, n_in, seed)
     ran = []
-    kernel = mps._kernel
+    kernel = metal._kernel
     monkeypatch.setattr(mps, "_kernel", lambda d, n, op: ran.append(n) or kernel(d, n, op))
     x = torch.randn(3, n_in, generator=torch.Generator().manual_seed(seed))
     y = ops.qmatmul(x, packed, qtype, n_out, n_in, scales, scale_2)

@@ -8,9 +8,9 @@ import os
 
 import pytest
 
-from muser_torch.metal import static_check
-from muser_torch.metal.emulator import MetalCompileError
-from muser_torch.ops import mps
+from muser_torch_metal_emulator import static_check
+from muser_torch_metal_emulator.emulator import MetalCompileError
+from muser_torch.ops import metal
 
 if static_check.clang_path() is None:
     if os.environ.get("MUSER_REQUIRE_CLANG") == "1":
@@ -19,7 +19,7 @@ if static_check.clang_path() is None:
 
 
 def test_the_metal_source_passes_the_address_space_check():
-    static_check.check(mps.source())
+    static_check.check(metal.source())
 
 
 @pytest.mark.parametrize("old,new,where,why", [
@@ -33,7 +33,7 @@ def test_the_metal_source_passes_the_address_space_check():
      "would lose const qualifier"),
 ])
 def test_the_check_sees_address_space_and_const_mistakes(old, new, where, why):
-    src = mps.source()
+    src = metal.source()
     assert old in src
     with pytest.raises(MetalCompileError, match=where + r": error: no matching function") as info:
         static_check.check(src.replace(old, new))

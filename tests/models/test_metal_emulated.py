@@ -11,7 +11,7 @@ import torch
 
 import muser_torch
 from muser_torch import ops
-from muser_torch.ops import mps
+from muser_torch.ops import metal
 
 from .conftest import SEED, rel_err
 from .family_files import ARCH_VARIANTS, hf_file, tokens  # noqa: F401  (fixtures)
@@ -20,7 +20,7 @@ from .test_gemma3_admission import SMALL, write
 
 def _compare(model, vocab: int, monkeypatch) -> None:
     used: set[str] = set()
-    kernel = mps._kernel
+    kernel = metal._kernel
 
     def spy(device, name, op):
         used.add(name.split("_")[1])      # muser_<rung>_<type>

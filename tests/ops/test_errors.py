@@ -101,9 +101,9 @@ def test_device_without_kernel():
 def test_metal_emulation_without_mps_module(q4k, monkeypatch):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *a: None if name == "muser_torch.ops.mps" else real(name, *a))
+                        lambda name, *a: None if name == "muser_torch.ops.metal" else real(name, *a))
     with ops.use_backend("metal-emulator"):
-        _raises(r"muser\.qmatmul: use_backend\('metal-emulator'\), but muser_torch/ops/mps\.py",
+        _raises(r"muser\.qmatmul: use_backend\('metal-emulator'\), but muser_torch/ops/metal ",
                 ops.qmatmul, torch.zeros(1, 256), q4k.packed, q4k.qtype, 6, 256)
 
 

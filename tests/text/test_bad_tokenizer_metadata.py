@@ -11,7 +11,7 @@ import pytest
 from muser_torch.errors import ChatTemplateError, MetadataError
 from muser_torch.gguf_io import GGUFValueType, load_gguf, save_gguf
 from muser_torch.text import tokenizer_from_metadata
-from muser_torch.tokenizer import ByteTokenizer
+from muser_torch.text.byte_tokenizer import ByteTokenizer
 
 from .samples import fresh_seed
 from .tiny_tokenizers import gpt2_metadata, llama_metadata
@@ -173,7 +173,7 @@ def test_byte_tokenizer_has_stops_and_no_chat():
         tok.apply_chat_template([{"role": "user", "content": "hi"}])
     assert tokenizer_from_metadata({"general.architecture": "llama"}) is None
     from muser_torch.text import SUPPORTED_MODELS
-    from muser_torch.tokenizer import MODEL_NAME
+    from muser_torch.text.byte_tokenizer import MODEL_NAME
     assert SUPPORTED_MODELS[0] == MODEL_NAME
 
 
@@ -209,7 +209,7 @@ for name in ("transformers", "tokenizers", "jinja2"):
     sys.modules[name] = None     # as if not installed
 import muser_torch, muser_torch.text
 from muser_torch.text import tokenizer_from_metadata
-from muser_torch.tokenizer import ByteTokenizer
+from muser_torch.text.byte_tokenizer import ByteTokenizer
 assert isinstance(tokenizer_from_metadata(ByteTokenizer().to_metadata()), ByteTokenizer)
 md = {"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": ["<unk>", "<s>", "</s>", "a"],
       "tokenizer.ggml.scores": [0.0, 0.0, 0.0, -1.0], "tokenizer.ggml.bos_token_id": 1,

@@ -1,6 +1,6 @@
 // common.metal: the loops every weight format shares.
 //
-// ops/mps.py compiles prelude + common.metal + the format files (kquant,
+// ops/metal compiles prelude + common.metal + the format files (kquant,
 // legacy, nvfp4, floats) as one source. The prelude #defines every block's
 // geometry and field offsets from muser_torch/formats/layout.py (MUSER_Q4_K_BYTES,
 // MUSER_Q4_K_QS, ...: c_header) and the launch geometry the host uses
@@ -178,7 +178,7 @@ inline void matmul_impl(device const uchar *W, device const uchar *S, device con
 
 // ---- entry points --------------------------------------------------------------
 // Names are muser_<rung>_<type> with <type> the GGMLType name in lower case;
-// ops/mps.py's kernel_name() builds the same string (tests check every pair).
+// ops/metal's kernel_name() builds the same string (tests check every pair).
 #define MUSER_WEIGHT_ARGS                                                              \
   device const uchar *W [[buffer(0)]], device const uchar *S [[buffer(1)]],           \
       device const float *S2 [[buffer(2)]]

@@ -13,7 +13,7 @@ holds M and which serves the type runs.
 rung         M       kernel                                 arithmetic
 ===========  ======  =====================================  ================================
 mv_kquant    1       Q4_K/Q5_K ``_mv_q45k_kernel``,         float32 FFMA, rel. error ~1e-6
-                     Q6_K ``_mv_q6k_kernel``                (128 + q, see triton_kquant.py)
+                     Q6_K ``_mv_q6k_kernel``                (128 + q, see kquant.py)
 mv_tile      1       ``_mv_tile_kernel``: the other types   float32 FFMA
 token_axis   2       Q4_K/Q5_K ``_mm_q45k_mt_kernel``:      float32 FFMA, as mv_kquant
                      one decode for all tokens
@@ -41,10 +41,10 @@ from typing import Callable, Mapping
 import torch
 import triton
 
-from ..formats.types import GGMLType
-from . import triton_kquant as tk
-from . import triton_tile as tt
-from .triton_layout import TILE
+from ...formats.types import GGMLType
+from . import kquant as tk
+from . import tile as tt
+from .layout import TILE
 
 T = GGMLType
 SUPPORTED = frozenset({T.F32, T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0,
@@ -139,7 +139,7 @@ def _finish(part: torch.Tensor, split: int, dtype: torch.dtype) -> torch.Tensor:
 
 
 def _permuted(x2: torch.Tensor, qt: GGMLType, n_in: int) -> torch.Tensor:
-    """float32 activations in the K-quant words' nibble order (triton_kquant.py)."""
+    """float32 activations in the K-quant words' nibble order (kquant.py)."""
     M = x2.shape[0]
     xp = torch.empty((M, n_in), dtype=torch.float32, device=x2.device)
     tk._permute_x_kernel[(triton.cdiv(n_in, _PERMUTE_BLOCK), M)](

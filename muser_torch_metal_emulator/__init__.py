@@ -3,6 +3,6 @@ built by ``msl_build`` from source read by ``msl_lex`` / ``msl_source``, run
 by the fiber runtime and the ``shim_*.h`` headers) and the clang
 address-space pass (``static_check``).
 
-The kernels themselves live in ``muser_torch/csrc/metal``; ``ops/mps.py``
-assembles and dispatches them.
+It imports nothing from ``muser_torch``; its one caller is ``muser_torch/ops/metal``,
+which holds the kernels, assembles them and dispatches to them.
 """

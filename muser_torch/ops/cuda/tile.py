@@ -2,7 +2,7 @@
 
 ``_tile`` decodes ``BN`` packed rows x ``TILE`` (256) columns of any supported
 type to float32 in element order; field offsets come from ``formats/layout.py``
-through ``triton_layout``. Three kernels use it:
+through ``layout``. Three kernels use it:
 
 * ``_dequant_kernel``: ``dequantize`` (rows 0..n_out) and ``embedding`` (rows
   gathered by token id). Launched with ``enable_fp_fusion=False`` so every
@@ -24,7 +24,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .triton_layout import (  # noqa: F401  (every name is a tl.constexpr read by the kernels)
+from .layout import (  # noqa: F401  (every name is a tl.constexpr read by the kernels)
     BF16, F16, F32, NVFP4_E2M1, NVFP4_E2M1_BYTES, NVFP4_E2M1_QS, NVFP4_GROUP, Q4_0, Q4_0_BYTES,
     Q4_0_D, Q4_0_QS, Q4_1, Q4_1_BYTES, Q4_1_D, Q4_1_M, Q4_1_QS, Q4_K, Q4_K_BYTES, Q4_K_D,
     Q4_K_DMIN, Q4_K_QS, Q4_K_SCALES, Q5_0, Q5_0_BYTES, Q5_0_D, Q5_0_QH, Q5_0_QS, Q5_1,

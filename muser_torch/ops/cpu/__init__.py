@@ -3,7 +3,7 @@
 Two paths compute every op, and both are tested against the float64
 reference:
 
-* native: the C library in ``cpu_kernels/`` (decoders, thread pool, fused
+* native: the C library beside this module (``build.py`` builds it) (decoders, thread pool, fused
   matvec, GEMM), compiled with the system C compiler on first use (about two
   seconds, one compiler call, cached under ``~/.cache/muser_torch`` keyed by
   every source file, the generated layout header, compiler, flags and CPU)
@@ -31,7 +31,7 @@ whole pages of a fresh output); ``embedding`` decodes only the rows asked for.
 
 Threads: torch's intra-op count, but at least ``THREAD_MIN_BYTES`` of work per
 thread, run by the library's own pool, whose caller never waits for a helper
-that has not started (see cpu_kernels/pool.c); on a machine shared with other
+that has not started (see pool.c); on a machine shared with other
 processes an OpenMP-style barrier there costs a scheduler slice per call.
 Arguments arrive validated by ``muser_torch.ops`` (the op boundary).
 """
@@ -40,37 +40,19 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
-import hashlib
 import os
-import platform
-import shutil
-import subprocess
 import sys
-import tempfile
-import warnings
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable
 
 import torch
 
-from ..formats import dequantize_reference as _ref_dequantize
-from ..formats.floats import e4m3fn_table
-from ..formats.layout import c_header as layout_header
-from ..formats.nvfp4 import ue4m3_half_table
-from ..formats.types import GGMLType
+from ...formats import dequantize_reference as _ref_dequantize
+from ...formats.floats import e4m3fn_table
+from ...formats.nvfp4 import ue4m3_half_table
+from ...formats.types import GGMLType
+from .build import NATIVE_MAX_TOKENS, NATIVE_TYPES, _native_lib, native_available  # noqa: F401
 
-# The types the native library runs, for every op (dequantize, embedding,
-# qmatmul on each native rung); the library's own table (cpu_kernels/
-# decoders.c) is checked against this set when it loads. Everything else
-# takes the torch tiles.
-NATIVE_TYPES = frozenset({
-    GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0,
-    GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K, GGMLType.NVFP4, GGMLType.NVFP4_E2M1,
-    GGMLType.F16, GGMLType.BF16,
-})
-
-NATIVE_MAX_TOKENS = 64         # the fused kernel's cap (MUSER_MAX_TOKENS in the generated header)
 FUSED_MAX_TOKENS = 8           # the fused rung's top; measured, see LADDER
 TILE_BYTES = 4 << 20           # float32 scratch of the tiled paths
 # Packed (or decoded) bytes per native thread, at least. On a quiet 2-core
@@ -79,126 +61,7 @@ TILE_BYTES = 4 << 20           # float32 scratch of the tiled paths
 # waits for a helper that has not started, so a busy machine loses little.
 THREAD_MIN_BYTES = 512 << 10
 
-_KERNEL_DIR = Path(__file__).with_name("cpu_kernels")
-_HEADER = "muser_layout.h"     # generated into the build directory, included by kernels.h
-_LIB = "libmuser_cpu" + (".dylib" if sys.platform == "darwin" else ".so")
 _native_enabled = os.environ.get("MUSER_CPU_NATIVE", "1") != "0"
-
-
-# ---- the native library -----------------------------------------------------------
-
-def _cache_dir() -> Path:
-    base = os.environ.get("MUSER_CACHE_DIR") or os.environ.get("XDG_CACHE_HOME") \
-        or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "muser_torch"
-
-
-def _cpu_fingerprint() -> str:
-    """CPU model and flags: -march=native code must not run on another CPU."""
-    try:
-        info = Path("/proc/cpuinfo").read_text()
-        lines = [ln for ln in info.splitlines()
-                 if ln.startswith(("flags", "Features", "model name", "CPU part"))]
-        return "\n".join(sorted(set(lines)))
-    except OSError:
-        return platform.processor() + platform.machine()
-
-
-def _compiler() -> str:
-    return os.environ.get("CC", "cc")
-
-
-def _march_flags(cc: str) -> list[str]:
-    """``-march=native`` where the compiler takes it. ``MUSER_CPU_MARCH=NAME``
-    builds for ``-march=NAME`` instead (the tests build ``haswell`` and
-    ``x86-64`` so the AVX2 and plain-C decoders run on an AVX-512 machine)."""
-    if os.environ.get("MUSER_CPU_MARCH"):
-        return [f"-march={os.environ['MUSER_CPU_MARCH']}"]
-    flag = "-mcpu=native" if platform.machine().lower() in ("arm64", "aarch64") else "-march=native"
-    probe = subprocess.run([cc, flag, "-x", "c", "-c", "-o", os.devnull, "-"], input=b"int x;",
-                           capture_output=True)
-    return [flag] if probe.returncode == 0 else []
-
-
-def kernel_header() -> str:
-    """The generated ``muser_layout.h``: every block's geometry and field offsets
-    (``formats.layout.c_header``), the GGMLType ids as ``MUSER_ID_<TYPE>`` and
-    the fused kernel's token cap. The C uses no other block numbers."""
-    ids = "".join(f"#define MUSER_ID_{t.name} {int(t)}\n" for t in GGMLType)
-    return layout_header("MUSER_") + ids + f"#define MUSER_MAX_TOKENS {NATIVE_MAX_TOKENS}\n"
-
-
-def kernel_sources() -> list[Path]:
-    """Every file the library is built from (the .c files and their headers)."""
-    return sorted(p for p in _KERNEL_DIR.iterdir() if p.suffix in (".c", ".h"))
-
-
-def _compile(cc: str, flags: list[str], sources: list[Path], header: bytes, build: Path) -> None:
-    """Compile every .c file in one call into a fresh directory holding the
-    generated header, then rename it to ``build`` (atomic: concurrent builders
-    race harmlessly, the loser's directory is dropped)."""
-    build.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=build.name + ".", dir=build.parent))
-    try:
-        (tmp / _HEADER).write_bytes(header)
-        c_files = [str(p) for p in sources if p.suffix == ".c"]
-        res = subprocess.run([cc, *flags, f"-I{tmp}", *c_files, "-o", str(tmp / _LIB)],
-                             capture_output=True)
-        if res.returncode:
-            raise OSError(f"{cc} failed: {res.stderr.decode(errors='replace')[-2000:]}")
-        try:
-            os.rename(tmp, build)
-        except OSError:
-            if not (build / _LIB).exists():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _build() -> ctypes.CDLL:
-    cc = _compiler()
-    version = subprocess.run([cc, "--version"], capture_output=True, check=True).stdout
-    header = kernel_header().encode()
-    sources = kernel_sources()
-    flags = ["-O3", "-fPIC", "-shared", "-pthread", "-ffp-contract=off", "-std=gnu11",
-             *_march_flags(cc)]
-    parts = [header, version, _cpu_fingerprint().encode(), " ".join(flags).encode()]
-    parts += [p.name.encode() + b"\0" + p.read_bytes() for p in sources]
-    key = hashlib.sha256(b"\0".join(parts)).hexdigest()[:16]
-    build = _cache_dir() / f"cpu_kernels-{key}"
-    if not (build / _LIB).exists():
-        _compile(cc, flags, sources, header, build)
-    lib = ctypes.CDLL(str(build / _LIB))
-    p, i, i64, f = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float
-    lib.muser_geometry.argtypes = [i, i, i]
-    lib.muser_max_tokens.argtypes = []
-    lib.muser_dequant_rows.argtypes = [i, p, p, p, f, i64, i64, p, i]
-    lib.muser_matmul.argtypes = [i, p, p, p, f, i64, i64, p, i64, p, i]
-    lib.muser_gemm.argtypes = [i, p, p, p, f, i64, i64, p, i64, p, i]
-    if lib.muser_max_tokens() != NATIVE_MAX_TOKENS:
-        raise OSError("the native library's MAX_TOKENS does not match cpu.NATIVE_MAX_TOKENS")
-    # the library's type table against NATIVE_TYPES and formats/layout.py's geometry
-    claimed = {t for t in GGMLType
-               if lib.muser_geometry(int(t), t.block_elems, t.block_bytes) == 0}
-    if claimed != NATIVE_TYPES:
-        raise OSError(f"the native library runs {sorted(t.name for t in claimed)}, "
-                      f"cpu.NATIVE_TYPES says {sorted(t.name for t in NATIVE_TYPES)}")
-    return lib
-
-
-@functools.lru_cache(maxsize=1)
-def _native_lib() -> ctypes.CDLL | None:
-    try:
-        return _build()
-    except (OSError, subprocess.SubprocessError) as e:
-        warnings.warn(f"muser_torch: native CPU kernels unavailable ({e}); "
-                      "using the slower pure-torch path", RuntimeWarning, stacklevel=3)
-        return None
-
-
-def native_available() -> bool:
-    """Whether the compiled kernels load (builds them on the first call)."""
-    return _native_lib() is not None
 
 
 @contextlib.contextmanager

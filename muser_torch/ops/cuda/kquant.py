@@ -3,14 +3,14 @@
 The dispatch's one-token kernels for Q4_K / Q5_K (``_mv_q45k_kernel``) and
 Q6_K (``_mv_q6k_kernel``), and ``_mm_q45k_mt_kernel``, the Q4_K / Q5_K kernel
 with a token axis (2 tokens: one decode of each weight for both). Every other
-type and rung decodes through ``triton_tile._tile``.
+type and rung decodes through ``tile._tile``.
 
 The packed bytes are read as 4-byte (Q4_K/Q5_K) or 2-byte (Q6_K) words and
 never reordered; the activation is permuted once per call
 (``_permute_x_kernel``) into the words' nibble order, so each thread owns a
 few words of several rows and reuses the loaded activations across them.
 Word offsets are the byte offsets of ``formats/layout.py`` (through
-``triton_layout``) divided by the word size; the checks below refuse a layout
+``layout``) divided by the word size; the checks below refuse a layout
 whose fields do not sit on word boundaries. The history of these kernels
 (versions 1-4, measured on an H200) is in docs/performance.md.
 
@@ -28,11 +28,11 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .triton_layout import (  # noqa: F401  (every name is a tl.constexpr read by the kernels)
+from .layout import (  # noqa: F401  (every name is a tl.constexpr read by the kernels)
     K_SCALE_SIZE, Q4_K, Q4_K_BYTES, Q4_K_D, Q4_K_DMIN, Q4_K_QS, Q4_K_SCALES, Q5_K, Q5_K_BYTES,
     Q5_K_D, Q5_K_DMIN, Q5_K_QH, Q5_K_QS, Q5_K_SCALES, Q6_K, Q6_K_BYTES, Q6_K_D, Q6_K_QH, Q6_K_QL,
     Q6_K_SCALES, TILE, require)
-from .triton_tile import _k4_scale_min  # noqa: F401  (called by _scale_min_words)
+from .tile import _k4_scale_min  # noqa: F401  (called by _scale_min_words)
 
 for _name, _bb, _d, _dmin, _sc, _qs, _qh in (
         ("Q4_K", Q4_K_BYTES, Q4_K_D, Q4_K_DMIN, Q4_K_SCALES, Q4_K_QS, 0),

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import triton.language as tl
 
-from ..formats.layout import layout_constants
-from ..formats.types import GGMLType
+from ...formats.layout import layout_constants
+from ...formats.types import GGMLType
 
 _CONSTANTS = {name: tl.constexpr(value) for name, value in layout_constants().items()}
 _TYPE_IDS = {t.name: tl.constexpr(int(t)) for t in GGMLType}

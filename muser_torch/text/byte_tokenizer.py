@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
-from .errors import ChatTemplateError, MetadataError
-from .text.metadata import token_id
+from ..errors import ChatTemplateError, MetadataError
+from .metadata import token_id
 
 MODEL_NAME = "glimmer-bytes"
 TYPE_CONTROL, TYPE_BYTE = 3, 6
