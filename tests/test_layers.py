@@ -1,10 +1,20 @@
-"""The package's layering (docs/architecture.md) holds: module-level imports
-only go down the layers, and there is no import circle."""
+"""The package's layering (docs/architecture.md) holds: imports (at module
+level or inside functions) only go down the layers, and there is no import
+circle."""
 import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def _checker():
+    sys.path.insert(0, str(ROOT / "tools"))
+    try:
+        import import_graph
+    finally:
+        sys.path.pop(0)
+    return import_graph
 
 
 def test_imports_go_down_the_layers():
@@ -16,11 +26,7 @@ def test_imports_go_down_the_layers():
 
 def test_the_checker_sees_an_upward_import(tmp_path, monkeypatch):
     # A checker that cannot fail proves nothing: plant an upward import and look.
-    sys.path.insert(0, str(ROOT / "tools"))
-    try:
-        import import_graph
-    finally:
-        sys.path.pop(0)
+    import_graph = _checker()
     src = tmp_path / "muser_torch"
     (src / "formats").mkdir(parents=True)
     (src / "models").mkdir()
@@ -29,3 +35,35 @@ def test_the_checker_sees_an_upward_import(tmp_path, monkeypatch):
     (src / "models" / "__init__.py").write_text("from ..formats import other\n")
     monkeypatch.setattr(import_graph, "ROOT", src)
     assert import_graph.main() == 1
+
+
+def test_the_checker_sees_a_circle_inside_a_function(tmp_path, monkeypatch, capsys):
+    # The circle is closed by an import inside a function, as the ones in ops/
+    # and formats/ were: a package importing its submodule, which reaches back.
+    import_graph = _checker()
+    src = tmp_path / "muser_torch"
+    (src / "formats").mkdir(parents=True)
+    (src / "__init__.py").write_text("")
+    (src / "formats" / "__init__.py").write_text("from .weight import thing\n\ndef helper():\n    pass\n")
+    (src / "formats" / "weight.py").write_text(
+        "def thing():\n    from . import helper\n    return helper()\n")
+    monkeypatch.setattr(import_graph, "ROOT", src)
+    assert import_graph.main() == 1
+    assert "circle: muser_torch.formats -> muser_torch.formats.weight -> muser_torch.formats" \
+        in capsys.readouterr().out
+    # The same module without the lazy import is clean: the circle was what failed.
+    (src / "formats" / "weight.py").write_text("def thing():\n    return 1\n")
+    assert import_graph.main() == 0
+
+
+def test_the_checker_sees_an_upward_import_inside_a_function(tmp_path, monkeypatch, capsys):
+    import_graph = _checker()
+    src = tmp_path / "muser_torch"
+    (src / "formats").mkdir(parents=True)
+    (src / "models").mkdir()
+    (src / "__init__.py").write_text("")
+    (src / "models" / "__init__.py").write_text("")
+    (src / "formats" / "__init__.py").write_text("def f():\n    from ..models import thing\n")
+    monkeypatch.setattr(import_graph, "ROOT", src)
+    assert import_graph.main() == 1
+    assert "upward: muser_torch.formats (layer 1) imports muser_torch.models" in capsys.readouterr().out

@@ -264,5 +264,10 @@ def embedding(ids, packed, qtype, n_out, n_in, scales=None, scale_2=None):
 
 # ---- registration -------------------------------------------------------------------------
 
-if torch.backends.mps.is_available():
+def register() -> None:
+    """Register the Metal kernels for the ``muser`` ops, behind their checks."""
     register_kernels("mps", {"qmatmul": qmatmul, "dequantize": dequantize, "embedding": embedding})
+
+
+if torch.backends.mps.is_available():
+    register()
