@@ -23,6 +23,7 @@ import functools
 import torch
 
 from .floats import TORCH_DTYPES
+from .reference import dequantize_reference
 from .registry import f16_bytes
 from .types import NVFP4_GROUP, GGMLType
 from .weight import PackedWeight

@@ -22,17 +22,18 @@ def check_packed(packed: torch.Tensor, qtype: GGMLType, n_in: int, what: str = "
         raise ValueError(f"{what} must be a torch.Tensor, got {type(packed).__name__}")
     if packed.dtype != torch.uint8:
         raise ValueError(f"{what} must be uint8 bytes, got dtype {packed.dtype}")
-    if packed.dim() != 2:
-        raise ValueError(f"{what} must be 2-D [rows, row_bytes], got shape {tuple(packed.shape)}")
+    shape = packed.shape          # read once: every eager op call runs this check
+    if len(shape) != 2:
+        raise ValueError(f"{what} must be 2-D [rows, row_bytes], got shape {tuple(shape)}")
     if not packed.is_contiguous():
         raise ValueError(f"{what} must be contiguous (got strides {packed.stride()})")
     row_bytes = qtype.row_bytes(n_in)
-    if packed.shape[1] != row_bytes:
+    if shape[1] != row_bytes:
         raise ValueError(
             f"{what}: a {qtype.name} row of {n_in} elements is {row_bytes} bytes, "
-            f"got {packed.shape[1]} bytes per row")
-    if n_out is not None and packed.shape[0] != n_out:
-        raise ValueError(f"{what}: expected {n_out} rows, got {packed.shape[0]}")
+            f"got {shape[1]} bytes per row")
+    if n_out is not None and shape[0] != n_out:
+        raise ValueError(f"{what}: expected {n_out} rows, got {shape[0]}")
 
 
 def dequantize_reference(packed: torch.Tensor, qtype: "GGMLType | int", n_in: int, *,

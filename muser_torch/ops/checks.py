@@ -116,8 +116,9 @@ def check_args(op: str, packed: Tensor, qtype: int, n_out: int, n_in: int,
                 raise ValueError(f"{x_name} must be a torch.Tensor, got {type(x).__name__}")
             if x.dtype not in FLOAT_DTYPES:
                 raise ValueError(f"{x_name} must be float32, float16 or bfloat16, got {x.dtype}")
-            if x.dim() < 1 or x.shape[-1] != x_width:
-                raise ValueError(f"{x_name} must have shape [..., {x_width}], got {tuple(x.shape)}")
+            shape = x.shape
+            if not shape or shape[-1] != x_width:
+                raise ValueError(f"{x_name} must have shape [..., {x_width}], got {tuple(shape)}")
             if x.device != packed.device:
                 raise ValueError(f"{x_name} is on {x.device} but packed is on {packed.device}")
         if ids is not None:
