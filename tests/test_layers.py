@@ -67,3 +67,25 @@ def test_the_checker_sees_an_upward_import_inside_a_function(tmp_path, monkeypat
     monkeypatch.setattr(import_graph, "ROOT", src)
     assert import_graph.main() == 1
     assert "upward: muser_torch.formats (layer 1) imports muser_torch.models" in capsys.readouterr().out
+
+
+def test_the_checker_keeps_the_emulator_apart(tmp_path, monkeypatch, capsys):
+    import_graph = _checker()
+    src = tmp_path / "muser_torch"
+    emu = tmp_path / import_graph.EMULATOR
+    (src / "ops" / "metal").mkdir(parents=True)
+    emu.mkdir()
+    (src / "__init__.py").write_text("")
+    (src / "ops" / "__init__.py").write_text("")
+    (src / "ops" / "metal" / "__init__.py").write_text(
+        "def f():\n    from muser_torch_metal_emulator import emulator\n")
+    (emu / "__init__.py").write_text("")
+    (emu / "emulator.py").write_text("import struct\n")
+    monkeypatch.setattr(import_graph, "ROOT", src)
+    assert import_graph.main() == 0            # ops/metal, its one caller, may
+    (src / "ops" / "unpack.py").write_text("import muser_torch_metal_emulator.emulator\n")
+    (emu / "emulator.py").write_text("def f():\n    from muser_torch.ops import checks\n")
+    assert import_graph.main() == 1
+    out = capsys.readouterr().out
+    assert "emulator: muser_torch.ops.unpack imports muser_torch_metal_emulator" in out
+    assert "emulator: muser_torch_metal_emulator.emulator imports muser_torch" in out

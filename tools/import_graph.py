@@ -15,6 +15,9 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent / "muser_torch"
+# The Metal emulator is a package of its own beside muser_torch: it imports
+# nothing from muser_torch, and ops/metal is its one caller.
+EMULATOR, EMULATOR_CALLER = "muser_torch_metal_emulator", "muser_torch.ops.metal"
 
 # Layer of each top-level module or package, lowest first (docs/architecture.md).
 LAYERS = {
@@ -71,9 +74,16 @@ def module_imports(path: Path, modules: "set[str] | frozenset[str]" = frozenset(
 
 def main() -> int:
     files = {_module_of(p): p for p in ROOT.rglob("*.py")}
-    graph = {m: {t for t in module_imports(p, set(files)) if t in files and t != m}
-             for m, p in files.items()}
+    raw = {m: module_imports(p, set(files)) for m, p in files.items()}
+    graph = {m: {t for t in raw[m] if t in files and t != m} for m in files}
     bad = []
+    for m in sorted(raw):
+        if m != EMULATOR_CALLER and any(t.split(".")[0] == EMULATOR for t in raw[m]):
+            bad.append(f"emulator: {m} imports {EMULATOR}; only {EMULATOR_CALLER} may")
+    emulator = ROOT.parent / EMULATOR
+    for p in sorted(emulator.rglob("*.py")) if emulator.is_dir() else ():
+        if any(t.split(".")[0] == "muser_torch" for t in module_imports(p)):
+            bad.append(f"emulator: {_module_of(p)} imports muser_torch; the emulator stands alone")
     for m, targets in sorted(graph.items()):
         for t in sorted(targets):
             a, b = _top(m), _top(t)
