@@ -36,6 +36,19 @@ def check_packed(packed: torch.Tensor, qtype: GGMLType, n_in: int, what: str = "
         raise ValueError(f"{what}: expected {n_out} rows, got {shape[0]}")
 
 
+def rows_args(packed: torch.Tensor, qtype: "GGMLType | int | str", n_in: int, scales,
+              scale_2) -> tuple[GGMLType, torch.Tensor | None, torch.Tensor | None]:
+    """The checked arguments of a decode of packed rows: (GGMLType, scales,
+    scale_2), NVFP4_E2M1's companions normalised (``companions.companion_args``)
+    and checked. Raises ValueError naming what is wrong."""
+    qtype = GGMLType.parse(qtype)
+    check_packed(packed, qtype, n_in)
+    if qtype in NEEDS_COMPANIONS:
+        scales, scale_2 = companion_args(scales, scale_2, packed.device)
+        check_companions(scales, scale_2, packed.shape[0], n_in, packed.device)
+    return qtype, scales, scale_2
+
+
 def dequantize_reference(packed: torch.Tensor, qtype: "GGMLType | int", n_in: int, *,
                          scales: torch.Tensor | None = None,
                          scale_2: "torch.Tensor | float | None" = None) -> torch.Tensor:
@@ -43,12 +56,8 @@ def dequantize_reference(packed: torch.Tensor, qtype: "GGMLType | int", n_in: in
     in vectorized torch: any device, traceable by ``torch.compile``, and the
     reference every kernel is tested against. Bit-exact with gguf's numpy
     ``dequantize`` (and ggml's ``to_float``)."""
-    qtype = GGMLType.parse(qtype)
-    check_packed(packed, qtype, n_in)
-    rows = packed.shape[0]
+    qtype, scales, scale_2 = rows_args(packed, qtype, n_in, scales, scale_2)
     if qtype in NEEDS_COMPANIONS:
-        scales, scale_2 = companion_args(scales, scale_2, packed.device)
-        check_companions(scales, scale_2, rows, n_in, packed.device)
         return dequantize_nvfp4_e2m1(packed, scales, scale_2)
     blocks = packed.reshape(-1, qtype.block_bytes)
-    return format_for(qtype).dequantize_blocks(blocks).reshape(rows, n_in)
+    return format_for(qtype).dequantize_blocks(blocks).reshape(packed.shape[0], n_in)

@@ -7,9 +7,8 @@ from __future__ import annotations
 
 import torch
 
-from ..formats.companions import check_companions, companion_args
-from ..formats.reference import check_packed, dequantize_reference
-from ..formats.types import NEEDS_COMPANIONS, GGMLType
+from ..formats.reference import dequantize_reference, rows_args
+from ..formats.types import GGMLType
 from . import backend, cpu
 
 __all__ = ["dequantize"]
@@ -47,12 +46,8 @@ def dequantize(packed: torch.Tensor, qtype: "GGMLType | int", n_in: int, *,
     into, returned. Worth passing when dequantizing tensor after tensor: a
     fresh 100 MB output costs the kernel's zero-filling of its pages, about as
     long as the decode itself."""
-    qtype = GGMLType.parse(qtype)
-    check_packed(packed, qtype, n_in)
+    qtype, scales, scale_2 = rows_args(packed, qtype, n_in, scales, scale_2)
     rows = packed.shape[0]
-    if qtype in NEEDS_COMPANIONS:
-        scales, scale_2 = companion_args(scales, scale_2, packed.device)
-        check_companions(scales, scale_2, rows, n_in, packed.device)
     if out is not None:
         check_out(out, rows, n_in, packed.device)
     w = None
