@@ -1,6 +1,7 @@
 """The ``muser`` operators: every torch.library schema, its fake (meta)
-implementation, its autograd formula and its argument checks live here;
-kernels live beside it, one folder per backend (``cpu/``, ``cuda/``, ``metal/``),
+implementation and its autograd formula live here, the argument checks and
+the one way kernels are registered behind them in ``checks.py``; kernels live
+beside it, one folder per backend (``cpu/``, ``cuda/``, ``metal/``),
 each holding its dispatch, its ladder table and its kernel sources.
 
 Schemas (namespace ``muser``)::
@@ -34,7 +35,7 @@ raises ValueError for a device with no kernel. ``cuda/`` and ``metal/``
 register theirs with ``checks.register_kernels("cuda" | "mps", {op: fn})``,
 ``fn`` taking the schema's arguments in order; they are imported here when
 present and their device is available. Every kernel, the default
-implementation included, is registered through ``checks.checked``, so every
+implementation included (``checks.default_kernel``), is built by ``checks.checked``, so every
 backend runs ``check_args`` (the fake kernels call it too).
 
 Metal emulation is chosen explicitly, never by an environment variable:
@@ -55,8 +56,8 @@ import torch
 from torch import Tensor
 
 from ..formats.companions import companion_args
-from .checks import (KERNELS, MAX_DIM, check_args, check_call, check_dims,  # noqa: F401
-                     check_ids_in_range, check_qtype, checked, implemented_types)
+from .checks import (MAX_DIM, check_args, check_call, check_dims, check_ids_in_range,  # noqa: F401
+                     check_qtype, default_kernel, implemented_types)
 from .choice import CPU_BACKENDS, chosen_backend, use_backend
 
 __all__ = ["qmatmul", "qmatmul_t", "dequantize", "embedding", "check_args", "backend",
@@ -102,10 +103,8 @@ def _define(op: str, operand: str, fn):
     """Define ``muser::<op>`` (``operand`` leads the weight; "" for none) with
     ``fn`` behind the op's checks as its default implementation."""
     head = f"Tensor {operand}, " if operand else ""
-    kernel = checked(op, fn)
-    KERNELS[(op, "default")] = kernel
     return torch.library.custom_op(f"muser::{op}", mutates_args=(),
-                                   schema=f"({head}{_WEIGHT}) -> Tensor")(kernel)
+                                   schema=f"({head}{_WEIGHT}) -> Tensor")(default_kernel(op, fn))
 
 
 # ---- qmatmul ------------------------------------------------------------------------------

@@ -1,10 +1,10 @@
 """The op boundary: the argument checks of the ``muser`` ops, and the one way
 a backend's functions become kernels (behind those checks).
 
-Every kernel of every backend is registered through :func:`checked`: the CPU
-default implementations (``ops/__init__.py``), CUDA's (``register_kernels(
-"cuda", ...)`` in ``ops/cuda``) and Metal's (``register_kernels("mps", ...)``
-in ``ops/metal``). So no backend can skip :func:`check_args`, and the
+Every kernel of every backend is built by :func:`checked`: the CPU default
+implementations (:func:`default_kernel`, from ``ops/__init__.py``), CUDA's
+(``register_kernels("cuda", ...)`` in ``ops/cuda``) and Metal's
+(``register_kernels("mps", ...)`` in ``ops/metal``). So no backend can skip :func:`check_args`, and the
 companions arrive at every backend in one form (uint8 scales, float32 ``[1]``
 scale_2 on packed's device, ``formats.companions.companion_args``).
 
@@ -26,7 +26,8 @@ from ..formats.registry import format_for
 from ..formats.types import NEEDS_COMPANIONS, GGMLType
 
 __all__ = ["check_args", "check_call", "check_ids_in_range", "check_qtype", "check_dims",
-           "implemented_types", "checked", "register_kernels", "KERNELS", "OPS", "MAX_DIM"]
+           "implemented_types", "checked", "default_kernel", "register_kernels", "KERNELS", "OPS",
+           "MAX_DIM"]
 
 _INDEX_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
 
@@ -201,6 +202,13 @@ def checked(op: str, fn: Callable) -> Callable:
     kernel.__name__ = kernel.__qualname__ = f"checked_{op}"
     kernel.__doc__ = fn.__doc__
     kernel.unchecked = fn
+    return kernel
+
+
+def default_kernel(op: str, fn: Callable) -> Callable:
+    """``fn`` behind the checks as ``muser.<op>``'s default implementation (the
+    CPU one, which ``ops/__init__.py`` hands to ``torch.library.custom_op``)."""
+    KERNELS[(op, "default")] = kernel = checked(op, fn)
     return kernel
 
 
