@@ -3,9 +3,9 @@ the CPU default implementations, and the CUDA and Metal kernels, which all
 register through ``checks.checked`` / ``checks.register_kernels``.
 
 No GPU is here, so the CUDA and Metal registrations are exercised by
-recording what they hand to ``torch.library.register_kernel`` (Metal's real
-``register``; CUDA's module needs Triton, so its source is read instead and
-the helper it calls is driven with recording kernels)."""
+recording what their ``register`` hands to ``torch.library.register_kernel``
+(CUDA's module needs Triton: without it, its source is read instead, and the
+helper it calls is driven with recording kernels)."""
 from __future__ import annotations
 
 import ast
@@ -131,16 +131,19 @@ def test_companions_reach_the_backend_in_one_form(monkeypatch):
     assert len(backend_fn.calls) == 1
 
 
-def test_metal_registers_checked_kernels(monkeypatch):
-    from muser_torch.ops import metal
+@pytest.mark.parametrize("folder, device", [("metal", "mps"), ("cuda", "cuda")])
+def test_backend_registers_checked_kernels(folder, device, monkeypatch):
+    """The backend's own ``register`` (ops/cuda needs Triton: skipped without)."""
+    backend = pytest.importorskip(f"muser_torch.ops.{folder}", exc_type=ImportError)
     seen = _recorded_registrations(monkeypatch)
-    metal.register()
-    assert {name for name, device in seen if device == "mps"} == \
+    monkeypatch.setattr(backend, "_registered", False, raising=False)   # cuda's is idempotent
+    backend.register()
+    assert {name for name, d in seen if d == device} == \
         {"muser::qmatmul", "muser::dequantize", "muser::embedding"}
     w = _weight()
     for (name, _), kernel in seen.items():
         op = name.split("::")[1]
-        assert kernel.unchecked is getattr(metal, op)
+        assert kernel.unchecked is getattr(backend, op)
         _assert_refuses(kernel, op, w)
 
 
