@@ -19,7 +19,7 @@ from torch import Tensor, nn
 
 from . import ops
 from .formats.types import NEEDS_COMPANIONS, GGMLType
-from .formats.weight import scale_bytes
+from .formats.companions import companion_args
 
 
 class _Packed(nn.Module):
@@ -34,9 +34,7 @@ class _Packed(nn.Module):
             qtype = GGMLType.parse(qtype)
         except ValueError as e:
             raise ValueError(f"{op}: qtype: {e}") from None
-        scales = scale_bytes(scales)
-        if scale_2 is not None:
-            scale_2 = torch.as_tensor(scale_2, dtype=torch.float32, device=device).reshape(1)
+        scales, scale_2 = companion_args(scales, scale_2, device)
         ops.check_args("qmatmul", packed, qtype, n_out, n_in, scales, scale_2, where=op)
         self.qtype, self.n_out, self.n_in = qtype, n_out, n_in
         self.register_buffer("packed", packed)

@@ -1,10 +1,12 @@
-"""Check muser_torch's layering: the module-level imports between its layers
+"""Check muser_torch's layering: the imports between its layers
 (``docs/architecture.md``) go only downward, and no import circle exists.
 
     python tools/import_graph.py            # prints violations; exit 1 if any
 
-Imports inside functions are allowed to reach up (they run after the package
-is loaded, and each says why in a comment); module-level ones are the graph.
+Every import counts, at module level or inside a function: a lazy import
+still makes its module depend on the target, and a circle closed by one only
+moves the failure to the first call. ``from PKG import NAME`` is an arrow to
+the module PKG.NAME when that is a module, and to the package PKG otherwise.
 """
 from __future__ import annotations
 
@@ -13,6 +15,9 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent / "muser_torch"
+# The Metal emulator is a package of its own beside muser_torch: it imports
+# nothing from muser_torch, and ops/metal is its one caller.
+EMULATOR, EMULATOR_CALLER = "muser_torch_metal_emulator", "muser_torch.ops.metal"
 
 # Layer of each top-level module or package, lowest first (docs/architecture.md).
 LAYERS = {
@@ -41,13 +46,15 @@ def _top(module: str) -> str:
     return parts[1] if len(parts) > 1 else "__init__"
 
 
-def module_imports(path: Path) -> set[str]:
-    """muser_torch modules imported at module level (not inside functions)."""
+def module_imports(path: Path, modules: "set[str] | frozenset[str]" = frozenset()) -> set[str]:
+    """muser_torch modules imported anywhere in ``path`` (module level and
+    function bodies alike); ``modules`` are the known module names, to tell
+    ``from . import submodule`` from ``from . import function``."""
     tree = ast.parse(path.read_text())
     me = _module_of(path)
     package = me if path.name == "__init__.py" else me.rsplit(".", 1)[0]
     out = set()
-    for node in tree.body:
+    for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom):
             if node.level:
                 base = package.split(".")
@@ -55,11 +62,11 @@ def module_imports(path: Path) -> set[str]:
                 target = ".".join(base + ([node.module] if node.module else []))
             else:
                 target = node.module or ""
-            if target.startswith("muser_torch"):
-                if node.module:            # "from . import cpu" imports only the module named
-                    out.add(target)
-                for alias in node.names:
-                    out.add(f"{target}.{alias.name}")
+            if not target.startswith("muser_torch"):
+                continue
+            for alias in node.names:
+                sub = f"{target}.{alias.name}"
+                out.add(sub if sub in modules else target)
         elif isinstance(node, ast.Import):
             out.update(a.name for a in node.names if a.name.startswith("muser_torch"))
     return out
@@ -67,8 +74,16 @@ def module_imports(path: Path) -> set[str]:
 
 def main() -> int:
     files = {_module_of(p): p for p in ROOT.rglob("*.py")}
-    graph = {m: {t for t in module_imports(p) if t in files and t != m} for m, p in files.items()}
+    raw = {m: module_imports(p, set(files)) for m, p in files.items()}
+    graph = {m: {t for t in raw[m] if t in files and t != m} for m in files}
     bad = []
+    for m in sorted(raw):
+        if m != EMULATOR_CALLER and any(t.split(".")[0] == EMULATOR for t in raw[m]):
+            bad.append(f"emulator: {m} imports {EMULATOR}; only {EMULATOR_CALLER} may")
+    emulator = ROOT.parent / EMULATOR
+    for p in sorted(emulator.rglob("*.py")) if emulator.is_dir() else ():
+        if any(t.split(".")[0] == "muser_torch" for t in module_imports(p)):
+            bad.append(f"emulator: {_module_of(p)} imports muser_torch; the emulator stands alone")
     for m, targets in sorted(graph.items()):
         for t in sorted(targets):
             a, b = _top(m), _top(t)

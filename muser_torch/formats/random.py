@@ -23,6 +23,7 @@ import functools
 import torch
 
 from .floats import TORCH_DTYPES
+from .reference import dequantize_reference
 from .registry import f16_bytes
 from .types import NVFP4_GROUP, GGMLType
 from .weight import PackedWeight
@@ -75,7 +76,6 @@ def _raw(qtype: GGMLType, n_out: int, n_in: int, gen, device, scale: float | Non
 @functools.lru_cache(maxsize=None)
 def _unit_std(qtype: GGMLType) -> float:
     """Standard deviation of recipe blocks at unit scale (measured once, on CPU)."""
-    from . import dequantize_reference
     gen = torch.Generator().manual_seed(1234)
     packed, scales, scale_2 = _raw(qtype, 64, 1024, gen, "cpu", 1.0)
     return float(dequantize_reference(packed, qtype, 1024, scales=scales, scale_2=scale_2).std())

@@ -1,9 +1,8 @@
 """``PackedWeight``: one packed matrix and its companions, as every backend takes it.
 
 The ops take a weight as ``(packed, qtype, n_out, n_in, scales, scale_2)``;
-``PackedWeight.op_args`` builds that tuple, and :func:`companion_args` is the
-one place that turns the companions users hand in (float8 scales, a Python
-float ``scale_2``) into what the kernels read (uint8 E4M3 bytes, float32 [1]).
+``PackedWeight.op_args`` builds that tuple; its companions go through
+``companions.companion_args``, the one normaliser of NVFP4 companions.
 """
 from __future__ import annotations
 
@@ -11,24 +10,9 @@ from dataclasses import dataclass
 
 import torch
 
+from .companions import companion_args, scale_bytes
+from .reference import dequantize_reference
 from .types import NEEDS_COMPANIONS, GGMLType
-
-
-def scale_bytes(scales):
-    """E4M3 scales as the uint8 bytes the kernels read (float8_e4m3fn is re-viewed)."""
-    if isinstance(scales, torch.Tensor) and scales.dtype == torch.float8_e4m3fn:
-        return scales.view(torch.uint8)
-    return scales
-
-
-def companion_args(scales, scale_2, device) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """(uint8 scales, float32 ``[1]`` scale_2) from what a caller may pass:
-    float8_e4m3fn or uint8 scales, a tensor or a Python number for scale_2.
-    Anything else is passed through for the argument checks to refuse."""
-    scales = scale_bytes(scales)
-    if scale_2 is not None and not isinstance(scale_2, torch.Tensor):
-        scale_2 = torch.tensor([float(scale_2)], dtype=torch.float32, device=device)
-    return scales, scale_2
 
 
 @dataclass(frozen=True)
@@ -72,5 +56,4 @@ class PackedWeight:
 
     def dequantize(self) -> torch.Tensor:
         """float32 ``[n_out, n_in]`` (the vectorized reference; for checks and norms)."""
-        from . import dequantize_reference
         return dequantize_reference(self.packed, self.qtype, self.n_in, **self.companions())

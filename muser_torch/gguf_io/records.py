@@ -15,6 +15,7 @@ import torch
 from ..errors import CompanionError, UnsupportedTypeError
 from ..formats import GGMLType
 from ..formats.types import NEEDS_COMPANIONS, NVFP4_GROUP
+from ..ops.unpack import dequantize
 from .types import SCALE2_SUFFIX, SCALE_SUFFIX, GGUFValueType, _ggml_type, type_name
 
 @dataclass(frozen=True, eq=False)
@@ -161,10 +162,6 @@ class GGUFFile:
             packed = packed[index].contiguous()
             if scales is not None:
                 scales = scales[index].contiguous()
-        # Imported here, not at the top: the kernel-picking dequantize is moving
-        # out of formats (issue 12), and the package's top level is where it stays
-        # public. By call time muser_torch is fully imported, so no import circle.
-        from .. import dequantize
         return dequantize(packed, qtype, t.n_in, scales=scales, scale_2=scale_2)
 
     @property

@@ -1,6 +1,7 @@
 """The ``muser`` operators: every torch.library schema, its fake (meta)
-implementation, its autograd formula and its argument checks live here;
-kernels live beside it, one folder per backend (``cpu/``, ``cuda/``, ``metal/``),
+implementation and its autograd formula live here, the argument checks and
+the one way kernels are registered behind them in ``checks.py``; kernels live
+beside it, one folder per backend (``cpu/``, ``cuda/``, ``metal/``),
 each holding its dispatch, its ladder table and its kernel sources.
 
 Schemas (namespace ``muser``)::
@@ -30,15 +31,15 @@ and ``scale_2`` (float32, one element); other types take neither.
   (float32 so the caller picks the activation dtype; the rows are exact).
 
 Backends: the default implementation runs ``cpu/`` on CPU tensors and
-raises ValueError for a device with no kernel. ``cuda/`` and
-``metal/`` register theirs with ``torch.library.register_kernel(
-"muser::<op>", "cuda" | "mps", fn)``, ``fn`` taking the schema's arguments in
-order; they are imported here when present and their device is available.
-Registered kernels skip the default implementation, so they should call
-``check_args`` themselves (the Python wrappers and fake kernels always check).
+raises ValueError for a device with no kernel. ``cuda/`` and ``metal/``
+register theirs with ``checks.register_kernels("cuda" | "mps", {op: fn})``,
+``fn`` taking the schema's arguments in order; they are imported here when
+present and their device is available. Every kernel, the default
+implementation included (``checks.default_kernel``), is built by ``checks.checked``, so every
+backend runs ``check_args`` (the fake kernels call it too).
 
 Metal emulation is chosen explicitly, never by an environment variable:
-inside ``with use_backend("metal-emulator"):`` the CPU path calls
+inside ``with use_backend("metal-emulator"):`` (``choice.py``) the CPU path calls
 ``ops/metal``'s function of the same name on the CPU tensors, which runs
 the .metal kernels through the CPU emulator (an op metal/ does not define,
 such as ``qmatmul_t``, stays on the CPU kernels); without ops/metal it
@@ -46,8 +47,6 @@ raises ValueError.
 """
 from __future__ import annotations
 
-import contextlib
-import functools
 import importlib
 import importlib.util
 import os
@@ -56,124 +55,16 @@ import warnings
 import torch
 from torch import Tensor
 
-from ..formats import FLOAT_DTYPES, check_companions, check_packed, companion_args
-from ..formats.registry import format_for
-from ..formats.types import NEEDS_COMPANIONS, GGMLType
-from ..formats.weight import scale_bytes
+from ..formats.companions import companion_args
+from .checks import (MAX_DIM, check_args, check_call, check_dims, check_ids_in_range,  # noqa: F401
+                     check_qtype, default_kernel, implemented_types)
+from .choice import CPU_BACKENDS, chosen_backend, use_backend
 
 __all__ = ["qmatmul", "qmatmul_t", "dequantize", "embedding", "check_args", "backend",
            "implemented_types", "use_backend", "chosen_backend", "CPU_BACKENDS"]
 
-_INDEX_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
 _COMPANIONS = "Tensor? scales=None, Tensor? scale_2=None"
 _WEIGHT = f"Tensor packed, int qtype, int n_out, int n_in, {_COMPANIONS}"
-
-
-# ---- argument checks ---------------------------------------------------------------------
-
-# A weight dimension past this is a corrupt or confused argument, not a matrix:
-# the largest real ones (vocabularies, FFN widths) are under 2**20, and the
-# schema's int is 64-bit, so torch.ops refuses 2**63 with its own message.
-MAX_DIM = 2**31 - 1
-
-
-@functools.lru_cache(maxsize=None)
-def implemented_types() -> frozenset[GGMLType]:
-    """The types the ops compute: those with a block format in the registry
-    (``formats.registry``; every backend falls back to its reference decoder
-    for what it has no kernel of its own for)."""
-    def registered(t: GGMLType) -> bool:
-        try:
-            format_for(t)
-            return True
-        except ValueError:
-            return False
-    return frozenset(t for t in GGMLType if registered(t))
-
-
-def check_args(op: str, packed: Tensor, qtype: int, n_out: int, n_in: int,
-               scales: Tensor | None, scale_2: Tensor | None, *,
-               x: Tensor | None = None, x_name: str = "x", x_width: int | None = None,
-               ids: Tensor | None = None, where: str | None = None) -> GGMLType:
-    """Raise ValueError (naming ``muser.<op>``, or ``where`` when given, the
-    argument and what was expected) unless the arguments describe a valid
-    call; return the GGMLType. Reads no tensor data, so fake kernels call it too.
-
-    The type is checked by id before any size: an id the ops do not compute
-    is refused even when its rows happen to have the expected byte count."""
-    try:
-        qt = _check_qtype(qtype)
-        _check_dims(n_out, n_in)
-        check_packed(packed, qt, n_in, "packed", n_out=n_out)
-        if qt in NEEDS_COMPANIONS:
-            check_companions(scales, scale_2, n_out, n_in, packed.device)
-            if scales.device != packed.device:
-                raise ValueError(f"scales is on {scales.device} but packed is on {packed.device}")
-            if isinstance(scale_2, Tensor) and not scale_2.dtype.is_floating_point:
-                raise ValueError(f"scale_2 must be a floating-point tensor (read as float32), got {scale_2.dtype}")
-        elif scales is not None or scale_2 is not None:
-            raise ValueError(f"{qt.name} takes no scales/scale_2 companions (only "
-                             f"{', '.join(t.name for t in NEEDS_COMPANIONS)} does)")
-        if x is not None:
-            if not isinstance(x, Tensor):
-                raise ValueError(f"{x_name} must be a torch.Tensor, got {type(x).__name__}")
-            if x.dtype not in FLOAT_DTYPES:
-                raise ValueError(f"{x_name} must be float32, float16 or bfloat16, got {x.dtype}")
-            if x.dim() < 1 or x.shape[-1] != x_width:
-                raise ValueError(f"{x_name} must have shape [..., {x_width}], got {tuple(x.shape)}")
-            if x.device != packed.device:
-                raise ValueError(f"{x_name} is on {x.device} but packed is on {packed.device}")
-        if ids is not None:
-            if not isinstance(ids, Tensor):
-                raise ValueError(f"ids must be a torch.Tensor, got {type(ids).__name__}")
-            if ids.dtype not in _INDEX_DTYPES:
-                raise ValueError(f"ids must be an integer tensor, got {ids.dtype}")
-            if ids.device != packed.device:
-                raise ValueError(f"ids is on {ids.device} but packed is on {packed.device}")
-    except ValueError as e:
-        raise ValueError(f"{where or 'muser.' + op}: {e}") from None
-    return qt
-
-
-def _check_qtype(qtype) -> GGMLType:
-    """The GGMLType of ``qtype`` (a GGMLType, id or name), refused by id unless
-    the ops compute it. A bool is refused: ``True`` is not F16.
-
-    ``torch.ops.muser.*`` receive ints only: torch's dispatcher turns a bool
-    into 0/1 before any Python sees it, so there only the Python wrappers
-    (``_normalize``) can tell ``True`` from ``1``."""
-    if isinstance(qtype, bool):
-        raise ValueError(f"qtype must be a GGMLType, its int id or its name, got the bool {qtype}")
-    try:
-        qt = GGMLType.parse(qtype)
-    except ValueError as e:
-        raise ValueError(f"qtype: {e}; the ops compute {_implemented_list()}") from None
-    if qt not in implemented_types():
-        raise ValueError(f"qtype: {qt.name} (id {int(qt)}) has no block format here; "
-                         f"the ops compute {_implemented_list()}")
-    return qt
-
-
-def _implemented_list() -> str:
-    return ", ".join(f"{t.name} ({int(t)})" for t in sorted(implemented_types()))
-
-
-def _check_dims(n_out, n_in) -> None:
-    for name, v in (("n_out", n_out), ("n_in", n_in)):
-        if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
-            raise ValueError(f"{name} must be a positive int, got {v!r}")
-        if v > MAX_DIM:
-            raise ValueError(f"{name} is {v}, past {MAX_DIM} (2**31 - 1): no weight matrix "
-                             f"is that large")
-
-
-def check_ids_in_range(op: str, ids: Tensor, n_out: int) -> None:
-    """Raise ValueError unless every id indexes a row (reads the ids: not for fakes)."""
-    if ids.numel():
-        lo, hi = int(ids.min()), int(ids.max())
-        if lo < 0 or hi >= n_out:
-            raise ValueError(f"muser.{op}: ids must lie in [0, {n_out}), got values "
-                             f"from {lo} to {hi}")
 
 
 def _normalize(where, qtype, scales, scale_2, device, n_out=None, n_in=None):
@@ -183,38 +74,13 @@ def _normalize(where, qtype, scales, scale_2, device, n_out=None, n_in=None):
     dispatcher converts them (a bool to 0/1, an int past 64 bits to its own
     error)."""
     try:
-        qtype = int(_check_qtype(qtype))
+        qtype = int(check_qtype(qtype))
         if n_out is not None or n_in is not None:
-            _check_dims(n_out, n_in)
+            check_dims(n_out, n_in)
     except ValueError as e:
         raise ValueError(f"{where}: {e}") from None
     scales, scale_2 = companion_args(scales, scale_2, device)
     return qtype, scales, scale_2
-
-
-# What may run the ops on CPU tensors: the CPU kernels, or the .metal kernels
-# through the emulator (the only evidence for them on a machine without a Mac).
-CPU_BACKENDS = ("native", "metal-emulator")
-_chosen = "native"
-
-
-@contextlib.contextmanager
-def use_backend(name: str):
-    """Within the block, the ops run CPU tensors on backend ``name`` (one of
-    ``CPU_BACKENDS``); ``"metal-emulator"`` runs ops/metal's kernels."""
-    global _chosen
-    if name not in CPU_BACKENDS:
-        raise ValueError(f"use_backend: unknown backend {name!r}; expected one of {CPU_BACKENDS}")
-    old, _chosen = _chosen, name
-    try:
-        yield
-    finally:
-        _chosen = old
-
-
-def chosen_backend() -> str:
-    """The CPU backend ``use_backend`` selected ("native" outside any block)."""
-    return _chosen
 
 
 def _backend_for(op: str, device: torch.device):
@@ -222,7 +88,7 @@ def _backend_for(op: str, device: torch.device):
     if device.type != "cpu":
         raise ValueError(f"muser.{op}: no kernel for device {device.type!r} (CPU kernels are "
                          f"built in; cuda and mps need ops/cuda or ops/metal and the device)")
-    if _chosen == "metal-emulator":
+    if chosen_backend() == "metal-emulator":
         if importlib.util.find_spec(f"{__name__}.metal") is None:
             raise ValueError(f"muser.{op}: use_backend('metal-emulator'), but muser_torch/ops/metal "
                              "(the Metal kernels) is not installed")
@@ -233,21 +99,28 @@ def _backend_for(op: str, device: torch.device):
     return cpu
 
 
+def _define(op: str, operand: str, fn):
+    """Define ``muser::<op>`` (``operand`` leads the weight; "" for none) with
+    ``fn`` behind the op's checks as its default implementation."""
+    head = f"Tensor {operand}, " if operand else ""
+    return torch.library.custom_op(f"muser::{op}", mutates_args=(),
+                                   schema=f"({head}{_WEIGHT}) -> Tensor")(default_kernel(op, fn))
+
+
 # ---- qmatmul ------------------------------------------------------------------------------
 
-@torch.library.custom_op("muser::qmatmul", mutates_args=(),
-                         schema=f"(Tensor x, {_WEIGHT}) -> Tensor")
-def _qmatmul(x: Tensor, packed: Tensor, qtype: int, n_out: int, n_in: int,
-             scales: Tensor | None = None, scale_2: Tensor | None = None) -> Tensor:
+def _default_qmatmul(x: Tensor, packed: Tensor, qtype: int, n_out: int, n_in: int,
+                     scales: Tensor | None = None, scale_2: Tensor | None = None) -> Tensor:
     """``x[..., n_in] @ W.T`` in x's dtype; default implementation (CPU)."""
-    check_args("qmatmul", packed, qtype, n_out, n_in, scales, scale_2, x=x, x_width=n_in)
-    scales = scale_bytes(scales)
     return _backend_for("qmatmul", x.device).qmatmul(x, packed, qtype, n_out, n_in, scales, scale_2)
+
+
+_qmatmul = _define("qmatmul", "x", _default_qmatmul)
 
 
 @_qmatmul.register_fake
 def _(x, packed, qtype, n_out, n_in, scales=None, scale_2=None):
-    check_args("qmatmul", packed, qtype, n_out, n_in, scales, scale_2, x=x, x_width=n_in)
+    check_call("qmatmul", x, packed, qtype, n_out, n_in, scales, scale_2)
     return x.new_empty(*x.shape[:-1], n_out)
 
 
@@ -269,14 +142,9 @@ _qmatmul.register_autograd(_qmatmul_backward, setup_context=_save_weight)
 
 # ---- qmatmul_t (the gradient for x) -------------------------------------------------------
 
-@torch.library.custom_op("muser::qmatmul_t", mutates_args=(),
-                         schema=f"(Tensor g, {_WEIGHT}) -> Tensor")
-def _qmatmul_t(g: Tensor, packed: Tensor, qtype: int, n_out: int, n_in: int,
-               scales: Tensor | None = None, scale_2: Tensor | None = None) -> Tensor:
+def _default_qmatmul_t(g: Tensor, packed: Tensor, qtype: int, n_out: int, n_in: int,
+                       scales: Tensor | None = None, scale_2: Tensor | None = None) -> Tensor:
     """``g[..., n_out] @ W`` in g's dtype; default implementation."""
-    check_args("qmatmul_t", packed, qtype, n_out, n_in, scales, scale_2, x=g, x_name="g",
-               x_width=n_out)
-    scales = scale_bytes(scales)
     if g.device.type == "cpu":
         return _backend_for("qmatmul_t", g.device).qmatmul_t(g, packed, qtype, n_out, n_in,
                                                               scales, scale_2)
@@ -296,10 +164,12 @@ def _qmatmul_t_tiled(g, packed, qtype, n_out, n_in, scales, scale_2, tile_bytes=
     return out.reshape(*g.shape[:-1], n_in).to(g.dtype)
 
 
+_qmatmul_t = _define("qmatmul_t", "g", _default_qmatmul_t)
+
+
 @_qmatmul_t.register_fake
 def _(g, packed, qtype, n_out, n_in, scales=None, scale_2=None):
-    check_args("qmatmul_t", packed, qtype, n_out, n_in, scales, scale_2, x=g, x_name="g",
-               x_width=n_out)
+    check_call("qmatmul_t", g, packed, qtype, n_out, n_in, scales, scale_2)
     return g.new_empty(*g.shape[:-1], n_in)
 
 
@@ -314,39 +184,38 @@ _qmatmul_t.register_autograd(_qmatmul_t_backward, setup_context=_save_weight)
 
 # ---- dequantize ------------------------------------------------------------------------------
 
-@torch.library.custom_op("muser::dequantize", mutates_args=(), schema=f"({_WEIGHT}) -> Tensor")
-def _dequantize(packed: Tensor, qtype: int, n_out: int, n_in: int,
-                scales: Tensor | None = None, scale_2: Tensor | None = None) -> Tensor:
+def _default_dequantize(packed: Tensor, qtype: int, n_out: int, n_in: int,
+                        scales: Tensor | None = None, scale_2: Tensor | None = None) -> Tensor:
     """W as float32 ``[n_out, n_in]``; default implementation (CPU)."""
-    check_args("dequantize", packed, qtype, n_out, n_in, scales, scale_2)
-    scales = scale_bytes(scales)
     return _backend_for("dequantize", packed.device).dequantize(packed, qtype, n_out, n_in,
                                                                   scales, scale_2)
 
 
+_dequantize = _define("dequantize", "", _default_dequantize)
+
+
 @_dequantize.register_fake
 def _(packed, qtype, n_out, n_in, scales=None, scale_2=None):
-    check_args("dequantize", packed, qtype, n_out, n_in, scales, scale_2)
+    check_call("dequantize", packed, qtype, n_out, n_in, scales, scale_2)
     return packed.new_empty(n_out, n_in, dtype=torch.float32)
 
 
 # ---- embedding -------------------------------------------------------------------------------
 
-@torch.library.custom_op("muser::embedding", mutates_args=(),
-                         schema=f"(Tensor ids, {_WEIGHT}) -> Tensor")
-def _embedding(ids: Tensor, packed: Tensor, qtype: int, n_out: int, n_in: int,
-               scales: Tensor | None = None, scale_2: Tensor | None = None) -> Tensor:
+def _default_embedding(ids: Tensor, packed: Tensor, qtype: int, n_out: int, n_in: int,
+                       scales: Tensor | None = None, scale_2: Tensor | None = None) -> Tensor:
     """Rows ``ids`` of W as float32 ``[*ids.shape, n_in]``; default implementation (CPU)."""
-    check_args("embedding", packed, qtype, n_out, n_in, scales, scale_2, ids=ids)
     check_ids_in_range("embedding", ids, n_out)
-    scales = scale_bytes(scales)
     return _backend_for("embedding", ids.device).embedding(ids, packed, qtype, n_out, n_in,
                                                            scales, scale_2)
 
 
+_embedding = _define("embedding", "ids", _default_embedding)
+
+
 @_embedding.register_fake
 def _(ids, packed, qtype, n_out, n_in, scales=None, scale_2=None):
-    check_args("embedding", packed, qtype, n_out, n_in, scales, scale_2, ids=ids)
+    check_call("embedding", ids, packed, qtype, n_out, n_in, scales, scale_2)
     return packed.new_empty(*ids.shape, n_in, dtype=torch.float32)
 
 

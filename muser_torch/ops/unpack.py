@@ -1,14 +1,14 @@
 """``muser_torch.dequantize``: packed rows to float32 on the fastest kernel at hand.
 
 It lives with the ops because it picks a backend's kernel; the reference it
-is held to, ``formats.dequantize_reference``, stays in the formats layer.
+is held to, ``formats.reference.dequantize_reference``, stays in the formats layer.
 """
 from __future__ import annotations
 
 import torch
 
-from ..formats import GGMLType, check_companions, check_packed, dequantize_reference
-from ..formats.types import NEEDS_COMPANIONS
+from ..formats.reference import dequantize_reference, rows_args
+from ..formats.types import GGMLType
 from . import backend, cpu
 
 __all__ = ["dequantize"]
@@ -36,9 +36,9 @@ def dequantize(packed: torch.Tensor, qtype: "GGMLType | int", n_in: int, *,
     bit-exact with gguf's numpy ``dequantize``. NVFP4_E2M1 also takes its
     ``scales`` and ``scale_2`` companions.
 
-    CPU tensors go to the native kernel (``muser_torch/ops/cpu.py``), which
+    CPU tensors go to the native kernel (``muser_torch/ops/cpu/``), which
     decodes straight into the output, CUDA tensors of the types it covers to
-    the Triton kernel (``muser_torch/ops/cuda.py``); both are held
+    the Triton kernel (``muser_torch/ops/cuda/``); both are held
     to gguf bit for bit by the tests. MPS, ``torch.compile`` graphs, and
     machines without a C compiler or Triton get :func:`dequantize_reference`.
 
@@ -46,11 +46,8 @@ def dequantize(packed: torch.Tensor, qtype: "GGMLType | int", n_in: int, *,
     into, returned. Worth passing when dequantizing tensor after tensor: a
     fresh 100 MB output costs the kernel's zero-filling of its pages, about as
     long as the decode itself."""
-    qtype = GGMLType.parse(qtype)
-    check_packed(packed, qtype, n_in)
+    qtype, scales, scale_2 = rows_args(packed, qtype, n_in, scales, scale_2)
     rows = packed.shape[0]
-    if qtype in NEEDS_COMPANIONS:
-        scales, scale_2 = check_companions(scales, scale_2, rows, n_in, packed.device)
     if out is not None:
         check_out(out, rows, n_in, packed.device)
     w = None

@@ -104,7 +104,7 @@ def test_out_is_filled_bit_exactly(qtype: GGMLType, device: str, native: bool) -
 
 
 def test_cpu_tensors_take_the_native_kernel(monkeypatch) -> None:
-    """No silent fallback: on CPU ``dequantize`` goes through ops/cpu.py, in a
+    """No silent fallback: on CPU ``dequantize`` goes through ops/cpu, in a
     fresh interpreter too (where nothing else imported the ops first)."""
     import subprocess
     import sys

@@ -29,7 +29,8 @@ added by ``torch.sum`` (deterministic, no atomics). ``dequantize`` and
 ``embedding`` are bit-exact with gguf's numpy ``dequantize`` (and
 ``muser_torch.dequantize`` runs this ``dequantize`` for CUDA tensors).
 
-Arguments arrive validated by ``muser_torch.ops``; nothing here synchronizes
+Arguments arrive validated, and the NVFP4 companions normalised, by
+``ops.checks.register_kernels``; nothing here synchronizes
 with the host, so every op can be captured in a CUDA graph.
 """
 from __future__ import annotations
@@ -41,7 +42,9 @@ from typing import Callable, Mapping
 import torch
 import triton
 
+from ...formats.companions import companion_args
 from ...formats.types import GGMLType
+from ..checks import register_kernels
 from . import kquant as tk
 from . import tile as tt
 from .layout import TILE
@@ -106,15 +109,12 @@ def _qtype(qtype: int) -> GGMLType:
 
 
 def _companions(qt, packed, scales, scale_2):
-    """Pointers for NVFP4's companions; a dummy (never read) for other types."""
+    """Pointers for NVFP4's companions (uint8 scales, float32 [1] scale_2, by
+    ``formats.companions.companion_args``); a dummy (never read) for other types."""
     if qt is GGMLType.NVFP4_E2M1:
         if scales is None or scale_2 is None:
             raise ValueError("NVFP4_E2M1 needs both companions: scales and scale_2")
-        if scales.dtype != torch.uint8:
-            scales = scales.view(torch.uint8)
-        s2 = scale_2.reshape(1)
-        if s2.dtype != torch.float32:
-            s2 = s2.to(torch.float32)
+        scales, s2 = companion_args(scales, scale_2, packed.device)
         return scales.contiguous(), s2
     return packed, packed
 
@@ -303,9 +303,7 @@ def register() -> None:
     global _registered
     if _registered:
         return
-    torch.library.register_kernel("muser::qmatmul", "cuda", qmatmul)
-    torch.library.register_kernel("muser::dequantize", "cuda", dequantize)
-    torch.library.register_kernel("muser::embedding", "cuda", embedding)
+    register_kernels("cuda", {"qmatmul": qmatmul, "dequantize": dequantize, "embedding": embedding})
     _registered = True
 
 

@@ -23,8 +23,11 @@ from typing import Callable
 
 import torch
 
+from ...formats.companions import companion_args
 from ...formats.layout import c_header
 from ...formats.types import GGMLType
+from ..checks import check_ids_in_range, register_kernels
+from ..choice import chosen_backend
 
 __all__ = ["qmatmul", "dequantize", "embedding", "kernel_name", "rung_for", "source",
            "SUPPORTED", "LADDER", "KERNEL_KINDS"]
@@ -129,7 +132,6 @@ def source() -> str:
 # ---- compiling and caching --------------------------------------------------------------
 
 def _emulating() -> bool:
-    from .. import chosen_backend      # ops/__init__ imports this module
     return chosen_backend() == "metal-emulator"
 
 
@@ -205,9 +207,8 @@ def _weights(qt: GGMLType, packed, scales, scale_2):
     """(W, S, S2) buffers 0..2; formats without companions get stand-ins they never read."""
     W = packed.contiguous()
     if qt is GGMLType.NVFP4_E2M1:
-        S = scales.view(torch.uint8).contiguous()
-        S2 = scale_2.to(device=packed.device, dtype=torch.float32).reshape(1).contiguous()
-        return W, S, S2
+        S, S2 = companion_args(scales, scale_2, packed.device)
+        return W, S.contiguous(), S2
     return W, W, _one(packed.device)
 
 
@@ -253,7 +254,6 @@ def embedding(ids, packed, qtype, n_out, n_in, scales=None, scale_2=None):
     flat = ids.reshape(-1).to(torch.int64).contiguous()
     out = torch.empty(flat.numel(), n_in, dtype=torch.float32, device=packed.device)
     if flat.numel():
-        from .. import check_ids_in_range
         check_ids_in_range("embedding", flat, n_out)   # the kernel reads rows unchecked
         W, S, S2 = _weights(qt, packed, scales, scale_2)
         k = _kernel(packed.device, kernel_name(qt, "embed"), "embedding")
@@ -264,25 +264,10 @@ def embedding(ids, packed, qtype, n_out, n_in, scales=None, scale_2=None):
 
 # ---- registration -------------------------------------------------------------------------
 
-def _register() -> None:
-    from .. import check_args
-
-    def checked_qmatmul(x, packed, qtype, n_out, n_in, scales=None, scale_2=None):
-        check_args("qmatmul", packed, qtype, n_out, n_in, scales, scale_2, x=x, x_width=n_in)
-        return qmatmul(x, packed, qtype, n_out, n_in, scales, scale_2)
-
-    def checked_dequantize(packed, qtype, n_out, n_in, scales=None, scale_2=None):
-        check_args("dequantize", packed, qtype, n_out, n_in, scales, scale_2)
-        return dequantize(packed, qtype, n_out, n_in, scales, scale_2)
-
-    def checked_embedding(ids, packed, qtype, n_out, n_in, scales=None, scale_2=None):
-        check_args("embedding", packed, qtype, n_out, n_in, scales, scale_2, ids=ids)
-        return embedding(ids, packed, qtype, n_out, n_in, scales, scale_2)
-
-    for op, fn in (("qmatmul", checked_qmatmul), ("dequantize", checked_dequantize),
-                   ("embedding", checked_embedding)):
-        torch.library.register_kernel(f"muser::{op}", "mps", fn)
+def register() -> None:
+    """Register the Metal kernels for the ``muser`` ops, behind their checks."""
+    register_kernels("mps", {"qmatmul": qmatmul, "dequantize": dequantize, "embedding": embedding})
 
 
 if torch.backends.mps.is_available():
-    _register()
+    register()
