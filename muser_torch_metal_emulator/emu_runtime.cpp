@@ -343,9 +343,26 @@ void fail_inactive(const EmuLane* reader, int64_t src) {
 }
 }}  // namespace metal::emu_detail
 
+// Function constant values of the next dispatches, by index (Metal's indices are 16-bit).
+constexpr int64_t kFunctionConstants = 65536;
+EmuFcValue g_function_constants[kFunctionConstants];
+
 extern "C" {
 
 EmuLane* emu_current_lane() { return g_lane; }
+
+// n (index, kind, integer, float) entries replace every value set before.
+void emu_set_function_constants(const int64_t* index, const char* kind, const int64_t* ival, const double* fval,
+                                int n) {
+  std::memset(static_cast<void*>(g_function_constants), 0, sizeof g_function_constants);
+  for (int k = 0; k < n; ++k)
+    if (index[k] >= 0 && index[k] < kFunctionConstants)
+      g_function_constants[index[k]] = EmuFcValue{kind[k], ival[k], fval[k]};
+}
+
+const EmuFcValue* emu_function_constant_value(int64_t index) {
+  return index >= 0 && index < kFunctionConstants ? &g_function_constants[index] : nullptr;
+}
 
 void emu_park(EmuCollective* c) {
   EmuLane* l = g_lane;

@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <array>
+#include <initializer_list>
 #include <cstring>
 #include <limits>
 #include <type_traits>

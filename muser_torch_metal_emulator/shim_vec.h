@@ -18,6 +18,13 @@ namespace metal {
 template <class T, int N> struct vec;
 template <class T, int N> struct packed_vec;
 
+// Whether component list a comes before b (same length) in lexicographic order.
+constexpr bool emu_lex_before(std::initializer_list<int> a, std::initializer_list<int> b) {
+  for (auto i = a.begin(), j = b.begin(); i != a.end(); ++i, ++j)
+    if (*i != *j) return *i < *j;
+  return false;
+}
+
 // A swizzle over the storage of a vector with S elements.
 template <class T, int S, int... I>
 struct emu_swz {
@@ -39,6 +46,17 @@ struct emu_swz {
   template <class R> emu_swz& operator-=(const R& r) { return *this = get() - r; }
   template <class R> emu_swz& operator*=(const R& r) { return *this = get() * r; }
   template <class R> emu_swz& operator/=(const R& r) { return *this = get() / r; }
+  // `c ? v.xy : v.zw`: two swizzle types meet in a conditional. C++ needs exactly one of them to
+  // convert to the other, so a swizzle converts (to a copy of its values) into the swizzle types
+  // whose components come lexicographically first.
+  template <int... J, std::enable_if_t<sizeof...(J) == K && emu_lex_before({J...}, {I...}), int> = 0>
+  operator emu_swz<T, S, J...>() const {
+    emu_swz<T, S, J...> r;
+    const T v[] = {d[I]...};
+    int k = 0;
+    ((r.d[J] = v[k++]), ...);
+    return r;
+  }
   static constexpr bool distinct() {
     const int idx[] = {I...};
     for (int a = 0; a < K; ++a)
@@ -235,5 +253,46 @@ inline T as_type(const U& u) {
   std::memcpy(static_cast<void*>(&t), static_cast<const void*>(&u), sizeof(T));
   return t;
 }
+
+// matrix<T, C, R>: C columns of vec<T, R> (Metal's floatCxR, halfCxR, bfloatCxR), with Metal's
+// size and alignment (a column's). m[i] is column i; conversions between element types are
+// explicit; a scalar multiplies every element.
+template <class T, int C, int R = C>
+struct matrix {
+  vec<T, R> columns[C];
+  matrix() {}
+  explicit matrix(T diag) {
+    for (int i = 0; i < C; ++i)
+      for (int j = 0; j < R; ++j) columns[i][j] = i == j ? diag : T(0);
+  }
+  template <class... V, std::enable_if_t<sizeof...(V) == C && C != 1 &&
+                                          (std::is_same_v<emu_bare<V>, vec<T, R>> && ...), int> = 0>
+  matrix(const V&... v) : columns{v...} {}
+  template <class U, std::enable_if_t<!std::is_same_v<U, T>, int> = 0>
+  explicit matrix(const matrix<U, C, R>& o) {
+    for (int i = 0; i < C; ++i) columns[i] = vec<T, R>(o.columns[i]);
+  }
+  vec<T, R>& operator[](int i) { return columns[i]; }
+  const vec<T, R>& operator[](int i) const { return columns[i]; }
+  template <class U, std::enable_if_t<is_scalar_v<U>, int> = 0>
+  matrix operator*(U s) const {
+    matrix r;
+    for (int i = 0; i < C; ++i) r.columns[i] = columns[i] * T(s);
+    return r;
+  }
+  matrix operator+(const matrix& o) const {
+    matrix r;
+    for (int i = 0; i < C; ++i) r.columns[i] = columns[i] + o.columns[i];
+    return r;
+  }
+};
+#define MUSER_EMU_MATRIX_TYPES(T)                                                                   \
+  typedef matrix<T, 2, 2> T##2x2; typedef matrix<T, 2, 3> T##2x3; typedef matrix<T, 2, 4> T##2x4;  \
+  typedef matrix<T, 3, 2> T##3x2; typedef matrix<T, 3, 3> T##3x3; typedef matrix<T, 3, 4> T##3x4;  \
+  typedef matrix<T, 4, 2> T##4x2; typedef matrix<T, 4, 3> T##4x3; typedef matrix<T, 4, 4> T##4x4;
+MUSER_EMU_MATRIX_TYPES(float)
+MUSER_EMU_MATRIX_TYPES(half)
+MUSER_EMU_MATRIX_TYPES(bfloat)
+#undef MUSER_EMU_MATRIX_TYPES
 
 }  // namespace metal
