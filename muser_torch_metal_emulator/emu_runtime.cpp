@@ -133,6 +133,16 @@ void* stack_for(unsigned i) {
   return g_stacks[i];
 }
 
+// A PROT_NONE page that [[threadgroup(i)]] parameters given 0 bytes point at.
+void* zero_length_page() {
+  static void* p = nullptr;
+  if (!p) {
+    p = mmap(nullptr, page_size(), PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) p = nullptr;
+  }
+  return p;
+}
+
 void describe_lane(char* out, size_t n, const EmuLane* l) {
   snprintf(out, n, "threadgroup (%u,%u,%u) thread %u (simdgroup %u lane %u)", l->tgpig.x, l->tgpig.y,
            l->tgpig.z, l->tid, l->simd_index, l->simd_lane);
@@ -159,6 +169,9 @@ void on_fault(int sig, siginfo_t* info, void* ctx) {
         what = buf;
       }
     }
+    const uintptr_t z = reinterpret_cast<uintptr_t>(zero_length_page());
+    if (z && a >= z && a < z + page_size())
+      what = "access to a [[threadgroup(i)]] parameter the dispatch gave 0 bytes";
     for (void* s : g_stacks) {
       uintptr_t lo = reinterpret_cast<uintptr_t>(s) - page_size();
       if (a >= lo && a < lo + page_size()) what = "lane stack overflow (kernel locals too large?)";
@@ -505,7 +518,10 @@ int emu_dispatch(void (*entry)(void**), const char* name, void** bufs, const uns
         d->tg_used = 0;
         for (int t = 0; t < d->n_tg_params; ++t) {
           d->tg_params[t] = nullptr;
-          if (!tg_bytes[t]) continue;
+          if (!tg_bytes[t]) {           // a length of 0, as setThreadgroupMemoryLength:0 gives: any access faults
+            d->tg_params[t] = zero_length_page();
+            continue;
+          }
           size_t off = (d->tg_used + 15) / 16 * 16;
           if (off + tg_bytes[t] > kThreadgroupLimit) {
             snprintf(err, errlen, "%s: threadgroup memory %zu bytes ([[threadgroup(%d)]]) exceeds Metal's limit "

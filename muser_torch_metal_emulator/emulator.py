@@ -270,7 +270,7 @@ class _Kernel:
         tg_bytes = [0] * (max(self._tg_params, default=-1) + 1)
         for t in self._tg_params:
             n = (threadgroup_memory or {}).get(t)
-            if not n:
+            if n is None:
                 raise MetalEmulatorError(
                     f"{self.name}: [[threadgroup({t})]] needs a threadgroup memory length, which "
                     f"torch.mps.compile_shader never sets (setThreadgroupMemoryLength); the emulator takes "

@@ -157,6 +157,9 @@ def rewrite(ii: str, only: frozenset[str] | None = None) -> tuple[str, list[Kern
                 _kernel(st, i, scopes)
             i = k + 1
             continue
+        elif t.text == "=" and inner == "code" and _range_designator(st, i):
+            i = closing(toks, i + 1) + 1
+            continue
         elif t.text == "{":
             scopes.append(_scope_of(toks, i, inner))
         elif t.text == "}":
@@ -194,6 +197,39 @@ def _function_constant(st: _State, i: int) -> int | None:
     st.constants[words[-1]] = (ctype, index)
     st.replace(i, j, f"/* function constant {words[-1]} */")
     return j
+
+
+def _range_designator(st: _State, i: int) -> bool:
+    """`name[n] = { [lo ... hi] = v };` at the `=` toks[i]: rewritten to a fill (shim_runtime.h's
+    emu_fill_range); False when the initializer is not one range designator."""
+    toks = st.toks
+    if i + 3 >= len(toks) or toks[i + 1].text != "{" or toks[i + 2].text != "[":
+        return False
+    close = closing(toks, i + 1)
+    br = closing(toks, i + 2)
+    dots = next((k for k in range(i + 3, br) if toks[k].text == "..."), None)
+    if dots is None or toks[br + 1].text != "=" or close + 1 >= len(toks) or toks[close + 1].text != ";":
+        return False
+    j = i - 1                      # back over the declarator's [n] groups to its name
+    while toks[j].text == "]":
+        j = _opening(toks, j) - 1
+    if toks[j].kind != "id":
+        st.fail(i, "cannot read the declaration with a range designator")
+    lo, hi = join_text(toks, i + 3, dots), join_text(toks, dots + 1, br)
+    value = join_text(toks, br + 2, close)
+    st.replace(i, close, f"; ::emu_fill_range({toks[j].text}, ({lo}), ({hi}), ({value}))")
+    return True
+
+
+def _opening(toks: list[Tok], j: int) -> int:
+    """Index of the `[` that the `]` at toks[j] closes."""
+    depth = 0
+    for k in range(j, -1, -1):
+        depth += toks[k].text == "]"
+        depth -= toks[k].text == "["
+        if depth == 0:
+            return k
+    raise MetalCompileError(f"{toks[j].file}:{toks[j].line}: unbalanced ']'")
 
 
 def _has_const(toks: list[Tok], i: int) -> bool:
@@ -316,7 +352,9 @@ def _kernel(st: _State, i: int, scopes) -> None:
     name = toks[name_at].text
     head = [t.text for t in toks[s:i]]
     attrs, _ = attributes(toks, s, name_at)
-    host = next((re.match(r'host_name\("(.*)"\)$', a).group(1) for a in attrs if a.startswith("host_name(")), None)
+    # host_name("a" "b"): adjacent string literals concatenate (llama.cpp builds names in macros).
+    host = next(("".join(re.findall(r'"((?:\\.|[^"\\])*)"', a[len("host_name("):-1]))
+                 for a in attrs if a.startswith("host_name(")), None)
     max_threads = next((int(re.search(r"\d+", a).group()) for a in attrs
                         if a.startswith("max_total_threads_per_threadgroup(")), None)
     if paren is None:           # template [[host_name("x")]] kernel kernel_t name<T>;

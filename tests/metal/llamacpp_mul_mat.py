@@ -127,17 +127,18 @@ def mma_plan(t: str, ne00: int, ne01: int, ne11: int) -> Plan:
 PLANS = {"mv": mv_plan, "ext": ext_plan, "mm": mm_plan, "mma": mma_plan}
 
 
-def run_metal(plan: Plan, w: torch.Tensor, x: torch.Tensor, ne01: int) -> torch.Tensor:
-    """Dispatch ``plan`` through the emulator on src0 bytes ``w`` and f32 src1 ``x``."""
+def run_metal(plan: Plan, w: torch.Tensor, x: torch.Tensor, ne01: int, kernels=None) -> torch.Tensor:
+    """Dispatch ``plan`` through the emulator on src0 bytes ``w`` and f32 src1 ``x``; the library is
+    built with ``kernels`` (default: the plan's kernel alone)."""
     from muser_torch_metal_emulator import emulator
     lib = emulator.new_library_with_source(lm.library_source(plan.library), macros=lm.MACROS,
-                                           kernels=[plan.kernel])
+                                           kernels=list(kernels or [plan.kernel]))
     args = torch.frombuffer(bytearray(plan.kargs), dtype=torch.uint8)
     dst = torch.full((x.shape[0], ne01), float("nan"), dtype=torch.float32)
     bufs = [args, w.contiguous(), x.contiguous(), dst] + ([dst] if plan.with_src2 else [])
     threads = [g * s for g, s in zip(plan.groups, plan.group)]
     getattr(lib, plan.kernel)(*bufs, threads=threads, group_size=list(plan.group),
-                              threadgroup_memory={0: plan.smem} if plan.smem else None,
+                              threadgroup_memory={0: plan.smem},
                               function_constants=plan.constants)
     return dst
 
