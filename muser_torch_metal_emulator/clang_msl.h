@@ -29,6 +29,10 @@ typedef short int16_t;
 typedef int int32_t;
 typedef long int64_t;
 
+// OpenCL declares `dot` as a builtin, which a source's own `dot` (llama.cpp's common.h has one)
+// would clash with; every `dot`, the declaration below included, is renamed.
+#define dot msl_dot
+
 namespace metal {
 
 enum class mem_flags { mem_none = 0, mem_device = 1, mem_threadgroup = 2, mem_texture = 4 };
@@ -94,9 +98,31 @@ template <class T, int Cols, int Rows = Cols>
 struct simdgroup_matrix {
   simdgroup_matrix();
   explicit simdgroup_matrix(T);
+  typedef T elements __attribute__((ext_vector_type(2)));
+  elements& thread_elements();
 };
 typedef simdgroup_matrix<float, 8, 8> simdgroup_float8x8;
 typedef simdgroup_matrix<half, 8, 8> simdgroup_half8x8;
+
+// matrix<T, C, R>: C columns of R-vectors (floatCxR, halfCxR).
+template <class T, int C, int R = C>
+struct matrix {
+  typedef T column __attribute__((ext_vector_type(R)));
+  column columns[C];
+  matrix();
+  explicit matrix(T);
+  template <class U> explicit matrix(const matrix<U, C, R>&);
+  column& operator[](int);
+  const column& operator[](int) const;
+  matrix operator*(T) const;
+};
+#define MUSER_MSL_MATRICES(T)                                                                          \
+  typedef matrix<T, 2, 2> T##2x2; typedef matrix<T, 2, 3> T##2x3; typedef matrix<T, 2, 4> T##2x4;     \
+  typedef matrix<T, 3, 2> T##3x2; typedef matrix<T, 3, 3> T##3x3; typedef matrix<T, 3, 4> T##3x4;     \
+  typedef matrix<T, 4, 2> T##4x2; typedef matrix<T, 4, 3> T##4x3; typedef matrix<T, 4, 4> T##4x4;
+MUSER_MSL_MATRICES(float)
+MUSER_MSL_MATRICES(half)
+#undef MUSER_MSL_MATRICES
 template <class T, int C, int R = C> simdgroup_matrix<T, C, R> make_filled_simdgroup_matrix(T);
 template <class T, int C, int R>
 void simdgroup_load(thread simdgroup_matrix<T, C, R>&, const threadgroup T*, ulong = C, ulong2 = 0, bool = false);

@@ -62,7 +62,7 @@ def _ggml_src() -> Path | str:
     _CACHE.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=_CACHE.parent) as tmp:
         try:
-            r = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:",
+            r = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps",
                                 "-d", tmp, RELEASE], capture_output=True, text=True, timeout=300)
         except subprocess.TimeoutExpired:
             return (f"pip download {RELEASE} did not finish in 300 s (pip prepares the sdist's metadata, "

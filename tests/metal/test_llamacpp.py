@@ -57,9 +57,10 @@ def test_llamacpp_kernel_matches_ggml_cpu(k, case):
 
 
 def test_mv_reads_past_the_last_row_of_src0():
-    """What the emulator reports of llama.cpp: kernel_mul_mv_q4_K_f32 reads whole row tiles, so with
-    37 rows it reads the 3 rows after the tensor (ggml-metal allocates no padding for MUL_MAT; on
-    a GPU the read lands in whatever follows, and only valid rows are written)."""
-    w, x = L.case("q4_K", NE00, 37, 1, 7)
-    with pytest.raises(MetalEmulatorError, match=r"kernel_mul_mv_q4_K_f32: out-of-bounds access to buffer\(1\)"):
-        L.run_metal(L.mv_plan("q4_K", NE00, 37, 1), w, x, 37, kernels=_kernels("mul_mv") or None)
+    """What the emulator reports of llama.cpp: kernel_mul_mv_q5_K_f32 reads whole row tiles (2 rows
+    per threadgroup), so with 37 rows it reads the row after the tensor (ggml-metal allocates no
+    padding for MUL_MAT; on a GPU the read lands in whatever follows, and only valid rows are
+    written). The Q4_0, Q8_0 and Q4_K mat-vec kernels do the same with their tiles."""
+    w, x = L.case("q5_K", NE00, 37, 1, random.SystemRandom().randrange(1 << 31))
+    with pytest.raises(MetalEmulatorError, match=r"kernel_mul_mv_q5_K_f32: out-of-bounds access to buffer\(1\)"):
+        L.run_metal(L.mv_plan("q5_K", NE00, 37, 1), w, x, 37, kernels=_kernels("mul_mv") or None)
