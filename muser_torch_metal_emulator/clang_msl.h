@@ -9,6 +9,8 @@
 // declarations: nothing here is evaluated.
 #pragma OPENCL EXTENSION cl_khr_fp16 : enable
 
+#include "msl_matrix_types.h"
+
 #define device __global
 #define constant __constant
 #define threadgroup __local
@@ -116,13 +118,8 @@ struct matrix {
   const column& operator[](int) const;
   matrix operator*(T) const;
 };
-#define MUSER_MSL_MATRICES(T)                                                                          \
-  typedef matrix<T, 2, 2> T##2x2; typedef matrix<T, 2, 3> T##2x3; typedef matrix<T, 2, 4> T##2x4;     \
-  typedef matrix<T, 3, 2> T##3x2; typedef matrix<T, 3, 3> T##3x3; typedef matrix<T, 3, 4> T##3x4;     \
-  typedef matrix<T, 4, 2> T##4x2; typedef matrix<T, 4, 3> T##4x3; typedef matrix<T, 4, 4> T##4x4;
-MUSER_MSL_MATRICES(float)
-MUSER_MSL_MATRICES(half)
-#undef MUSER_MSL_MATRICES
+MUSER_MSL_MATRIX_TYPES(float)
+MUSER_MSL_MATRIX_TYPES(half)
 template <class T, int C, int R = C> simdgroup_matrix<T, C, R> make_filled_simdgroup_matrix(T);
 template <class T, int C, int R>
 void simdgroup_load(thread simdgroup_matrix<T, C, R>&, const threadgroup T*, ulong = C, ulong2 = 0, bool = false);

@@ -23,8 +23,8 @@ from .msl_source import Kernel, MetalCompileError, Param, rewrite
 __all__ = ["MetalCompileError", "build", "SHIM_FILES"]
 
 _HERE = Path(__file__).resolve().parent
-SHIM_FILES = ("metal_shim.h", "shim_types.h", "shim_vec.h", "shim_math.h", "shim_runtime.h", "shim_atomic.h",
-              "shim_simd.h", "shim_matrix.h")
+SHIM_FILES = ("metal_shim.h", "msl_matrix_types.h", "shim_types.h", "shim_vec.h", "shim_math.h", "shim_runtime.h",
+              "shim_atomic.h", "shim_simd.h", "shim_matrix.h")
 _RUNTIME = _HERE / "emu_runtime.cpp"
 _CXX = os.environ.get("CXX", "g++")
 # No -march: without FMA instructions g++ cannot contract a*b+c, so float

@@ -11,6 +11,7 @@
 // so reading an unset component shows.
 #pragma once
 
+#include "msl_matrix_types.h"
 #include "shim_types.h"
 
 namespace metal {
@@ -288,13 +289,8 @@ struct matrix {
     return r;
   }
 };
-#define MUSER_EMU_MATRIX_TYPES(T)                                                                   \
-  typedef matrix<T, 2, 2> T##2x2; typedef matrix<T, 2, 3> T##2x3; typedef matrix<T, 2, 4> T##2x4;  \
-  typedef matrix<T, 3, 2> T##3x2; typedef matrix<T, 3, 3> T##3x3; typedef matrix<T, 3, 4> T##3x4;  \
-  typedef matrix<T, 4, 2> T##4x2; typedef matrix<T, 4, 3> T##4x3; typedef matrix<T, 4, 4> T##4x4;
-MUSER_EMU_MATRIX_TYPES(float)
-MUSER_EMU_MATRIX_TYPES(half)
-MUSER_EMU_MATRIX_TYPES(bfloat)
-#undef MUSER_EMU_MATRIX_TYPES
+MUSER_MSL_MATRIX_TYPES(float)
+MUSER_MSL_MATRIX_TYPES(half)
+MUSER_MSL_MATRIX_TYPES(bfloat)
 
 }  // namespace metal
