@@ -66,7 +66,7 @@ def _digest(*parts: str) -> str:
 def _toolchain_key() -> str:
     texts = [(_HERE / f).read_text() for f in SHIM_FILES]
     return _digest(*texts, _RUNTIME.read_text(), Path(__file__).read_text(),
-                   (_HERE / "msl_source.py").read_text(), _CXX, *_CFLAGS)
+                   (_HERE / "msl_source.py").read_text(), (_HERE / "msl_lex.py").read_text(), _CXX, *_CFLAGS)
 
 
 def cache_root() -> Path:

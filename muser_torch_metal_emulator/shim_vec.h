@@ -41,6 +41,8 @@ struct emu_swz {
     return *this;
   }
   emu_swz& operator=(const emu_swz& o) { return *this = o.get(); }
+  template <int S2, int... J, std::enable_if_t<sizeof...(J) == K, int> = 0>
+  emu_swz& operator=(const emu_swz<T, S2, J...>& o) { return *this = o.get(); }
   template <class U, std::enable_if_t<is_scalar_v<U>, int> = 0>
   emu_swz& operator=(U u) { return *this = vec<T, K>(T(u)); }
   template <class R> emu_swz& operator+=(const R& r) { return *this = get() + r; }

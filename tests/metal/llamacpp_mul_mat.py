@@ -26,6 +26,10 @@ KINDS = ("mv", "ext", "mm", "mma")
 # test-backend-ops' tolerance for MUL_MAT (test_mul_mat::max_nmse_err): the normalized mean squared error
 # between a backend and the CPU.
 GGML_MUL_MAT_NMSE = 5e-4
+# Against float64 x @ dequantize(W).T (gguf's numpy dequantizer), per output element relative to
+# sum |x||W|: float32 arithmetic for every path but mul_mm, which stages both operands in half
+# (unit roundoff 2^-11) before its simdgroup multiplies.
+ERROR_BOUND = {"mv": 1e-5, "ext": 1e-5, "mma": 1e-5, "mm": 2e-3}
 
 
 @dataclass
@@ -179,6 +183,14 @@ def case(t: str, ne00: int, ne01: int, ne11: int, seed: int) -> tuple[torch.Tens
     w = quantize_chunk(torch.randn(ne01, ne00, generator=g), GGML_TYPES[t])
     x = torch.randn(ne11, ne00, generator=g)
     return w, x
+
+
+def float64_error(t: str, w: torch.Tensor, x: torch.Tensor, got: torch.Tensor) -> float:
+    """max |got - x W^T| / (|x| |W|^T) with W dequantized in float64 by gguf-py."""
+    from gguf.quants import dequantize
+    W = torch.from_numpy(dequantize(w.numpy(), GGML_TYPES[t]).astype(np.float64)).reshape(w.shape[0], -1)
+    ref = x.double() @ W.T
+    return float(((got.double() - ref).abs() / (x.double().abs() @ W.abs().T)).max())
 
 
 def nmse(got: torch.Tensor, ref: torch.Tensor) -> float:

