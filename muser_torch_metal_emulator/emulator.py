@@ -27,6 +27,11 @@ if a parameter can write it (buffers only const parameters see are made
 read-only). Lane order comes from :func:`schedule` or
 ``MUSER_METAL_SCHEDULE`` (forward | reverse | random, seeded by
 ``MUSER_METAL_SEED``). See ``docs/metal.md``.
+
+``new_library_with_source(source, macros=...)`` is the Metal API's door, as
+llama.cpp's ggml-metal uses it (UTF-8 source, preprocessor macros); kernels
+then take ``function_constants={index: value}`` per dispatch. Both take
+``kernels=[...]`` to build only some kernels.
 """
 from __future__ import annotations
 
@@ -43,8 +48,8 @@ import torch
 from .msl_build import build
 from .msl_source import Kernel, MetalCompileError, MetalEmulatorError, check_source
 
-__all__ = ["compile_shader", "new_library_with_source", "schedule", "MetalEmulatorError", "MetalCompileError", "SCHEDULES",
-           "MAX_THREADS_PER_THREADGROUP", "THREAD_EXECUTION_WIDTH"]
+__all__ = ["compile_shader", "new_library_with_source", "schedule", "MetalEmulatorError", "MetalCompileError",
+           "SCHEDULES", "MAX_THREADS_PER_THREADGROUP", "THREAD_EXECUTION_WIDTH"]
 
 SCHEDULES = ("forward", "reverse", "random")
 MAX_THREADS_PER_THREADGROUP = 1024   # Apple GPUs' limit; a kernel may lower it with an attribute
@@ -397,37 +402,38 @@ def compile_shader(source: str, *, kernels=None) -> _Library:
     names. Metal compiles a whole library at once; g++ would spend minutes on
     template instantiations a test never calls (llama.cpp's libraries hold
     hundreds)."""
-    return _compile(_embed_torch_headers(source), kernels, ascii_only=True, original=source)
+    fast = os.environ.get("PYTORCH_MPS_FAST_MATH")
+    if fast is not None and fast != "0":
+        raise MetalEmulatorError("PYTORCH_MPS_FAST_MATH is set: PyTorch would compile with fast math, which the "
+                                 "emulator does not model (it runs safe math); unset it")
+    return _compile(source, _embed_torch_headers, kernels, ascii_only=True)
 
 
 def new_library_with_source(source: str, *, macros: dict[str, str] | None = None, kernels=None) -> _Library:
     """What ``MTLDevice newLibraryWithSource:options:`` takes, as llama.cpp's ggml-metal calls it:
     UTF-8 source (compile_shader's is ASCII) and ``MTLCompileOptions.preprocessorMacros``
-    (``macros``, defined before the first line). ``kernels`` as in :func:`compile_shader`.
+    (``macros``, given to the preprocessor). ``kernels`` as in :func:`compile_shader`.
     Function constants are set per dispatch (``function_constants={index: value}``), as
     ``newFunctionWithName:constantValues:`` sets them per pipeline."""
     for k, v in (macros or {}).items():
         if not isinstance(k, str) or not k.isidentifier() or not isinstance(v, str) or "\n" in v:
             raise ValueError(f"macros must map identifiers to one-line strings, got {k!r}: {v!r}")
-    return _compile(source, kernels, ascii_only=False, original=source, macros=tuple(sorted((macros or {}).items())))
+    return _compile(source, lambda s: s, kernels, ascii_only=False, macros=tuple(sorted((macros or {}).items())))
 
 
-def _compile(source: str, kernels, ascii_only: bool, original: str, macros: tuple = ()) -> _Library:
-    fast = os.environ.get("PYTORCH_MPS_FAST_MATH")
-    if fast is not None and fast != "0":
-        raise MetalEmulatorError("PYTORCH_MPS_FAST_MATH is set: PyTorch would compile with fast math, which the "
-                                 "emulator does not model (it runs safe math); unset it")
+def _compile(source: str, prepare, kernels, ascii_only: bool, macros: tuple = ()) -> _Library:
+    """The cached library of ``source``; ``prepare(source)`` gives what is built (on a cache miss)."""
     only = None
     if kernels is not None:
         only = frozenset([kernels] if isinstance(kernels, str) else kernels)
         if not only or not all(isinstance(k, str) for k in only):
             raise ValueError(f"kernels must be kernel names, got {kernels!r}")
-    key = hashlib.sha256(original.encode()).hexdigest() + repr((ascii_only, sorted(only) if only else None, macros))
+    key = hashlib.sha256(source.encode()).hexdigest() + repr((ascii_only, sorted(only) if only else None, macros))
     with _LOCK:
         lib = _LIBS.get(key)
         if lib is None:
-            check_source(original, ascii_only)
-            lib = _LIBS[key] = _Library(*build(source, only, macros))
+            check_source(source, ascii_only)
+            lib = _LIBS[key] = _Library(*build(prepare(source), only, macros))
         return lib
 
 

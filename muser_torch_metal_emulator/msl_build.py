@@ -189,8 +189,8 @@ def build(source: str, only: frozenset[str] | None = None,
         # Run in tmp with a relative name so call sites read "source.metal:LINE"
         # (ops/mps.py adds #line directives naming the real files).
         # No system headers: Metal has none of C++'s (a source that includes one fails here, by name).
-        _run([_CXX, *_flags(inc), *_METAL_DEFINES, *(f"-D{k}={v}" for k, v in macros), "-nostdinc", "-E", "-x", "c++", "source.metal", "-o",
-              "source.ii"], "preprocessing the Metal source", cwd=tmp)
+        _run([_CXX, *_flags(inc), *_METAL_DEFINES, *(f"-D{k}={v}" for k, v in macros), "-nostdinc", "-E", "-x",
+              "c++", "source.metal", "-o", "source.ii"], "preprocessing the Metal source", cwd=tmp)
         unit, kernels = rewrite((tmp / "source.ii").read_text(), only)
         if not kernels:
             raise MetalCompileError("the source defines no kernel functions")
