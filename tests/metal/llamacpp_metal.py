@@ -23,6 +23,7 @@ import ctypes
 import functools
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -41,12 +42,15 @@ def _extract(sdist: Path, dest: Path) -> None:
         members = []
         for m in tar.getmembers():
             rel = m.name.split("/llama.cpp/", 1)[1] if "/llama.cpp/" in m.name else ""
-            if rel and m.isfile() and any(rel.startswith(w) for w in _WANT):
+            if rel and m.isfile() and any(rel.startswith(w) for w in _WANT) and ".." not in rel.split("/"):
                 m.name = rel
                 members.append(m)
         if not members:
             raise RuntimeError(f"{sdist.name} has no ggml/src/ggml-metal")
-        tar.extractall(dest, members=members, filter="data")
+        try:
+            tar.extractall(dest, members=members, filter="data")
+        except TypeError:                   # Python without extraction filters: the members are plain files
+            tar.extractall(dest, members=members)
 
 
 @functools.lru_cache(maxsize=None)
@@ -72,7 +76,9 @@ def _ggml_src() -> Path | str:
             return f"cannot download {RELEASE} from the package index: {r.stderr.strip()[-300:]}"
         staging = Path(tmp) / "tree"
         _extract(sdists[0], staging)
-        os.replace(staging, _CACHE) if not _CACHE.exists() else None
+        if _CACHE.exists():                 # a partial tree from an interrupted run
+            shutil.rmtree(_CACHE)
+        os.replace(staging, _CACHE)
     return done
 
 
