@@ -148,3 +148,34 @@ kernel void k(device float* y [[buffer(0)]], uint i [[thread_position_in_grid]])
     y = torch.full((6,), float("nan"))
     em.compile_shader(src).k(y, threads=6, group_size=6)
     assert y.tolist() == [0.0, 2.5, 2.5, 2.5, 0.0, 0.0]
+
+
+IDIOMS_SOURCE = """
+#include <metal_stdlib>
+using namespace metal;
+#define NAME(t) "idioms_" t
+template <typename T>
+kernel void idioms(device const ushort4* q [[buffer(0)]], device const char* c [[buffer(1)]],
+                   device float* y [[buffer(2)]], uint i [[thread_position_in_grid]]) {
+  const ushort2 w = i < 2 ? q[0].xy : q[0].zw;            // two swizzle types in ?:
+  const T b = i % 2 ? T(float(w.x)) : 0;                  // bfloat (or float) and an int in ?:
+  const float4 f = float4(*(device const packed_char4*) (c + 4*i));
+  y[i] = float(b) + float(w.y) + f.x + f.y + f.z + f.w;
+}
+template [[host_name(NAME("bfloat"))]] kernel void idioms<bfloat>(device const ushort4*, device const char*,
+                                                                  device float*, uint);
+"""
+
+
+def test_llamacpp_idioms():
+    """Constructs llama.cpp's kernels use, each with its Metal meaning."""
+    rng = np.random.default_rng(random.SystemRandom().randrange(1 << 31))
+    q = torch.from_numpy(rng.integers(0, 256, 4, dtype=np.int64).astype(np.uint16).astype(np.int16))
+    c = torch.from_numpy(rng.integers(-128, 128, 16).astype(np.int8))
+    y = torch.zeros(4)
+    em.new_library_with_source(IDIOMS_SOURCE).idioms_bfloat(q, c, y, threads=4, group_size=4)
+    qs, cs = q.numpy().astype(np.uint16), c.numpy().astype(np.float64)
+    for i in range(4):
+        w = qs[0:2] if i < 2 else qs[2:4]
+        want = (float(w[0]) if i % 2 else 0.0) + float(w[1]) + cs[4 * i:4 * i + 4].sum()
+        assert y[i].item() == want, (i, y[i].item(), want)      # values below 256: exact in bfloat and float
