@@ -9,6 +9,8 @@
 // declarations: nothing here is evaluated.
 #pragma OPENCL EXTENSION cl_khr_fp16 : enable
 
+#include "msl_matrix_types.h"
+
 #define device __global
 #define constant __constant
 #define threadgroup __local
@@ -28,6 +30,10 @@ typedef signed char int8_t;
 typedef short int16_t;
 typedef int int32_t;
 typedef long int64_t;
+
+// OpenCL declares `dot` as a builtin, which a source's own `dot` (llama.cpp's common.h has one)
+// would clash with; every `dot`, the declaration below included, is renamed.
+#define dot msl_dot
 
 namespace metal {
 
@@ -94,9 +100,26 @@ template <class T, int Cols, int Rows = Cols>
 struct simdgroup_matrix {
   simdgroup_matrix();
   explicit simdgroup_matrix(T);
+  typedef T elements __attribute__((ext_vector_type(2)));
+  elements& thread_elements();
 };
 typedef simdgroup_matrix<float, 8, 8> simdgroup_float8x8;
 typedef simdgroup_matrix<half, 8, 8> simdgroup_half8x8;
+
+// matrix<T, C, R>: C columns of R-vectors (floatCxR, halfCxR).
+template <class T, int C, int R = C>
+struct matrix {
+  typedef T column __attribute__((ext_vector_type(R)));
+  column columns[C];
+  matrix();
+  explicit matrix(T);
+  template <class U> explicit matrix(const matrix<U, C, R>&);
+  column& operator[](int);
+  const column& operator[](int) const;
+  matrix operator*(T) const;
+};
+MUSER_MSL_MATRIX_TYPES(float)
+MUSER_MSL_MATRIX_TYPES(half)
 template <class T, int C, int R = C> simdgroup_matrix<T, C, R> make_filled_simdgroup_matrix(T);
 template <class T, int C, int R>
 void simdgroup_load(thread simdgroup_matrix<T, C, R>&, const threadgroup T*, ulong = C, ulong2 = 0, bool = false);

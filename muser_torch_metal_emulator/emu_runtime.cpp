@@ -133,6 +133,16 @@ void* stack_for(unsigned i) {
   return g_stacks[i];
 }
 
+// A PROT_NONE page that [[threadgroup(i)]] parameters given 0 bytes point at.
+void* zero_length_page() {
+  static void* p = nullptr;
+  if (!p) {
+    p = mmap(nullptr, page_size(), PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) p = nullptr;
+  }
+  return p;
+}
+
 void describe_lane(char* out, size_t n, const EmuLane* l) {
   snprintf(out, n, "threadgroup (%u,%u,%u) thread %u (simdgroup %u lane %u)", l->tgpig.x, l->tgpig.y,
            l->tgpig.z, l->tid, l->simd_index, l->simd_lane);
@@ -159,6 +169,9 @@ void on_fault(int sig, siginfo_t* info, void* ctx) {
         what = buf;
       }
     }
+    const uintptr_t z = reinterpret_cast<uintptr_t>(zero_length_page());
+    if (z && a >= z && a < z + page_size())
+      what = "access to a [[threadgroup(i)]] parameter the dispatch gave 0 bytes";
     for (void* s : g_stacks) {
       uintptr_t lo = reinterpret_cast<uintptr_t>(s) - page_size();
       if (a >= lo && a < lo + page_size()) what = "lane stack overflow (kernel locals too large?)";
@@ -343,9 +356,26 @@ void fail_inactive(const EmuLane* reader, int64_t src) {
 }
 }}  // namespace metal::emu_detail
 
+// Function constant values of the next dispatches, by index (Metal's indices are 16-bit).
+constexpr int64_t kFunctionConstants = 65536;
+EmuFcValue g_function_constants[kFunctionConstants];
+
 extern "C" {
 
 EmuLane* emu_current_lane() { return g_lane; }
+
+// n (index, kind, integer, float) entries replace every value set before.
+void emu_set_function_constants(const int64_t* index, const char* kind, const int64_t* ival, const double* fval,
+                                int n) {
+  std::memset(static_cast<void*>(g_function_constants), 0, sizeof g_function_constants);
+  for (int k = 0; k < n; ++k)
+    if (index[k] >= 0 && index[k] < kFunctionConstants)
+      g_function_constants[index[k]] = EmuFcValue{kind[k], ival[k], fval[k]};
+}
+
+const EmuFcValue* emu_function_constant_value(int64_t index) {
+  return index >= 0 && index < kFunctionConstants ? &g_function_constants[index] : nullptr;
+}
 
 void emu_park(EmuCollective* c) {
   EmuLane* l = g_lane;
@@ -488,7 +518,10 @@ int emu_dispatch(void (*entry)(void**), const char* name, void** bufs, const uns
         d->tg_used = 0;
         for (int t = 0; t < d->n_tg_params; ++t) {
           d->tg_params[t] = nullptr;
-          if (!tg_bytes[t]) continue;
+          if (!tg_bytes[t]) {           // a length of 0, as setThreadgroupMemoryLength:0 gives: any access faults
+            d->tg_params[t] = zero_length_page();
+            continue;
+          }
           size_t off = (d->tg_used + 15) / 16 * 16;
           if (off + tg_bytes[t] > kThreadgroupLimit) {
             snprintf(err, errlen, "%s: threadgroup memory %zu bytes ([[threadgroup(%d)]]) exceeds Metal's limit "

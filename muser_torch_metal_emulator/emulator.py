@@ -27,6 +27,11 @@ if a parameter can write it (buffers only const parameters see are made
 read-only). Lane order comes from :func:`schedule` or
 ``MUSER_METAL_SCHEDULE`` (forward | reverse | random, seeded by
 ``MUSER_METAL_SEED``). See ``docs/metal.md``.
+
+``new_library_with_source(source, macros=...)`` is the Metal API's door, as
+llama.cpp's ggml-metal uses it (UTF-8 source, preprocessor macros); kernels
+then take ``function_constants={index: value}`` per dispatch. Both take
+``kernels=[...]`` to build only some kernels.
 """
 from __future__ import annotations
 
@@ -43,8 +48,8 @@ import torch
 from .msl_build import build
 from .msl_source import Kernel, MetalCompileError, MetalEmulatorError, check_source
 
-__all__ = ["compile_shader", "schedule", "MetalEmulatorError", "MetalCompileError", "SCHEDULES",
-           "MAX_THREADS_PER_THREADGROUP", "THREAD_EXECUTION_WIDTH"]
+__all__ = ["compile_shader", "new_library_with_source", "schedule", "MetalEmulatorError", "MetalCompileError",
+           "SCHEDULES", "MAX_THREADS_PER_THREADGROUP", "THREAD_EXECUTION_WIDTH"]
 
 SCHEDULES = ("forward", "reverse", "random")
 MAX_THREADS_PER_THREADGROUP = 1024   # Apple GPUs' limit; a kernel may lower it with an attribute
@@ -176,6 +181,30 @@ def _check_scalar(kname: str, i: int, b: _Bytes, decl: str, meta) -> None:
                                  f"{elem_size}; use arg_casts")
 
 
+def _function_constants(kname: str, values) -> tuple:
+    """ctypes arguments of emu_set_function_constants for ``{index: bool | int | float}``
+    (what MTLFunctionConstantValues would hold for the pipeline)."""
+    values = dict(values or {})
+    n = len(values)
+    index, kind = (ctypes.c_int64 * max(1, n))(), ctypes.create_string_buffer(max(1, n))
+    ival, fval = (ctypes.c_int64 * max(1, n))(), (ctypes.c_double * max(1, n))()
+    for k, (i, v) in enumerate(sorted(values.items())):
+        if not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < 65536:
+            raise ValueError(f"{kname}: function constant index {i!r}: Metal's indices are 0..65535")
+        index[k] = i
+        if isinstance(v, bool):
+            kind[k], ival[k] = b"b", int(v)
+        elif isinstance(v, int):
+            if not -(1 << 63) <= v < (1 << 63):
+                raise ValueError(f"{kname}: function constant {i}: {v} does not fit 64 bits")
+            kind[k], ival[k] = b"i", v
+        elif isinstance(v, float):
+            kind[k], fval[k] = b"f", v
+        else:
+            raise TypeError(f"{kname}: function constant {i} must be a bool, int or float, got {type(v).__name__}")
+    return index, kind, ival, fval, n
+
+
 class _Meta(ctypes.Structure):
     _fields_ = [("indirect", ctypes.c_int), ("writable", ctypes.c_int), ("elem_bytes", ctypes.c_int),
                 ("category", ctypes.c_char), ("lanes", ctypes.c_int)]
@@ -219,8 +248,9 @@ class _Kernel:
         return self._static_tg
 
     def __call__(self, *args, threads=None, group_size=None, arg_casts=None, error_buf_idx=None,
-                 threadgroup_memory=None):
+                 threadgroup_memory=None, function_constants=None):
         threads, group = _sizes(threads, "threads"), _sizes(group_size, "group_size")
+        constants = _function_constants(self.name, function_constants)
         default_cast, cast_map = _caster(arg_casts)
         if error_buf_idx is not None:
             raise MetalEmulatorError(f"{self.name}: error_buf_idx (PyTorch's TORCH_CHECK error buffer) is not "
@@ -245,13 +275,14 @@ class _Kernel:
         tg_bytes = [0] * (max(self._tg_params, default=-1) + 1)
         for t in self._tg_params:
             n = (threadgroup_memory or {}).get(t)
-            if not n:
+            if n is None:
                 raise MetalEmulatorError(
                     f"{self.name}: [[threadgroup({t})]] needs a threadgroup memory length, which "
                     f"torch.mps.compile_shader never sets (setThreadgroupMemoryLength); the emulator takes "
                     f"threadgroup_memory={{{t}: bytes}}")
             tg_bytes[t] = int(n)
         with _DISPATCH_LOCK:
+            self._lib._dll.emu_set_function_constants(*constants)
             self._dispatch(args, default_cast, cast_map, grid3, group3, tg_bytes)
 
     # One guarded buffer per distinct tensor (identical tensors share one), copied
@@ -335,6 +366,8 @@ class _Library:
         dll.emu_buffer_alloc.argtypes = [ctypes.c_size_t, ctypes.c_size_t, ctypes.c_int]
         dll.emu_buffer_free.argtypes = [ctypes.c_void_p]
         dll.emu_buffer_protect.argtypes = [ctypes.c_void_p]
+        dll.emu_set_function_constants.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p,
+                                                   ctypes.c_void_p, ctypes.c_int]
         dll.emu_dispatch.restype = ctypes.c_int
         dll.emu_dispatch.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p, ctypes.c_void_p,
                                      ctypes.c_void_p, ctypes.c_int, ctypes.c_uint64, ctypes.c_void_p, ctypes.c_int,
@@ -362,18 +395,45 @@ _LOCK = threading.Lock()
 _DISPATCH_LOCK = threading.Lock()   # the runtime keeps one dispatch's state in globals
 
 
-def compile_shader(source: str) -> _Library:
-    """Compile MSL ``source`` for the CPU emulator (cached); see the module docstring."""
+def compile_shader(source: str, *, kernels=None) -> _Library:
+    """Compile MSL ``source`` for the CPU emulator (cached); see the module docstring.
+
+    ``kernels`` (an emulator extension): build only the kernels of these host
+    names. Metal compiles a whole library at once; g++ would spend minutes on
+    template instantiations a test never calls (llama.cpp's libraries hold
+    hundreds)."""
     fast = os.environ.get("PYTORCH_MPS_FAST_MATH")
     if fast is not None and fast != "0":
         raise MetalEmulatorError("PYTORCH_MPS_FAST_MATH is set: PyTorch would compile with fast math, which the "
                                  "emulator does not model (it runs safe math); unset it")
-    key = hashlib.sha256(source.encode()).hexdigest()
+    return _compile(source, _embed_torch_headers, kernels, ascii_only=True)
+
+
+def new_library_with_source(source: str, *, macros: dict[str, str] | None = None, kernels=None) -> _Library:
+    """What ``MTLDevice newLibraryWithSource:options:`` takes, as llama.cpp's ggml-metal calls it:
+    UTF-8 source (compile_shader's is ASCII) and ``MTLCompileOptions.preprocessorMacros``
+    (``macros``, given to the preprocessor). ``kernels`` as in :func:`compile_shader`.
+    Function constants are set per dispatch (``function_constants={index: value}``), as
+    ``newFunctionWithName:constantValues:`` sets them per pipeline."""
+    for k, v in (macros or {}).items():
+        if not isinstance(k, str) or not k.isidentifier() or not isinstance(v, str) or "\n" in v:
+            raise ValueError(f"macros must map identifiers to one-line strings, got {k!r}: {v!r}")
+    return _compile(source, lambda s: s, kernels, ascii_only=False, macros=tuple(sorted((macros or {}).items())))
+
+
+def _compile(source: str, prepare, kernels, ascii_only: bool, macros: tuple = ()) -> _Library:
+    """The cached library of ``source``; ``prepare(source)`` gives what is built (on a cache miss)."""
+    only = None
+    if kernels is not None:
+        only = frozenset([kernels] if isinstance(kernels, str) else kernels)
+        if not only or not all(isinstance(k, str) for k in only):
+            raise ValueError(f"kernels must be kernel names, got {kernels!r}")
+    key = hashlib.sha256(source.encode()).hexdigest() + repr((ascii_only, sorted(only) if only else None, macros))
     with _LOCK:
         lib = _LIBS.get(key)
         if lib is None:
-            check_source(source)
-            lib = _LIBS[key] = _Library(*build(_embed_torch_headers(source)))
+            check_source(source, ascii_only)
+            lib = _LIBS[key] = _Library(*build(prepare(source), only, macros))
         return lib
 
 

@@ -23,8 +23,8 @@ from .msl_source import Kernel, MetalCompileError, Param, rewrite
 __all__ = ["MetalCompileError", "build", "SHIM_FILES"]
 
 _HERE = Path(__file__).resolve().parent
-SHIM_FILES = ("metal_shim.h", "shim_types.h", "shim_vec.h", "shim_math.h", "shim_runtime.h", "shim_atomic.h",
-              "shim_simd.h", "shim_matrix.h")
+SHIM_FILES = ("metal_shim.h", "msl_matrix_types.h", "shim_types.h", "shim_vec.h", "shim_math.h", "shim_runtime.h",
+              "shim_atomic.h", "shim_simd.h", "shim_matrix.h")
 _RUNTIME = _HERE / "emu_runtime.cpp"
 _CXX = os.environ.get("CXX", "g++")
 # No -march: without FMA instructions g++ cannot contract a*b+c, so float
@@ -66,7 +66,7 @@ def _digest(*parts: str) -> str:
 def _toolchain_key() -> str:
     texts = [(_HERE / f).read_text() for f in SHIM_FILES]
     return _digest(*texts, _RUNTIME.read_text(), Path(__file__).read_text(),
-                   (_HERE / "msl_source.py").read_text(), _CXX, *_CFLAGS)
+                   (_HERE / "msl_source.py").read_text(), (_HERE / "msl_lex.py").read_text(), _CXX, *_CFLAGS)
 
 
 def cache_root() -> Path:
@@ -167,13 +167,16 @@ def _meta_from_json(text: str) -> list[Kernel]:
     return out
 
 
-def build(source: str) -> tuple[Path, list[Kernel]]:
-    """(shared library, kernels in definition order) for ``source``, from the cache when possible.
-    The caller has checked the source (``check_source``)."""
+def build(source: str, only: frozenset[str] | None = None,
+          macros: tuple[tuple[str, str], ...] = ()) -> tuple[Path, list[Kernel]]:
+    """(shared library, kernels in definition order) for ``source``, from the cache when possible;
+    with ``only``, just those kernels (``msl_source.rewrite``). The caller has checked the source
+    (``check_source``)."""
     root = cache_root()
     root.mkdir(parents=True, exist_ok=True)
     key = _toolchain_key()
-    out = root / _digest(source, key)
+    out = root / _digest(source, key, *(sorted(only) if only is not None else ["<all kernels>"]),
+                         *(f"-D{k}={v}" for k, v in macros))
     lib, meta = out / "kernels.so", out / "kernels.json"
     if lib.exists() and meta.exists():
         return lib, _meta_from_json(meta.read_text())
@@ -186,9 +189,9 @@ def build(source: str) -> tuple[Path, list[Kernel]]:
         # Run in tmp with a relative name so call sites read "source.metal:LINE"
         # (ops/metal adds #line directives naming the real files).
         # No system headers: Metal has none of C++'s (a source that includes one fails here, by name).
-        _run([_CXX, *_flags(inc), *_METAL_DEFINES, "-nostdinc", "-E", "-x", "c++", "source.metal", "-o",
-              "source.ii"], "preprocessing the Metal source", cwd=tmp)
-        unit, kernels = rewrite((tmp / "source.ii").read_text())
+        _run([_CXX, *_flags(inc), *_METAL_DEFINES, *(f"-D{k}={v}" for k, v in macros), "-nostdinc", "-E", "-x",
+              "c++", "source.metal", "-o", "source.ii"], "preprocessing the Metal source", cwd=tmp)
+        unit, kernels = rewrite((tmp / "source.ii").read_text(), only)
         if not kernels:
             raise MetalCompileError("the source defines no kernel functions")
         # Compiled as C++ again, with the shim first: its macros (M_PI_F, HALF_MAX, ...) expand here.

@@ -48,10 +48,10 @@ def _strip_comments(src: str) -> str:
     return "".join(out)
 
 
-def check_source(src: str) -> None:
-    """Refuse what compile_shader or Metal would refuse, or the emulator cannot model."""
+def check_source(src: str, ascii_only: bool = True) -> None:
+    """Refuse what compile_shader (``ascii_only``) or Metal would refuse, or the emulator cannot model."""
     for lineno, line in enumerate(src.split("\n"), 1):
-        bad = next((c for c in line if ord(c) > 127), None)
+        bad = next((c for c in line if ord(c) > 127), None) if ascii_only else None
         if bad is not None:
             raise MetalCompileError(f"line {lineno}: non-ASCII character {bad!r}; PyTorch passes the source to Metal "
                               f"with ASCII encoding, so it would not compile on a Mac")
@@ -71,7 +71,7 @@ _TOKEN = re.compile(r"""
   | (?P<num>\.?\d(?:[eEpP][+-]|[\w.'])*)
   | (?P<id>[A-Za-z_]\w*)
   | (?P<str>"(?:\\.|[^"\\\n])*"|'(?:\\.|[^'\\\n])*')
-  | (?P<op>::|->|<<=|>>=|<<|>>|<=|>=|==|!=|&&|\|\||\+\+|--|[-+*/%&|^~!=<>?:;,.(){}\[\]#@$\\])
+  | (?P<op>\.\.\.|::|->|<<=|>>=|<<|>>|<=|>=|==|!=|&&|\|\||\+\+|--|[-+*/%&|^~!=<>?:;,.(){}\[\]#@$\\])
 """, re.X)
 _MARKER = re.compile(r'#\s*(\d+)\s+"((?:\\.|[^"\\])*)"([ \d]*)')
 # An unsuffixed floating literal: hex with an exponent, decimal with a point, or with an exponent.

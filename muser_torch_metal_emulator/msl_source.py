@@ -13,7 +13,14 @@ force-included and returns it as C++, with every kernel found:
 - ``kernel`` functions (plain, and template instantiations named with
   ``[[host_name(...)]]``) are parsed for their parameters: attributes, or,
   without attributes, buffer indices in declaration order as Metal assigns
-  them.
+  them;
+- ``constant T name [[function_constant(i)]];`` goes, and every later use of
+  ``name`` reads the value the dispatch set for index i
+  (``emu_function_constant<T>``); ``is_function_constant_defined(name)``
+  asks whether one was set;
+- with ``only``, explicit instantiations of kernels outside it are dropped
+  (g++ then never instantiates them), and asking for a kernel the source
+  lacks is an error.
 
 Only the user's part is rewritten: regions of the translation unit that
 come from system headers (the shim is included as one) are copied as they are.
@@ -47,7 +54,7 @@ _UNSUPPORTED_WORDS = {
 }
 _TEXTURES = re.compile(r"(texture|depth)(1d|2d|3d|cube|_buffer)\w*$")
 _UNSUPPORTED_ATTRS = {"texture": "textures", "sampler": "samplers", "stage_in": "stage_in inputs",
-                      "function_constant": "function constants", "color": "render targets",
+                      "function_constant": "function constants as parameters", "color": "render targets",
                       "payload": "mesh payloads", "imageblock_data": "imageblocks"}
 
 
@@ -77,7 +84,9 @@ class _State:
     edits: list[tuple[int, int, str]] = field(default_factory=list)
     kernels: list[Kernel] = field(default_factory=list)
     templates: dict[str, list[Param]] = field(default_factory=dict)
-    pending: list[tuple[str, str, str, int, str, int | None]] = field(default_factory=list)
+    pending: list[tuple[str, str, str, int, str, int | None, tuple[int, int]]] = field(default_factory=list)
+    constants: dict[str, tuple[str, str]] = field(default_factory=dict)   # name -> (C++ type, index expression)
+    only: frozenset[str] | None = None
 
     def fail(self, i: int, msg: str):
         t = self.toks[i]
@@ -88,9 +97,9 @@ class _State:
         self.edits.append((self.toks[i].start, self.toks[j].end, text))
 
 
-def rewrite(ii: str) -> tuple[str, list[Kernel]]:
+def rewrite(ii: str, only: frozenset[str] | None = None) -> tuple[str, list[Kernel]]:
     """(C++ source, kernels) from a preprocessed translation unit; see the module docstring."""
-    st = _State(tokens(ii))
+    st = _State(tokens(ii), only=only)
     toks = st.toks
     scopes: list[tuple[str, str]] = []   # ("code" | "init" | "struct" | "namespace", name)
     i = 0
@@ -115,6 +124,25 @@ def rewrite(ii: str) -> tuple[str, list[Kernel]]:
             if t.text == "threadgroup" and inner == "code" and prev in (";", "{", "}", ":"):
                 i = _threadgroup_decl(st, i)
                 continue
+            if t.text == "constant" and inner == "namespace" and prev in (";", "{", "}"):
+                end = _function_constant(st, i)
+                if end is not None:
+                    i = end + 1
+                    continue
+            if t.text in st.constants and prev not in (".", "->", "::"):
+                ctype, index = st.constants[t.text]
+                # A leading space: `a%::f` would lex as the digraph `%:`.
+                st.replace(i, i, f' ::emu_function_constant<{ctype}>(({index}), "{t.text}")')
+                i += 1
+                continue
+            if t.text == "is_function_constant_defined" and i + 3 < len(toks) and toks[i + 1].text == "(":
+                close = closing(toks, i + 1)
+                name = join_text(toks, i + 2, close)
+                if name not in st.constants:
+                    st.fail(i, f"is_function_constant_defined({name}): {name} is not a function constant")
+                st.replace(i, close, f" ::emu_function_constant_defined(({st.constants[name][1]}))")
+                i = close + 1
+                continue
             if t.text == "threadgroup" and inner == "namespace" and prev in (";", "{", "}"):
                 st.fail(i, "threadgroup variables can only be declared inside a function")
             if t.text in _ADDRESS_SPACES:
@@ -128,6 +156,9 @@ def rewrite(ii: str) -> tuple[str, list[Kernel]]:
             if name == "kernel" and inner in ("namespace", "struct"):
                 _kernel(st, i, scopes)
             i = k + 1
+            continue
+        elif t.text == "=" and inner == "code" and _range_designator(st, i):
+            i = closing(toks, i + 1) + 1
             continue
         elif t.text == "{":
             scopes.append(_scope_of(toks, i, inner))
@@ -143,6 +174,62 @@ def rewrite(ii: str) -> tuple[str, list[Kernel]]:
         last = b
     out.append(ii[last:])
     return "".join(out), st.kernels
+
+
+def _function_constant(st: _State, i: int) -> int | None:
+    """`constant T name [[function_constant(i)]];` at toks[i]: recorded and removed (index of its `;`),
+    or None when the declaration is not a function constant."""
+    toks = st.toks
+    j = i
+    while j < len(toks) and toks[j].text not in (";", "{", "="):
+        j += 1
+    if j >= len(toks) or toks[j].text != ";":
+        return None
+    attrs, keep = attributes(toks, i + 1, j)
+    fc = [a for a in attrs if a.startswith("function_constant(")]
+    if not fc:
+        return None
+    words = [toks[k].text for k in keep]
+    if len(words) < 2 or not re.match(r"[A-Za-z_]\w*$", words[-1]) or "," in words:
+        st.fail(i, f"cannot read the function constant declaration {join_text(toks, i, j + 1)!r}")
+    ctype = " ".join(w for w in words[:-1] if w != "const")
+    index = fc[0][len("function_constant("):-1]
+    st.constants[words[-1]] = (ctype, index)
+    st.replace(i, j, f"/* function constant {words[-1]} */")
+    return j
+
+
+def _range_designator(st: _State, i: int) -> bool:
+    """`name[n] = { [lo ... hi] = v };` at the `=` toks[i]: rewritten to a fill (shim_runtime.h's
+    emu_fill_range); False when the initializer is not one range designator."""
+    toks = st.toks
+    if i + 3 >= len(toks) or toks[i + 1].text != "{" or toks[i + 2].text != "[":
+        return False
+    close = closing(toks, i + 1)
+    br = closing(toks, i + 2)
+    dots = next((k for k in range(i + 3, br) if toks[k].text == "..."), None)
+    if dots is None or toks[br + 1].text != "=" or close + 1 >= len(toks) or toks[close + 1].text != ";":
+        return False
+    j = i - 1                      # back over the declarator's [n] groups to its name
+    while toks[j].text == "]":
+        j = _opening(toks, j) - 1
+    if toks[j].kind != "id":
+        st.fail(i, "cannot read the declaration with a range designator")
+    lo, hi = join_text(toks, i + 3, dots), join_text(toks, dots + 1, br)
+    value = join_text(toks, br + 2, close)
+    st.replace(i, close, f"; ::emu_fill_range({toks[j].text}, ({lo}), ({hi}), ({value}))")
+    return True
+
+
+def _opening(toks: list[Tok], j: int) -> int:
+    """Index of the `[` that the `]` at toks[j] closes."""
+    depth = 0
+    for k in range(j, -1, -1):
+        depth += toks[k].text == "]"
+        depth -= toks[k].text == "["
+        if depth == 0:
+            return k
+    raise MetalCompileError(f"{toks[j].file}:{toks[j].line}: unbalanced ']'")
 
 
 def _has_const(toks: list[Tok], i: int) -> bool:
@@ -265,7 +352,9 @@ def _kernel(st: _State, i: int, scopes) -> None:
     name = toks[name_at].text
     head = [t.text for t in toks[s:i]]
     attrs, _ = attributes(toks, s, name_at)
-    host = next((re.match(r'host_name\("(.*)"\)$', a).group(1) for a in attrs if a.startswith("host_name(")), None)
+    # host_name("a" "b"): adjacent string literals concatenate (llama.cpp builds names in macros).
+    host = next(("".join(re.findall(r'"((?:\\.|[^"\\])*)"', a[len("host_name("):-1]))
+                 for a in attrs if a.startswith("host_name(")), None)
     max_threads = next((int(re.search(r"\d+", a).group()) for a in attrs
                         if a.startswith("max_total_threads_per_threadgroup(")), None)
     if paren is None:           # template [[host_name("x")]] kernel kernel_t name<T>;
@@ -296,18 +385,28 @@ def _kernel(st: _State, i: int, scopes) -> None:
     elif is_instance:
         if not host:
             st.fail(i, f"explicit instantiation of kernel {name} needs [[host_name(\"...\")]]")
-        st.pending.append((host, name, qual + name + targs, t.line, t.file, max_threads))
-    elif body:
+        st.pending.append((host, name, qual + name + targs, t.line, t.file, max_threads, (s, end)))
+    elif body and (st.only is None or (host or name) in st.only):
         st.kernels.append(Kernel(host or name, qual + name, _params(st, paren, closing(toks, paren)),
                                  t.line, t.file, max_threads))
 
 
 def _instantiate_pending(st: _State) -> None:
-    for host, name, call, line, file, max_threads in st.pending:
+    for host, name, call, line, file, max_threads, (lo, hi) in st.pending:
+        if st.only is not None and host not in st.only:
+            # Not asked for: drop the instantiation, and the edits inside it.
+            a, b = st.toks[lo].start, st.toks[hi].end
+            st.edits = [e for e in st.edits if not (a <= e[0] and e[1] <= b)]
+            st.replace(lo, hi, f"/* {host}: not built */")
+            continue
         if name not in st.templates:
             raise MetalCompileError(f"{file}:{line}: {host} instantiates {name}, whose template definition the "
                               f"emulator did not find")
         st.kernels.append(Kernel(host, call, st.templates[name], line, file, max_threads))
+    if st.only is not None:
+        missing = sorted(st.only - {k.host_name for k in st.kernels})
+        if missing:
+            raise MetalCompileError(f"the source defines no kernel named {', '.join(missing)}")
     seen: dict[str, Kernel] = {}
     for k in st.kernels:
         if k.host_name in seen:

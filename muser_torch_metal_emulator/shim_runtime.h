@@ -41,8 +41,13 @@ struct EmuLane {
   EmuCollective coll;
 };
 
+// A function constant's value for the current dispatch (MTLFunctionConstantValues):
+// kind 'b' bool, 'i' integer, 'f' floating; 0 when the pipeline set none.
+struct EmuFcValue { char kind; int64_t i; double f; };
+
 extern "C" {
 EmuLane* emu_current_lane();
+const EmuFcValue* emu_function_constant_value(int64_t index);
 void emu_park(EmuCollective* c);  // fills the lane's slot and yields
 void* emu_tg_alloc(size_t bytes, size_t align, const char* name, const char* file, int line);
 void* emu_tg_param(int index);
@@ -55,6 +60,47 @@ template <class A>
 inline A& emu_tg(const char* name, const char* file, int line) {
   constexpr size_t align = alignof(A) > 16 ? alignof(A) : 16;
   return *static_cast<A*>(emu_tg_alloc(sizeof(A), align, name, file, line));
+}
+
+// `constant T name [[function_constant(i)]];` becomes reads of this (msl_source.rewrite): the
+// value the dispatch set for index i, of T's kind. A read with no value, or a value of another
+// kind or out of T's range, is reported (Metal would refuse to create the pipeline).
+template <class T>
+inline T emu_function_constant(int64_t index, const char* name) {
+  const EmuFcValue* v = emu_function_constant_value(index);
+  if (!v || !v->kind)
+    emu_fail("function constant %s (index %lld) is used, but the dispatch set no value for it", name,
+             (long long)index);
+  if constexpr (std::is_same_v<T, bool>) {
+    if (v->kind != 'b') emu_fail("function constant %s (index %lld) is a bool; the dispatch set %s", name,
+                                 (long long)index, v->kind == 'i' ? "an integer" : "a float");
+    return v->i != 0;
+  } else if constexpr (std::is_integral_v<T>) {
+    if (v->kind != 'i') emu_fail("function constant %s (index %lld) is an integer; the dispatch set %s", name,
+                                 (long long)index, v->kind == 'b' ? "a bool" : "a float");
+    if (v->i < int64_t(std::numeric_limits<T>::min()) ||
+        (v->i > 0 && uint64_t(v->i) > uint64_t(std::numeric_limits<T>::max())))
+      emu_fail("function constant %s (index %lld): %lld does not fit its %zu-byte type", name, (long long)index,
+               (long long)v->i, sizeof(T));
+    return T(v->i);
+  } else {
+    if (v->kind != 'f') emu_fail("function constant %s (index %lld) is floating; the dispatch set %s", name,
+                                 (long long)index, v->kind == 'b' ? "a bool" : "an integer");
+    return T(float(v->f));
+  }
+}
+inline bool emu_function_constant_defined(int64_t index) {
+  const EmuFcValue* v = emu_function_constant_value(index);
+  return v && v->kind;
+}
+
+// `T a[n] = { [lo ... hi] = v };` (a GNU range designator, which Metal's clang takes and g++'s C++
+// does not) becomes `T a[n]; emu_fill_range(a, lo, hi, v);` (msl_source.rewrite): the other
+// elements are zero, as in the initializer.
+template <class T, size_t N, class U>
+inline void emu_fill_range(T (&a)[N], long lo, long hi, const U& v) {
+  for (size_t i = 0; i < N; ++i) a[i] = T(0);
+  for (long i = lo; i <= hi; ++i) a[i] = T(v);
 }
 
 // ---- binding a kernel's parameters ---------------------------------------------------

@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <array>
+#include <initializer_list>
 #include <cstring>
 #include <limits>
 #include <type_traits>
@@ -36,12 +37,18 @@ struct bfloat {
   template <class U, std::enable_if_t<std::is_integral_v<U>, int> = 0>
   bfloat(U u) : bfloat(float(u)) {}
   bfloat(half h) : bfloat(float(h)) {}
-  operator float() const {
+  // Implicitly a float only (a template, so no standard conversion may follow it), and
+  // explicitly an integer: `c ? bf : 0` then has one reading (bfloat), as in Metal, where
+  // g++ would otherwise find bfloat -> int and int -> bfloat both implicit.
+  template <class F, std::enable_if_t<std::is_same_v<F, float>, int> = 0>
+  operator F() const {
     uint32_t u = uint32_t(bits) << 16;
     float f;
     std::memcpy(&f, &u, 4);
     return f;
   }
+  template <class I, std::enable_if_t<std::is_integral_v<I>, int> = 0>
+  explicit operator I() const { return I(float(*this)); }
   explicit operator half() const { return half(float(*this)); }
   static uint16_t from_float(float f) {
     uint32_t u;

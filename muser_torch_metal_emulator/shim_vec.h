@@ -11,12 +11,20 @@
 // so reading an unset component shows.
 #pragma once
 
+#include "msl_matrix_types.h"
 #include "shim_types.h"
 
 namespace metal {
 
 template <class T, int N> struct vec;
 template <class T, int N> struct packed_vec;
+
+// Whether component list a comes before b (same length) in lexicographic order.
+constexpr bool emu_lex_before(std::initializer_list<int> a, std::initializer_list<int> b) {
+  for (auto i = a.begin(), j = b.begin(); i != a.end(); ++i, ++j)
+    if (*i != *j) return *i < *j;
+  return false;
+}
 
 // A swizzle over the storage of a vector with S elements.
 template <class T, int S, int... I>
@@ -33,12 +41,25 @@ struct emu_swz {
     return *this;
   }
   emu_swz& operator=(const emu_swz& o) { return *this = o.get(); }
+  template <int S2, int... J, std::enable_if_t<sizeof...(J) == K, int> = 0>
+  emu_swz& operator=(const emu_swz<T, S2, J...>& o) { return *this = o.get(); }
   template <class U, std::enable_if_t<is_scalar_v<U>, int> = 0>
   emu_swz& operator=(U u) { return *this = vec<T, K>(T(u)); }
   template <class R> emu_swz& operator+=(const R& r) { return *this = get() + r; }
   template <class R> emu_swz& operator-=(const R& r) { return *this = get() - r; }
   template <class R> emu_swz& operator*=(const R& r) { return *this = get() * r; }
   template <class R> emu_swz& operator/=(const R& r) { return *this = get() / r; }
+  // `c ? v.xy : v.zw`: two swizzle types meet in a conditional. C++ needs exactly one of them to
+  // convert to the other, so a swizzle converts (to a copy of its values) into the swizzle types
+  // whose components come lexicographically first.
+  template <int... J, std::enable_if_t<sizeof...(J) == K && emu_lex_before({J...}, {I...}), int> = 0>
+  operator emu_swz<T, S, J...>() const {
+    emu_swz<T, S, J...> r;
+    const T v[] = {d[I]...};
+    int k = 0;
+    ((r.d[J] = v[k++]), ...);
+    return r;
+  }
   static constexpr bool distinct() {
     const int idx[] = {I...};
     for (int a = 0; a < K; ++a)
@@ -94,6 +115,8 @@ template <class T, class A> inline void emu_put(T* e, int& k, const A& a) {
   template <class U, int S, int... I, std::enable_if_t<sizeof...(I) == N, int> = 0>             \
   vec(const emu_swz<U, S, I...>& s) { const U src[] = {s.d[I]...}; for (int i = 0; i < N; ++i) e[i] = T(src[i]); } \
   vec(const packed_vec<T, N>& p) { for (int i = 0; i < N; ++i) e[i] = p.e[i]; }                \
+  template <class U, std::enable_if_t<!std::is_same_v<U, T>, int> = 0>                          \
+  explicit vec(const packed_vec<U, N>& p) { for (int i = 0; i < N; ++i) e[i] = T(p.e[i]); }     \
   T& operator[](int i) { return e[i]; }                                                         \
   const T& operator[](int i) const { return e[i]; }                                             \
   template <class R> vec& operator+=(const R& r) { return *this = *this + r; }                  \
@@ -235,5 +258,41 @@ inline T as_type(const U& u) {
   std::memcpy(static_cast<void*>(&t), static_cast<const void*>(&u), sizeof(T));
   return t;
 }
+
+// matrix<T, C, R>: C columns of vec<T, R> (Metal's floatCxR, halfCxR, bfloatCxR), with Metal's
+// size and alignment (a column's). m[i] is column i; conversions between element types are
+// explicit; a scalar multiplies every element.
+template <class T, int C, int R = C>
+struct matrix {
+  vec<T, R> columns[C];
+  matrix() {}
+  explicit matrix(T diag) {
+    for (int i = 0; i < C; ++i)
+      for (int j = 0; j < R; ++j) columns[i][j] = i == j ? diag : T(0);
+  }
+  template <class... V, std::enable_if_t<sizeof...(V) == C && C != 1 &&
+                                          (std::is_same_v<emu_bare<V>, vec<T, R>> && ...), int> = 0>
+  matrix(const V&... v) : columns{v...} {}
+  template <class U, std::enable_if_t<!std::is_same_v<U, T>, int> = 0>
+  explicit matrix(const matrix<U, C, R>& o) {
+    for (int i = 0; i < C; ++i) columns[i] = vec<T, R>(o.columns[i]);
+  }
+  vec<T, R>& operator[](int i) { return columns[i]; }
+  const vec<T, R>& operator[](int i) const { return columns[i]; }
+  template <class U, std::enable_if_t<is_scalar_v<U>, int> = 0>
+  matrix operator*(U s) const {
+    matrix r;
+    for (int i = 0; i < C; ++i) r.columns[i] = columns[i] * T(s);
+    return r;
+  }
+  matrix operator+(const matrix& o) const {
+    matrix r;
+    for (int i = 0; i < C; ++i) r.columns[i] = columns[i] + o.columns[i];
+    return r;
+  }
+};
+MUSER_MSL_MATRIX_TYPES(float)
+MUSER_MSL_MATRIX_TYPES(half)
+MUSER_MSL_MATRIX_TYPES(bfloat)
 
 }  // namespace metal

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from .msl_lex import MetalCompileError
 
-__all__ = ["check", "clang_path"]
+__all__ = ["check", "clang_path", "diagnostics"]
 
 _HEADER = Path(__file__).resolve().parent / "clang_msl.h"
 _FLAGS = ["-x", "cl", "-cl-std=clc++", "-fsyntax-only", "-Wno-unknown-attributes", "-ferror-limit=20"]
@@ -33,8 +33,7 @@ def clang_path() -> str | None:
     return None
 
 
-def check(source: str, name: str = "source.metal") -> None:
-    """Type-check ``source``; raise MetalCompileError naming each mistake's line."""
+def _run(source: str, name: str, flags: list[str]) -> subprocess.CompletedProcess:
     clang = clang_path()
     if clang is None:
         raise FileNotFoundError("the Metal static pass needs clang (Debian: apt-get install clang)")
@@ -43,8 +42,19 @@ def check(source: str, name: str = "source.metal") -> None:
         empty.mkdir()
         (empty / "metal_stdlib").write_text("// declarations come from clang_msl.h\n")
         (Path(tmp) / name).write_text(source)
-        r = subprocess.run([clang, *_FLAGS, "-I", str(empty), "-include", str(_HEADER), name],
-                           capture_output=True, text=True, cwd=tmp)
+        return subprocess.run([clang, *flags, "-I", str(empty), "-include", str(_HEADER), name],
+                              capture_output=True, text=True, cwd=tmp)
+
+
+def diagnostics(source: str, name: str = "source.metal") -> list[str]:
+    """Every error clang reports for ``source`` (no limit), as ``file:line:col: error: ...`` lines."""
+    r = _run(source, name, [*_FLAGS, "-ferror-limit=0"])
+    return [ln for ln in r.stderr.splitlines() if ": error:" in ln]
+
+
+def check(source: str, name: str = "source.metal") -> None:
+    """Type-check ``source``; raise MetalCompileError naming each mistake's line."""
+    r = _run(source, name, _FLAGS)
     if r.returncode:
         errors = [ln for ln in r.stderr.splitlines() if ": error:" in ln]
         raise MetalCompileError("clang's address-space check failed:\n" + "\n".join(errors[:20]) +

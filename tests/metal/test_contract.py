@@ -180,9 +180,8 @@ def test_threadgroup_parameters_need_a_length(lib):
      r"mixes \[\[buffer\(i\)\]\] parameters with unattributed"),
     ("kernel void k(float x, device float* y) { y[0] = x; }",
      r"parameter 'float x' has no attribute and is not in the device"),
-    ("kernel void k(device float* y, uint i [[thread_position_in_grid]]) {\n"
-     "  simdgroup_float8x8 m(1.0f);\n  y[i] = m.thread_elements()[0];\n}",
-     r"source\.metal:3:.*thread_elements\(\) is not supported by the Metal emulator"),
+    ("kernel void k(device float* y, bool b [[function_constant(0)]]) { y[0] = b; }",
+     r"\[\[function_constant\(0\)\]\]: function constants as parameters are not supported"),
     ("kernel void k(device float* y) { threadgroup float t[4] = {0}; y[0] = t[0]; }",
      r"threadgroup variables cannot be initialized"),
     ("#pragma METAL fp math_mode(fast)\nkernel void k(device float* y) { y[0] = 1.0; }",

