@@ -7,11 +7,17 @@ muser-torch[cuda]``), so a CPU install never pulls it.
 ``SUPPORTED`` is the one set of types the CUDA ops take (the tests
 parametrize over it); ``LADDER`` is the one table ``qmatmul`` dispatches by
 (activation rows M = prod(x.shape[:-1])): the first rung whose token bound
-holds M and which serves the type runs.
+holds M, which serves the type and whose ``dtypes`` (None: any) hold x's dtype
+runs. float32 activations never leave the float32 rungs (the 1e-5 contract).
 
 ===========  ======  =====================================  ================================
 rung         M       kernel                                 arithmetic
 ===========  ======  =====================================  ================================
+i8_dot       <= 8    float16 / bfloat16 x only: Q4_K, Q5_K, x in two int8 levels per 32 columns
+                     Q6_K, Q8_0, Q4_0, Q5_0 (``int8dot.py``) (~15 bits), dp4a on the packed
+                                                            codes, scales in float32; rel.
+                                                            error ~2e-5 before the output's
+                                                            rounding
 mv_kquant    1       Q4_K/Q5_K ``_mv_q45k_kernel``,         float32 FFMA, rel. error ~1e-6
                      Q6_K ``_mv_q6k_kernel``                (128 + q, see kquant.py)
 mv_tile      1       ``_mv_tile_kernel``: the other types   float32 FFMA
@@ -42,6 +48,7 @@ import torch
 import triton
 
 from ...formats.types import GGMLType
+from . import int8dot as i8
 from . import kquant as tk
 from . import tile as tt
 from .layout import TILE
@@ -70,11 +77,17 @@ class Rung:
     """One rung of the ladder: it takes up to ``max_tokens`` activation rows
     (None: any number), serves the types ``launch`` names with their launch
     parameters, and runs ``run(x2, packed, qt, n_out, n_in, scales, scale_2,
-    launch)`` on ``x2[M, n_in]``, returning ``[M, n_out]`` in x's dtype."""
+    launch)`` on ``x2[M, n_in]``, returning ``[M, n_out]`` in x's dtype, for
+    activations of the ``dtypes`` (None: every float dtype)."""
     name: str
     max_tokens: int | None
     launch: Mapping[GGMLType, Launch]
     run: Callable[..., torch.Tensor]
+    dtypes: frozenset[torch.dtype] | None = None
+
+    def serves(self, qt: GGMLType, tokens: int, dtype: torch.dtype) -> bool:
+        return (qt in self.launch and (self.max_tokens is None or tokens <= self.max_tokens)
+                and (self.dtypes is None or dtype in self.dtypes))
 
     @property
     def types(self) -> frozenset[GGMLType]:
@@ -209,6 +222,51 @@ def _qmm(x2, packed, qt, n_out, n_in, scales, scale_2, launch: Launch) -> torch.
     return _finish(part, split, x2.dtype)
 
 
+def _quantize_x(x2: torch.Tensor, n_in: int):
+    """x2's rows as int8dot's two int8 levels, block scales and integer block sums,
+    padded with zeros to whole 256-column tiles; and the tiles per row."""
+    M = x2.shape[0]
+    n_pad = triton.cdiv(n_in, _COLS) * _COLS
+    dev = x2.device
+    a1 = torch.empty((M, n_pad), dtype=torch.int8, device=dev)
+    a2 = torch.empty((M, n_pad), dtype=torch.int8, device=dev)
+    dxs = torch.empty((M, n_pad // 32), dtype=torch.float32, device=dev)
+    s32 = torch.empty((M, n_pad // 32), dtype=torch.int32, device=dev)
+    s16 = torch.empty((M, n_pad // 16), dtype=torch.int32, device=dev)
+    blocks = 32
+    i8._quantize_x_kernel[(triton.cdiv(n_pad // 32, blocks), M)](
+        x2, a1, a2, dxs, s16, s32, n_in, x2.stride(0), n_pad, BLOCKS=blocks)
+    return a1, a2, dxs, s16, s32, n_pad // _COLS
+
+
+def _i8_dot(x2, packed, qt, n_out, n_in, scales, scale_2, launch: Launch,
+            out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """1..8 half-precision activation rows: integer dots on the packed codes
+    (int8dot.py). ``out_dtype`` (default x's) lets the tests see the kernel's
+    own error without the output's rounding."""
+    M = x2.shape[0]
+    if M > 8:
+        raise ValueError(f"the int8-dot kernels take at most 8 activation rows, got {M}")
+    out_dtype = out_dtype or x2.dtype
+    mt = 1 if M == 1 else 2 if M == 2 else 4 if M <= 4 else 8
+    a1, a2, dxs, s16, s32, nb = _quantize_x(x2, n_in)
+    rb = triton.cdiv(n_out, launch.bn)
+    split, kb_per = _split(rb, nb, _target(launch, x2.device))
+    part = torch.empty((split, M, n_out), dtype=out_dtype if split == 1 else torch.float32,
+                       device=x2.device)
+    kw = dict(BN=launch.bn, MT=mt, ASM=x2.device.type == "cuda", num_warps=launch.warps)
+    grid = (rb, split)
+    if qt is GGMLType.Q6_K:
+        i8._i8_q6k_kernel[grid](a1, a2, dxs, s16, packed, part, M, n_out, nb, kb_per, **kw)
+    elif qt in (GGMLType.Q4_K, GGMLType.Q5_K):
+        i8._i8_q45k_kernel[grid](a1, a2, dxs, s32, packed, part, M, n_out, nb, kb_per,
+                                 QTYPE=int(qt), **kw)
+    else:
+        i8._i8_legacy_kernel[grid](a1, a2, dxs, s32, packed, part, M, n_out, nb, n_in // 32,
+                                   kb_per, QTYPE=int(qt), **kw)
+    return _finish(part, split, out_dtype)
+
+
 # ---- the ladder ----------------------------------------------------------------------
 
 def _each(types, launch: Launch) -> dict[GGMLType, Launch]:
@@ -219,7 +277,12 @@ _KQUANT = (T.Q4_K, T.Q5_K, T.Q6_K)
 # mv_kquant's launch parameters were picked by the sweep (``muser_torch.bench.triton_kernels
 # --what sweep``) on the H200 (docs/performance.md). token_axis beats the tensor-core tile
 # at 2 tokens there (ffn_up 123 vs 166 us) but not at 3-4, hence max_tokens=2.
+# i8_dot: per_sm=1 splits K only where the row blocks leave SMs idle (a split
+# costs a torch.sum and a cast after the kernel).
+I8_TYPES = (T.Q4_K, T.Q5_K, T.Q6_K, T.Q8_0, T.Q4_0, T.Q5_0)
+HALF = frozenset({torch.float16, torch.bfloat16})
 LADDER: tuple[Rung, ...] = (
+    Rung("i8_dot", 8, _each(I8_TYPES, Launch(16, 4, 1)), _i8_dot, HALF),
     Rung("mv_kquant", 1, {T.Q4_K: Launch(64, 8, 4), T.Q5_K: Launch(64, 8, 8),
                           T.Q6_K: Launch(32, 4, 8)}, _mv_kquant),
     Rung("mv_tile", 1, _each(SUPPORTED - set(_KQUANT), Launch(16, 4, 4)), _mv_tile),
@@ -229,16 +292,19 @@ LADDER: tuple[Rung, ...] = (
 )
 RUNGS: dict[str, Rung] = {r.name: r for r in LADDER}
 
-for _t in SUPPORTED:   # every supported type has a kernel at every token count
-    for _m in (1, 2, 17):
-        if not any(_t in r.types and (r.max_tokens is None or _m <= r.max_tokens) for r in LADDER):
-            raise RuntimeError(f"the CUDA ladder has no rung for {_t.name} at {_m} tokens")
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+for _t in SUPPORTED:   # every supported type has a kernel at every token count and dtype
+    for _m in (1, 2, 9, 17):
+        for _dt in DTYPES:
+            if not any(r.serves(_t, _m, _dt) for r in LADDER):
+                raise RuntimeError(f"the CUDA ladder has no rung for {_t.name} at {_m} tokens "
+                                   f"of {_dt}")
 
 
-def rung_for(qt: GGMLType, tokens: int) -> Rung:
-    """The rung ``qmatmul`` runs for ``tokens`` activation rows of ``qt``."""
+def rung_for(qt: GGMLType, tokens: int, dtype: torch.dtype = torch.float32) -> Rung:
+    """The rung ``qmatmul`` runs for ``tokens`` activation rows of ``qt`` in ``dtype``."""
     for rung in LADDER:
-        if qt in rung.types and (rung.max_tokens is None or tokens <= rung.max_tokens):
+        if rung.serves(qt, tokens, dtype):
             return rung
     raise ValueError(f"the CUDA kernels do not support {qt.name}")
 
@@ -266,7 +332,7 @@ def qmatmul(x: torch.Tensor, packed: torch.Tensor, qtype: int, n_out: int, n_in:
     M = x.numel() // n_in if n_in else 0
     if M == 0:
         return x.new_empty((*lead, n_out))
-    y = run_rung(rung_for(qt, M), x.reshape(M, n_in), packed, qt, n_out, n_in, scales, scale_2)
+    y = run_rung(rung_for(qt, M, x.dtype), x.reshape(M, n_in), packed, qt, n_out, n_in, scales, scale_2)
     return y.reshape(*lead, n_out)
 
 

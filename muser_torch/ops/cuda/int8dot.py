@@ -1,0 +1,338 @@
+"""Triton kernels for 1..8 half-precision activation rows: integer dot products.
+
+The way llama.cpp's mmvq gets its speed, kept to half precision. The
+activation row is quantized once per call (``_quantize_x_kernel``) in blocks
+of 32 columns, in two int8 levels: ``x ~ dxs * (254 * a1 + a2)`` with
+``a1 = round(127 x / amax)`` and ``a2`` the rounded remainder in 1/254ths,
+both in [-127, 127]; ``dxs = amax / (127 * 254)``. That is about 15 bits per
+block (per-element error <= 1.6e-5 of the block's largest value), below the
+rounding of a float16 output, where llama.cpp's single int8 level loses about
+0.5% of the dot. The weights are never converted to floats: the codes of four
+consecutive elements sit in one 32-bit word (a nibble mask for Q4_K / Q4_0,
+plus the fifth or sixth bits ORed in for Q5_K / Q5_0 / Q6_K; Q8_0's bytes as
+they are), and ``dp4a`` multiplies them with four activation bytes and adds
+(two ``dp4a`` per word and level: ``dp4a(c, a2, 254 * dp4a(c, a1, 0))``, exact
+in int32). Block scales, mins and the code offsets (-8, -16, -32, through the
+activation's integer block sums ``s16``/``s32``) are applied per scale group
+in float32. About one instruction per weight, so the kernels are bound by
+memory, not issue rate (docs/performance.md).
+
+Each program owns ``BN`` weight rows and ``MT`` (1, 2, 4 or 8) activation
+rows: a weight word is decoded once for all of them. ``kb_per`` 256-column
+tiles per program (split K, partial sums added by torch, deterministic).
+The next tile's words are loaded before the current one is used. Rows of
+32-element types whose length is not a multiple of 256 end in a masked
+partial tile; the activation arrays are padded with zeros to whole tiles.
+
+Under ``TRITON_INTERPRET=1`` ``ASM`` is False and ``dp4a`` is spelled out in
+shifts and products (the interpreter runs no PTX); on a GPU it is one
+``dp4a.s32.s32``. Every code byte is < 128, so signed bytes are right for all.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .layout import (  # noqa: F401  (every name is a tl.constexpr read by the kernels)
+    Q4_0, Q4_0_BYTES, Q4_0_D, Q4_0_QS, Q4_K, Q4_K_BYTES, Q4_K_D, Q4_K_QS, Q4_K_SCALES, Q5_0,
+    Q5_0_BYTES, Q5_0_D, Q5_0_QH, Q5_0_QS, Q5_K, Q5_K_BYTES, Q5_K_D, Q5_K_QH, Q5_K_QS, Q5_K_SCALES,
+    Q6_K, Q6_K_BYTES, Q6_K_D, Q6_K_QH, Q6_K_QL, Q6_K_SCALES, Q8_0, Q8_0_BYTES, Q8_0_D, Q8_0_QS,
+    QK_LEGACY, TILE, require)
+from .kquant import _f16_lo, _q45k_header, _scale_min_words
+
+require(QK_LEGACY == 32 and TILE == 256, "32-column activation blocks, 8 to a 256-column tile")
+for _name, _bb, _fields in (("Q8_0", Q8_0_BYTES, (Q8_0_D, Q8_0_QS)), ("Q4_0", Q4_0_BYTES, (Q4_0_D, Q4_0_QS)),
+                            ("Q5_0", Q5_0_BYTES, (Q5_0_D, Q5_0_QH, Q5_0_QS))):
+    require(_bb % 2 == 0 and all(f % 2 == 0 for f in _fields), f"{_name} fields on 2-byte words")
+require(Q6_K_SCALES % 2 == 0 and Q6_K_D % 2 == 0, "Q6_K's fields on 2-byte words")
+
+LEVEL = tl.constexpr(254)          # a2's unit is 1/254 of a1's
+
+
+# ---- the activation: two int8 levels per 32-column block -----------------------
+
+@triton.jit
+def _quantize_x_kernel(x_ptr, a1_ptr, a2_ptr, dxs_ptr, s16_ptr, s32_ptr, n_in, stride_x,
+                       n_pad, BLOCKS: tl.constexpr):
+    """Row ``program_id(1)``, 32-column blocks ``BLOCKS * program_id(0) ..``; columns
+    past ``n_in`` (up to ``n_pad``) become zeros."""
+    t = tl.program_id(1).to(tl.int64)
+    b = tl.program_id(0) * BLOCKS + tl.arange(0, BLOCKS)[:, None]
+    col = b * 32 + tl.arange(0, 32)[None, :]
+    inside = col < n_pad
+    x = tl.load(x_ptr + t * stride_x + col, mask=col < n_in, other=0.0).to(tl.float32)
+    amax = tl.max(tl.abs(x), axis=1)
+    inv = tl.where(amax > 0, 127.0 / tl.maximum(amax, 1e-30), 0.0)
+    v = x * inv[:, None]
+    q1 = tl.floor(v + 0.5)
+    q2 = tl.floor((v - q1) * LEVEL + 0.5)
+    q1 = tl.minimum(tl.maximum(q1, -127.0), 127.0).to(tl.int32)
+    q2 = tl.minimum(tl.maximum(q2, -127.0), 127.0).to(tl.int32)
+    tl.store(a1_ptr + t * n_pad + col, q1.to(tl.int8), mask=inside)
+    tl.store(a2_ptr + t * n_pad + col, q2.to(tl.int8), mask=inside)
+    s = q1 * LEVEL + q2
+    s16 = tl.sum(tl.reshape(s, (BLOCKS, 2, 16)), axis=2)
+    bm = b < n_pad // 32
+    tl.store(s16_ptr + t * (n_pad // 16) + 2 * b + tl.arange(0, 2)[None, :], s16, mask=bm)
+    tl.store(s32_ptr + t * (n_pad // 32) + b, tl.sum(s16, axis=1)[:, None], mask=bm)
+    tl.store(dxs_ptr + t * (n_pad // 32) + b, (amax / (127.0 * LEVEL))[:, None], mask=bm)
+
+
+# ---- shared pieces ---------------------------------------------------------------
+
+@triton.jit
+def _dp4a(a, b, c, ASM: tl.constexpr):
+    """c + the dot of a's and b's four signed bytes (int32 tensors, broadcast)."""
+    if ASM:
+        r = tl.inline_asm_elementwise("dp4a.s32.s32 $0, $1, $2, $3;", "=r,r,r,r", [a, b, c],
+                                      dtype=tl.int32, is_pure=True, pack=1)
+    else:
+        r = c + ((a << 24) >> 24) * ((b << 24) >> 24)
+        r += ((a << 16) >> 24) * ((b << 16) >> 24)
+        r += ((a << 8) >> 24) * ((b << 8) >> 24)
+        r += (a >> 24) * (b >> 24)
+    return r
+
+
+@triton.jit
+def _group_dots(c, a1w, a2w, aoff, amask, G: tl.constexpr, ASM: tl.constexpr):
+    """Integer dots of code words ``c`` [BN, NW] with the activation words at
+    ``aoff`` [MT, 1, NW], summed over the NW // G words of each of G groups of
+    consecutive words: [MT, BN, G], in units of ``dxs``."""
+    a1 = tl.load(a1w + aoff, mask=amask, other=0)
+    a2 = tl.load(a2w + aoff, mask=amask, other=0)
+    c3 = c[None, :, :]
+    hi = _dp4a(c3, a1, tl.zeros_like(a1), ASM)
+    dp = _dp4a(c3, a2, hi * LEVEL, ASM)
+    MT: tl.constexpr = dp.shape[0]
+    BN: tl.constexpr = dp.shape[1]
+    NW: tl.constexpr = dp.shape[2]
+    return tl.sum(tl.reshape(dp, (MT, BN, G, NW // G)), axis=3)
+
+
+@triton.jit
+def _store(y_ptr, acc, pid_k, M, n_out, r, rmask, MT: tl.constexpr):
+    t2 = tl.arange(0, MT)[:, None]
+    out = y_ptr + (pid_k * M + t2).to(tl.int64) * n_out + r[None, :]
+    tl.store(out, acc.to(y_ptr.dtype.element_ty), mask=(t2 < M) & rmask[None, :])
+
+
+# ---- Q4_K / Q5_K -------------------------------------------------------------------
+
+@triton.jit
+def _i8_q45k_kernel(a1_ptr, a2_ptr, dxs_ptr, s32_ptr, p, y_ptr, M, n_out, nb_row, kb_per,
+                    QTYPE: tl.constexpr, BN: tl.constexpr, MT: tl.constexpr, ASM: tl.constexpr):
+    """qs word n holds codes of sub-block 2 (n // 8) (low nibbles) and 2 (n // 8) + 1
+    (high), elements 64 (n // 8) + 4 (n % 8) + 0..3 (+ 32); Q5_K's fifth bits are
+    bits 2 (n // 8) (+ 1) of the bytes of qh word n % 8."""
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    r = pid_n * BN + tl.arange(0, BN)
+    rmask = r < n_out
+    rows = tl.where(rmask, r, 0).to(tl.int64)
+    BW: tl.constexpr = (Q4_K_BYTES if QTYPE == Q4_K else Q5_K_BYTES) // 4
+    QSW: tl.constexpr = (Q4_K_QS if QTYPE == Q4_K else Q5_K_QS) // 4
+    DW: tl.constexpr = (Q4_K_D if QTYPE == Q4_K else Q5_K_D) // 4
+    SCW: tl.constexpr = (Q4_K_SCALES if QTYPE == Q4_K else Q5_K_SCALES) // 4
+    pw = p.to(tl.pointer_type(tl.int32))
+    n = tl.arange(0, 32)[None, :]
+    g2 = tl.arange(0, 4)[None, :]
+    t3 = tl.arange(0, MT)[:, None, None]
+    tmask = t3 < M
+    aw_row = (t3 * (nb_row * 64)).to(tl.int64)
+    n3 = tl.arange(0, 32)[None, None, :]
+    aw = aw_row + 16 * (n3 // 8) + n3 % 8                     # low nibbles' activation words
+    g3 = tl.arange(0, 4)[None, None, :]
+    sb = (t3 * (nb_row * 8)).to(tl.int64) + 2 * g3             # sub-block 2g of a tile
+    a1w = a1_ptr.to(tl.pointer_type(tl.int32))
+    a2w = a2_ptr.to(tl.pointer_type(tl.int32))
+    rw = rows * (nb_row * BW)
+    wp = pw + rw[:, None] + QSW + n
+    hp = pw + rw[:, None] + Q5_K_QH // 4 + n % 8
+    h0 = pw + rw
+    k0 = pid_k * kb_per
+    kend = k0 + kb_per - 1
+    w = tl.load(wp + k0 * BW, eviction_policy="evict_first")
+    qh = w
+    if QTYPE == Q5_K:
+        qh = tl.load(hp + k0 * BW, eviction_policy="evict_first")
+    h_0, h_1, h_2, h_3 = _q45k_header(h0, k0, BW, DW, SCW)
+    acc = tl.zeros((MT, BN), dtype=tl.float32)
+    kb = k0
+    while kb < k0 + kb_per:      # not range(): the interpreter cannot index a runtime int
+        kn = tl.minimum(kb + 1, kend)
+        w_next = tl.load(wp + kn * BW, eviction_policy="evict_first")
+        qh_next = w_next
+        if QTYPE == Q5_K:
+            qh_next = tl.load(hp + kn * BW, eviction_policy="evict_first")
+        n_0, n_1, n_2, n_3 = _q45k_header(h0, kn, BW, DW, SCW)
+        d = _f16_lo(h_0)[:, None]
+        dmin = _f16_lo(h_0 >> 16)[:, None]
+        for hi in tl.static_range(2):
+            c = (w >> (4 * hi)) & 0x0F0F0F0F
+            if QTYPE == Q5_K:
+                c = c | (((qh >> (2 * (n // 8) + hi)) & 0x01010101) << 4)
+            dg = _group_dots(c, a1w, a2w, aw + kb * 64 + 8 * hi, tmask, 4, ASM)
+            sc, m = _scale_min_words(h_1[:, None], h_2[:, None], h_3[:, None], 2 * g2 + hi)
+            s = sb + kb * 8 + hi
+            dxs = tl.load(dxs_ptr + s, mask=tmask, other=0.0)
+            xs = tl.load(s32_ptr + s, mask=tmask, other=0).to(tl.float32)
+            ds = (d * sc.to(tl.float32))[None, :, :]
+            dm = (dmin * m.to(tl.float32))[None, :, :]
+            acc += tl.sum(dxs * (ds * dg.to(tl.float32) - dm * xs), axis=2)
+        kb += 1
+        w = w_next
+        qh = qh_next
+        h_0 = n_0
+        h_1 = n_1
+        h_2 = n_2
+        h_3 = n_3
+    _store(y_ptr, acc, pid_k, M, n_out, r, rmask, MT)
+
+
+# ---- Q6_K --------------------------------------------------------------------------
+
+@triton.jit
+def _q6k_words(ph, lp, hp, kb, BH: tl.constexpr):
+    """ql and qh as int32 words (two 2-byte loads each: blocks are 210 bytes)."""
+    o = kb * BH
+    ql = (tl.load(lp + o, eviction_policy="evict_first").to(tl.int32) & 0xFFFF) | \
+        (tl.load(lp + o + 1, eviction_policy="evict_first").to(tl.int32) << 16)
+    qh = (tl.load(hp + o, eviction_policy="evict_first").to(tl.int32) & 0xFFFF) | \
+        (tl.load(hp + o + 1, eviction_policy="evict_first").to(tl.int32) << 16)
+    return ql, qh
+
+
+@triton.jit
+def _i8_q6k_kernel(a1_ptr, a2_ptr, dxs_ptr, s16_ptr, p, y_ptr, M, n_out, nb_row, kb_per,
+                   BN: tl.constexpr, MT: tl.constexpr, ASM: tl.constexpr):
+    """ql word u (half h = u // 16, r = u % 16): low nibbles are elements
+    128 h + 32 (r // 8) + 4 (r % 8) + 0..3, high nibbles the same + 64; their
+    two top bits are bits 2 (r // 8) (+ 4) of the bytes of qh word 8 h + r % 8.
+    Words 4q..4q+3 share a 16-element scale group: 8 h + q % 4 (+ 4 for high)."""
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    r = pid_n * BN + tl.arange(0, BN)
+    rmask = r < n_out
+    rows = tl.where(rmask, r, 0).to(tl.int64)
+    BH: tl.constexpr = Q6_K_BYTES // 2
+    ph = p.to(tl.pointer_type(tl.int16))
+    u = tl.arange(0, 32)[None, :]
+    rr = u % 16
+    sh = 2 * (rr // 8)
+    rh = rows * (nb_row * BH)
+    lp = ph + rh[:, None] + Q6_K_QL // 2 + 2 * u
+    hp = ph + rh[:, None] + Q6_K_QH // 2 + 2 * (8 * (u // 16) + u % 8)
+    q2 = tl.arange(0, 8)[None, :]
+    scp = p + (rows * (nb_row * Q6_K_BYTES))[:, None] + Q6_K_SCALES + 8 * (q2 // 4) + q2 % 4
+    t3 = tl.arange(0, MT)[:, None, None]
+    tmask = t3 < M
+    u3 = tl.arange(0, 32)[None, None, :]
+    r3 = u3 % 16
+    aw = (t3 * (nb_row * 64)).to(tl.int64) + 32 * (u3 // 16) + 8 * (r3 // 8) + r3 % 8
+    q3 = tl.arange(0, 8)[None, None, :]
+    blk = 4 * (q3 // 4) + (q3 % 4) // 2                          # 32-column block of group q
+    t8 = (t3 * (nb_row * 8)).to(tl.int64)
+    t16 = t8 + t8
+    a1w = a1_ptr.to(tl.pointer_type(tl.int32))
+    a2w = a2_ptr.to(tl.pointer_type(tl.int32))
+    k0 = pid_k * kb_per
+    kend = k0 + kb_per - 1
+    ql, qh = _q6k_words(ph, lp, hp, k0, BH)
+    dw = tl.load(ph + rh + k0 * BH + Q6_K_D // 2)
+    acc = tl.zeros((MT, BN), dtype=tl.float32)
+    kb = k0
+    while kb < k0 + kb_per:      # not range(): the interpreter cannot index a runtime int
+        kn = tl.minimum(kb + 1, kend)
+        ql_next, qh_next = _q6k_words(ph, lp, hp, kn, BH)
+        dw_next = tl.load(ph + rh + kn * BH + Q6_K_D // 2)
+        d = dw.to(tl.float16, bitcast=True).to(tl.float32)[None, :]
+        for hi in tl.static_range(2):
+            c = ((ql >> (4 * hi)) & 0x0F0F0F0F) | (((qh >> (sh + 4 * hi)) & 0x03030303) << 4)
+            dg = _group_dots(c, a1w, a2w, aw + kb * 64 + 16 * hi, tmask, 8, ASM)
+            sc = tl.load(scp + kb * Q6_K_BYTES + 4 * hi).to(tl.int8, bitcast=True).to(tl.float32)
+            b32 = kb * 8 + blk + 2 * hi
+            dxs = tl.load(dxs_ptr + t8 + b32, mask=tmask, other=0.0)
+            xs = tl.load(s16_ptr + t16 + 2 * b32 + q3 % 2, mask=tmask, other=0)
+            acc += d * tl.sum(dxs * sc[None, :, :] * (dg - 32 * xs).to(tl.float32), axis=2)
+        kb += 1
+        ql = ql_next
+        qh = qh_next
+        dw = dw_next
+    _store(y_ptr, acc, pid_k, M, n_out, r, rmask, MT)
+
+
+# ---- Q8_0, Q4_0, Q5_0: eight 32-element blocks per tile -----------------------------
+
+@triton.jit
+def _i8_legacy_kernel(a1_ptr, a2_ptr, dxs_ptr, s32_ptr, p, y_ptr, M, n_out, nb_row, n_blk,
+                      kb_per, QTYPE: tl.constexpr, BN: tl.constexpr, MT: tl.constexpr,
+                      ASM: tl.constexpr):
+    """Blocks are 2-byte aligned (34, 18, 22 bytes), so words are built from two
+    2-byte loads. Q8_0: word n is elements 4n..4n+3 of the tile (8 per block).
+    Q4_0 / Q5_0: word n = 4 b + i of block b holds elements 4i..4i+3 (low nibbles)
+    and 16 + 4i.. (high); Q5_0's fifth bits are bits 4i.. (16 + 4i..) of its qh,
+    spread one to a byte by a multiply. Codes are unsigned: the offset (8, 16)
+    comes off through the activation's block sums."""
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    r = pid_n * BN + tl.arange(0, BN)
+    rmask = r < n_out
+    rows = tl.where(rmask, r, 0).to(tl.int64)
+    BH: tl.constexpr = (Q8_0_BYTES if QTYPE == Q8_0 else Q4_0_BYTES if QTYPE == Q4_0
+                        else Q5_0_BYTES) // 2
+    QSH: tl.constexpr = (Q8_0_QS if QTYPE == Q8_0 else Q4_0_QS if QTYPE == Q4_0 else Q5_0_QS) // 2
+    DH: tl.constexpr = (Q8_0_D if QTYPE == Q8_0 else Q4_0_D if QTYPE == Q4_0 else Q5_0_D) // 2
+    NW: tl.constexpr = 64 if QTYPE == Q8_0 else 32
+    WPB: tl.constexpr = NW // 8                                 # words per block
+    ph = p.to(tl.pointer_type(tl.int16))
+    n = tl.arange(0, NW)[None, :]
+    b_of = n // WPB
+    i_of = n % WPB
+    rh = (rows * (n_blk * BH))[:, None]
+    wofs = rh + b_of * BH + QSH + 2 * i_of                       # [BN, NW] halfword offsets
+    hofs = rh + b_of * BH + Q5_0_QH // 2
+    b2 = tl.arange(0, 8)[None, :]
+    dofs = rh + b2 * BH + DH
+    t3 = tl.arange(0, MT)[:, None, None]
+    tmask = t3 < M
+    n3 = tl.arange(0, NW)[None, None, :]
+    t8 = (t3 * (nb_row * 8)).to(tl.int64)
+    if QTYPE == Q8_0:
+        aw = t8 * 8 + n3
+    else:
+        aw = t8 * 8 + 8 * (n3 // 4) + n3 % 4
+    b3 = tl.arange(0, 8)[None, None, :]
+    a1w = a1_ptr.to(tl.pointer_type(tl.int32))
+    a2w = a2_ptr.to(tl.pointer_type(tl.int32))
+    acc = tl.zeros((MT, BN), dtype=tl.float32)
+    k0 = pid_k * kb_per
+    kb = k0
+    while kb < k0 + kb_per:      # not range(): the interpreter cannot index a runtime int
+        valid = rmask[:, None] & (kb * 8 + b_of < n_blk)
+        o = kb * 8 * BH
+        w = (tl.load(ph + wofs + o, mask=valid, other=0, eviction_policy="evict_first")
+             .to(tl.int32) & 0xFFFF) | (tl.load(ph + wofs + o + 1, mask=valid, other=0,
+                                                eviction_policy="evict_first").to(tl.int32) << 16)
+        d = tl.load(ph + dofs + o, mask=rmask[:, None] & (kb * 8 + b2 < n_blk), other=0)
+        d = d.to(tl.float16, bitcast=True).to(tl.float32)[None, :, :]
+        dxs = tl.load(dxs_ptr + t8 + kb * 8 + b3, mask=tmask, other=0.0)
+        if QTYPE == Q8_0:
+            dg = _group_dots(w, a1w, a2w, aw + kb * 64, tmask, 8, ASM)
+            acc += tl.sum(dxs * d * dg.to(tl.float32), axis=2)
+        else:
+            if QTYPE == Q5_0:
+                qh = (tl.load(ph + hofs + o, mask=valid, other=0).to(tl.int32) & 0xFFFF) | \
+                    (tl.load(ph + hofs + o + 1, mask=valid, other=0).to(tl.int32) << 16)
+            dg = tl.zeros((MT, BN, 8), dtype=tl.int32)
+            for hi in tl.static_range(2):
+                c = (w >> (4 * hi)) & 0x0F0F0F0F
+                if QTYPE == Q5_0:
+                    fifth = (((qh >> (16 * hi + 4 * i_of)) & 0xF) * 0x00204081) & 0x01010101
+                    c = c | (fifth << 4)
+                dg += _group_dots(c, a1w, a2w, aw + kb * 64 + 4 * hi, tmask, 8, ASM)
+            xs = tl.load(s32_ptr + t8 + kb * 8 + b3, mask=tmask, other=0)
+            off: tl.constexpr = 8 if QTYPE == Q4_0 else 16
+            acc += tl.sum(dxs * d * (dg - off * xs).to(tl.float32), axis=2)
+        kb += 1
+    _store(y_ptr, acc, pid_k, M, n_out, r, rmask, MT)
