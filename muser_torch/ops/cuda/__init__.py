@@ -259,7 +259,7 @@ def _i8_dot(x2, packed, qt, n_out, n_in, scales, scale_2, launch: Launch,
     if qt is GGMLType.Q6_K:
         i8._i8_q6k_kernel[grid](a1, a2, dxs, s16, packed, part, M, n_out, nb, kb_per, **kw)
     elif qt in (GGMLType.Q4_K, GGMLType.Q5_K):
-        i8._i8_q45k_kernel[grid](a1, a2, dxs, s32, packed, part, M, n_out, nb, kb_per,
+        i8._i8_q45k_kernel[grid](a1, a2, dxs, s16, packed, part, M, n_out, nb, kb_per,
                                  QTYPE=int(qt), **kw)
     else:
         i8._i8_legacy_kernel[grid](a1, a2, dxs, s32, packed, part, M, n_out, nb, n_in // 32,

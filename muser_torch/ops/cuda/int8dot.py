@@ -38,7 +38,7 @@ from .layout import (  # noqa: F401  (every name is a tl.constexpr read by the k
     Q5_0_BYTES, Q5_0_D, Q5_0_QH, Q5_0_QS, Q5_K, Q5_K_BYTES, Q5_K_D, Q5_K_QH, Q5_K_QS, Q5_K_SCALES,
     Q6_K, Q6_K_BYTES, Q6_K_D, Q6_K_QH, Q6_K_QL, Q6_K_SCALES, Q8_0, Q8_0_BYTES, Q8_0_D, Q8_0_QS,
     QK_LEGACY, TILE, require)
-from .kquant import _f16_lo, _q45k_header, _scale_min_words
+from .kquant import _f16_lo, _scale_min_words
 
 require(QK_LEGACY == 32 and TILE == 256, "32-column activation blocks, 8 to a 256-column tile")
 for _name, _bb, _fields in (("Q8_0", Q8_0_BYTES, (Q8_0_D, Q8_0_QS)), ("Q4_0", Q4_0_BYTES, (Q4_0_D, Q4_0_QS)),
@@ -95,69 +95,80 @@ def _dp4a(a, b, c, ASM: tl.constexpr):
 
 
 @triton.jit
-def _group_dots(c, a1w, a2w, aoff, amask, G: tl.constexpr, ASM: tl.constexpr):
-    """Integer dots of code words ``c`` [BN, NW] with the activation words at
-    ``aoff`` [MT, 1, NW], summed over the NW // G words of each of G groups of
-    consecutive words: [MT, BN, G], in units of ``dxs``."""
+def _group_dots(c, a1w, a2w, aoff, amask, ASM: tl.constexpr):
+    """Integer dots of code words ``c`` [1, BN, NW] with the activation words at
+    ``aoff`` [MT, 1, NW], summed over each run of 4 words (16 elements; the 4
+    words one thread loads): [MT, BN, NW // 4], in units of ``dxs``."""
     a1 = tl.load(a1w + aoff, mask=amask, other=0)
     a2 = tl.load(a2w + aoff, mask=amask, other=0)
-    c3 = c[None, :, :]
-    hi = _dp4a(c3, a1, tl.zeros_like(a1), ASM)
-    dp = _dp4a(c3, a2, hi * LEVEL, ASM)
+    hi = _dp4a(c, a1, tl.zeros_like(a1), ASM)
+    dp = _dp4a(c, a2, hi * LEVEL, ASM)
     MT: tl.constexpr = dp.shape[0]
     BN: tl.constexpr = dp.shape[1]
     NW: tl.constexpr = dp.shape[2]
-    return tl.sum(tl.reshape(dp, (MT, BN, G, NW // G)), axis=3)
+    return tl.sum(tl.reshape(dp, (MT, BN, NW // 4, 4)), axis=3)
 
 
 @triton.jit
-def _store(y_ptr, acc, pid_k, M, n_out, r, rmask, MT: tl.constexpr):
+def _store(y_ptr, acc3, pid_k, M, n_out, r, rmask, MT: tl.constexpr):
+    acc = tl.sum(acc3, axis=2)
     t2 = tl.arange(0, MT)[:, None]
     out = y_ptr + (pid_k * M + t2).to(tl.int64) * n_out + r[None, :]
     tl.store(out, acc.to(y_ptr.dtype.element_ty), mask=(t2 < M) & rmask[None, :])
 
 
+@triton.jit
+def _rows(BN: tl.constexpr, n_out):
+    r = tl.program_id(0) * BN + tl.arange(0, BN)
+    rmask = r < n_out
+    return r, rmask, tl.where(rmask, r, 0).to(tl.int64)[None, :, None]
+
+
 # ---- Q4_K / Q5_K -------------------------------------------------------------------
 
 @triton.jit
-def _i8_q45k_kernel(a1_ptr, a2_ptr, dxs_ptr, s32_ptr, p, y_ptr, M, n_out, nb_row, kb_per,
+def _q45k_header3(h0, kb, BW: tl.constexpr, DW: tl.constexpr, SCW: tl.constexpr):
+    base = h0 + kb * BW
+    return (tl.load(base + DW), tl.load(base + SCW), tl.load(base + SCW + 1),
+            tl.load(base + SCW + 2))
+
+
+@triton.jit
+def _i8_q45k_kernel(a1_ptr, a2_ptr, dxs_ptr, s16_ptr, p, y_ptr, M, n_out, nb_row, kb_per,
                     QTYPE: tl.constexpr, BN: tl.constexpr, MT: tl.constexpr, ASM: tl.constexpr):
     """qs word n holds codes of sub-block 2 (n // 8) (low nibbles) and 2 (n // 8) + 1
     (high), elements 64 (n // 8) + 4 (n % 8) + 0..3 (+ 32); Q5_K's fifth bits are
-    bits 2 (n // 8) (+ 1) of the bytes of qh word n % 8."""
-    pid_n = tl.program_id(0)
+    bits 2 (n // 8) (+ 1) of the bytes of qh word n % 8. Each run of 4 words
+    (h = n // 4) is 16 elements: its min term uses that run's activation sum."""
+    r, rmask, rows = _rows(BN, n_out)
     pid_k = tl.program_id(1)
-    r = pid_n * BN + tl.arange(0, BN)
-    rmask = r < n_out
-    rows = tl.where(rmask, r, 0).to(tl.int64)
     BW: tl.constexpr = (Q4_K_BYTES if QTYPE == Q4_K else Q5_K_BYTES) // 4
     QSW: tl.constexpr = (Q4_K_QS if QTYPE == Q4_K else Q5_K_QS) // 4
     DW: tl.constexpr = (Q4_K_D if QTYPE == Q4_K else Q5_K_D) // 4
     SCW: tl.constexpr = (Q4_K_SCALES if QTYPE == Q4_K else Q5_K_SCALES) // 4
     pw = p.to(tl.pointer_type(tl.int32))
-    n = tl.arange(0, 32)[None, :]
-    g2 = tl.arange(0, 4)[None, :]
+    n = tl.arange(0, 32)[None, None, :]
+    h = tl.arange(0, 8)[None, None, :]                         # run of 4 words
     t3 = tl.arange(0, MT)[:, None, None]
     tmask = t3 < M
-    aw_row = (t3 * (nb_row * 64)).to(tl.int64)
-    n3 = tl.arange(0, 32)[None, None, :]
-    aw = aw_row + 16 * (n3 // 8) + n3 % 8                     # low nibbles' activation words
-    g3 = tl.arange(0, 4)[None, None, :]
-    sb = (t3 * (nb_row * 8)).to(tl.int64) + 2 * g3             # sub-block 2g of a tile
+    t64 = (t3 * (nb_row * 64)).to(tl.int64)
+    aw = t64 + 16 * (n // 8) + n % 8                          # low nibbles' activation words
+    s_run = t64 // 4 + 4 * (h // 2) + h % 2                    # s16 of run h, low nibbles
+    s_blk = t64 // 8 + 2 * (h // 2)                            # dxs of its sub-block
     a1w = a1_ptr.to(tl.pointer_type(tl.int32))
     a2w = a2_ptr.to(tl.pointer_type(tl.int32))
     rw = rows * (nb_row * BW)
-    wp = pw + rw[:, None] + QSW + n
-    hp = pw + rw[:, None] + Q5_K_QH // 4 + n % 8
-    h0 = pw + rw
+    wp = pw + rw + QSW + n
+    hp = pw + rw + Q5_K_QH // 4 + n % 8
+    h0 = pw + rw + 0 * h            # [1, BN, 8]: the header in the runs' layout (no conversion)
     k0 = pid_k * kb_per
     kend = k0 + kb_per - 1
     w = tl.load(wp + k0 * BW, eviction_policy="evict_first")
     qh = w
     if QTYPE == Q5_K:
         qh = tl.load(hp + k0 * BW, eviction_policy="evict_first")
-    h_0, h_1, h_2, h_3 = _q45k_header(h0, k0, BW, DW, SCW)
-    acc = tl.zeros((MT, BN), dtype=tl.float32)
+    e0, e1, e2, e3 = _q45k_header3(h0, k0, BW, DW, SCW)
+    acc = tl.zeros((MT, BN, 8), dtype=tl.float32)
     kb = k0
     while kb < k0 + kb_per:      # not range(): the interpreter cannot index a runtime int
         kn = tl.minimum(kb + 1, kend)
@@ -165,35 +176,32 @@ def _i8_q45k_kernel(a1_ptr, a2_ptr, dxs_ptr, s32_ptr, p, y_ptr, M, n_out, nb_row
         qh_next = w_next
         if QTYPE == Q5_K:
             qh_next = tl.load(hp + kn * BW, eviction_policy="evict_first")
-        n_0, n_1, n_2, n_3 = _q45k_header(h0, kn, BW, DW, SCW)
-        d = _f16_lo(h_0)[:, None]
-        dmin = _f16_lo(h_0 >> 16)[:, None]
+        f0, f1, f2, f3 = _q45k_header3(h0, kn, BW, DW, SCW)
+        d = _f16_lo(e0)
+        dmin = _f16_lo(e0 >> 16)
         for hi in tl.static_range(2):
             c = (w >> (4 * hi)) & 0x0F0F0F0F
             if QTYPE == Q5_K:
                 c = c | (((qh >> (2 * (n // 8) + hi)) & 0x01010101) << 4)
-            dg = _group_dots(c, a1w, a2w, aw + kb * 64 + 8 * hi, tmask, 4, ASM)
-            sc, m = _scale_min_words(h_1[:, None], h_2[:, None], h_3[:, None], 2 * g2 + hi)
-            s = sb + kb * 8 + hi
-            dxs = tl.load(dxs_ptr + s, mask=tmask, other=0.0)
-            xs = tl.load(s32_ptr + s, mask=tmask, other=0).to(tl.float32)
-            ds = (d * sc.to(tl.float32))[None, :, :]
-            dm = (dmin * m.to(tl.float32))[None, :, :]
-            acc += tl.sum(dxs * (ds * dg.to(tl.float32) - dm * xs), axis=2)
+            dg = _group_dots(c, a1w, a2w, aw + kb * 64 + 8 * hi, tmask, ASM)
+            sc, m = _scale_min_words(e1, e2, e3, 2 * (h // 2) + hi)
+            dxs = tl.load(dxs_ptr + s_blk + kb * 8 + hi, mask=tmask, other=0.0)
+            xs = tl.load(s16_ptr + s_run + kb * 16 + 2 * hi, mask=tmask, other=0).to(tl.float32)
+            acc += dxs * ((d * sc.to(tl.float32)) * dg.to(tl.float32) - (dmin * m.to(tl.float32)) * xs)
         kb += 1
         w = w_next
         qh = qh_next
-        h_0 = n_0
-        h_1 = n_1
-        h_2 = n_2
-        h_3 = n_3
+        e0 = f0
+        e1 = f1
+        e2 = f2
+        e3 = f3
     _store(y_ptr, acc, pid_k, M, n_out, r, rmask, MT)
 
 
 # ---- Q6_K --------------------------------------------------------------------------
 
 @triton.jit
-def _q6k_words(ph, lp, hp, kb, BH: tl.constexpr):
+def _q6k_words(lp, hp, kb, BH: tl.constexpr):
     """ql and qh as int32 words (two 2-byte loads each: blocks are 210 bytes)."""
     o = kb * BH
     ql = (tl.load(lp + o, eviction_policy="evict_first").to(tl.int32) & 0xFFFF) | \
@@ -206,55 +214,49 @@ def _q6k_words(ph, lp, hp, kb, BH: tl.constexpr):
 @triton.jit
 def _i8_q6k_kernel(a1_ptr, a2_ptr, dxs_ptr, s16_ptr, p, y_ptr, M, n_out, nb_row, kb_per,
                    BN: tl.constexpr, MT: tl.constexpr, ASM: tl.constexpr):
-    """ql word u (half h = u // 16, r = u % 16): low nibbles are elements
-    128 h + 32 (r // 8) + 4 (r % 8) + 0..3, high nibbles the same + 64; their
-    two top bits are bits 2 (r // 8) (+ 4) of the bytes of qh word 8 h + r % 8.
-    Words 4q..4q+3 share a 16-element scale group: 8 h + q % 4 (+ 4 for high)."""
-    pid_n = tl.program_id(0)
+    """ql word u (half hf = u // 16, r = u % 16): low nibbles are elements
+    128 hf + 32 (r // 8) + 4 (r % 8) + 0..3, high nibbles the same + 64; their
+    two top bits are bits 2 (r // 8) (+ 4) of the bytes of qh word 8 hf + r % 8.
+    Run q of 4 words (u // 4) is one 16-element scale group: 8 hf + q % 4 (+ 4)."""
+    r, rmask, rows = _rows(BN, n_out)
     pid_k = tl.program_id(1)
-    r = pid_n * BN + tl.arange(0, BN)
-    rmask = r < n_out
-    rows = tl.where(rmask, r, 0).to(tl.int64)
     BH: tl.constexpr = Q6_K_BYTES // 2
     ph = p.to(tl.pointer_type(tl.int16))
-    u = tl.arange(0, 32)[None, :]
+    u = tl.arange(0, 32)[None, None, :]
     rr = u % 16
     sh = 2 * (rr // 8)
     rh = rows * (nb_row * BH)
-    lp = ph + rh[:, None] + Q6_K_QL // 2 + 2 * u
-    hp = ph + rh[:, None] + Q6_K_QH // 2 + 2 * (8 * (u // 16) + u % 8)
-    q2 = tl.arange(0, 8)[None, :]
-    scp = p + (rows * (nb_row * Q6_K_BYTES))[:, None] + Q6_K_SCALES + 8 * (q2 // 4) + q2 % 4
+    lp = ph + rh + Q6_K_QL // 2 + 2 * u
+    hp = ph + rh + Q6_K_QH // 2 + 2 * (8 * (u // 16) + u % 8)
+    q = tl.arange(0, 8)[None, None, :]
+    scp = p + rows * (nb_row * Q6_K_BYTES) + Q6_K_SCALES + 8 * (q // 4) + q % 4
     t3 = tl.arange(0, MT)[:, None, None]
     tmask = t3 < M
-    u3 = tl.arange(0, 32)[None, None, :]
-    r3 = u3 % 16
-    aw = (t3 * (nb_row * 64)).to(tl.int64) + 32 * (u3 // 16) + 8 * (r3 // 8) + r3 % 8
-    q3 = tl.arange(0, 8)[None, None, :]
-    blk = 4 * (q3 // 4) + (q3 % 4) // 2                          # 32-column block of group q
-    t8 = (t3 * (nb_row * 8)).to(tl.int64)
-    t16 = t8 + t8
+    t64 = (t3 * (nb_row * 64)).to(tl.int64)
+    aw = t64 + 32 * (u // 16) + 8 * (rr // 8) + rr % 8
+    blk = t64 // 8 + 4 * (q // 4) + (q % 4) // 2                # 32-column block of group q
+    run = t64 // 4 + 8 * (q // 4) + q % 4                       # its 16-column half
     a1w = a1_ptr.to(tl.pointer_type(tl.int32))
     a2w = a2_ptr.to(tl.pointer_type(tl.int32))
     k0 = pid_k * kb_per
     kend = k0 + kb_per - 1
-    ql, qh = _q6k_words(ph, lp, hp, k0, BH)
-    dw = tl.load(ph + rh + k0 * BH + Q6_K_D // 2)
-    acc = tl.zeros((MT, BN), dtype=tl.float32)
+    dp_ = ph + rh + Q6_K_D // 2 + 0 * q         # [1, BN, 8]: d in the groups' layout
+    ql, qh = _q6k_words(lp, hp, k0, BH)
+    dw = tl.load(dp_ + k0 * BH)
+    acc = tl.zeros((MT, BN, 8), dtype=tl.float32)
     kb = k0
-    while kb < k0 + kb_per:      # not range(): the interpreter cannot index a runtime int
+    while kb < k0 + kb_per:
         kn = tl.minimum(kb + 1, kend)
-        ql_next, qh_next = _q6k_words(ph, lp, hp, kn, BH)
-        dw_next = tl.load(ph + rh + kn * BH + Q6_K_D // 2)
-        d = dw.to(tl.float16, bitcast=True).to(tl.float32)[None, :]
+        ql_next, qh_next = _q6k_words(lp, hp, kn, BH)
+        dw_next = tl.load(dp_ + kn * BH)
+        d = dw.to(tl.float16, bitcast=True).to(tl.float32)
         for hi in tl.static_range(2):
             c = ((ql >> (4 * hi)) & 0x0F0F0F0F) | (((qh >> (sh + 4 * hi)) & 0x03030303) << 4)
-            dg = _group_dots(c, a1w, a2w, aw + kb * 64 + 16 * hi, tmask, 8, ASM)
+            dg = _group_dots(c, a1w, a2w, aw + kb * 64 + 16 * hi, tmask, ASM)
             sc = tl.load(scp + kb * Q6_K_BYTES + 4 * hi).to(tl.int8, bitcast=True).to(tl.float32)
-            b32 = kb * 8 + blk + 2 * hi
-            dxs = tl.load(dxs_ptr + t8 + b32, mask=tmask, other=0.0)
-            xs = tl.load(s16_ptr + t16 + 2 * b32 + q3 % 2, mask=tmask, other=0)
-            acc += d * tl.sum(dxs * sc[None, :, :] * (dg - 32 * xs).to(tl.float32), axis=2)
+            dxs = tl.load(dxs_ptr + blk + kb * 8 + 2 * hi, mask=tmask, other=0.0)
+            xs = tl.load(s16_ptr + run + kb * 16 + 4 * hi, mask=tmask, other=0)
+            acc += (dxs * (d * sc)) * (dg - 32 * xs).to(tl.float32)
         kb += 1
         ql = ql_next
         qh = qh_next
@@ -274,65 +276,62 @@ def _i8_legacy_kernel(a1_ptr, a2_ptr, dxs_ptr, s32_ptr, p, y_ptr, M, n_out, nb_r
     and 16 + 4i.. (high); Q5_0's fifth bits are bits 4i.. (16 + 4i..) of its qh,
     spread one to a byte by a multiply. Codes are unsigned: the offset (8, 16)
     comes off through the activation's block sums."""
-    pid_n = tl.program_id(0)
+    r, rmask, rows = _rows(BN, n_out)
     pid_k = tl.program_id(1)
-    r = pid_n * BN + tl.arange(0, BN)
-    rmask = r < n_out
-    rows = tl.where(rmask, r, 0).to(tl.int64)
     BH: tl.constexpr = (Q8_0_BYTES if QTYPE == Q8_0 else Q4_0_BYTES if QTYPE == Q4_0
                         else Q5_0_BYTES) // 2
     QSH: tl.constexpr = (Q8_0_QS if QTYPE == Q8_0 else Q4_0_QS if QTYPE == Q4_0 else Q5_0_QS) // 2
     DH: tl.constexpr = (Q8_0_D if QTYPE == Q8_0 else Q4_0_D if QTYPE == Q4_0 else Q5_0_D) // 2
     NW: tl.constexpr = 64 if QTYPE == Q8_0 else 32
-    WPB: tl.constexpr = NW // 8                                 # words per block
+    NR: tl.constexpr = NW // 4                                  # runs of 4 words
     ph = p.to(tl.pointer_type(tl.int16))
-    n = tl.arange(0, NW)[None, :]
-    b_of = n // WPB
-    i_of = n % WPB
-    rh = (rows * (n_blk * BH))[:, None]
-    wofs = rh + b_of * BH + QSH + 2 * i_of                       # [BN, NW] halfword offsets
+    n = tl.arange(0, NW)[None, None, :]
+    b_of = n // (NW // 8)
+    i_of = n % (NW // 8)
+    rh = rows * (n_blk * BH)
+    wofs = rh + b_of * BH + QSH + 2 * i_of                        # [1, BN, NW] halfwords
     hofs = rh + b_of * BH + Q5_0_QH // 2
-    b2 = tl.arange(0, 8)[None, :]
-    dofs = rh + b2 * BH + DH
+    run = tl.arange(0, NR)[None, None, :]
+    rb = run // (NR // 8)                                         # block of run
+    dofs = rh + rb * BH + DH
     t3 = tl.arange(0, MT)[:, None, None]
     tmask = t3 < M
-    n3 = tl.arange(0, NW)[None, None, :]
     t8 = (t3 * (nb_row * 8)).to(tl.int64)
     if QTYPE == Q8_0:
-        aw = t8 * 8 + n3
+        aw = t8 * 8 + n
     else:
-        aw = t8 * 8 + 8 * (n3 // 4) + n3 % 4
-    b3 = tl.arange(0, 8)[None, None, :]
+        aw = t8 * 8 + 8 * (n // 4) + n % 4
     a1w = a1_ptr.to(tl.pointer_type(tl.int32))
     a2w = a2_ptr.to(tl.pointer_type(tl.int32))
-    acc = tl.zeros((MT, BN), dtype=tl.float32)
+    rmask3 = rmask[None, :, None]
+    acc = tl.zeros((MT, BN, NR), dtype=tl.float32)
     k0 = pid_k * kb_per
     kb = k0
-    while kb < k0 + kb_per:      # not range(): the interpreter cannot index a runtime int
-        valid = rmask[:, None] & (kb * 8 + b_of < n_blk)
+    while kb < k0 + kb_per:
+        valid = rmask3 & (kb * 8 + b_of < n_blk)
         o = kb * 8 * BH
         w = (tl.load(ph + wofs + o, mask=valid, other=0, eviction_policy="evict_first")
              .to(tl.int32) & 0xFFFF) | (tl.load(ph + wofs + o + 1, mask=valid, other=0,
                                                 eviction_policy="evict_first").to(tl.int32) << 16)
-        d = tl.load(ph + dofs + o, mask=rmask[:, None] & (kb * 8 + b2 < n_blk), other=0)
-        d = d.to(tl.float16, bitcast=True).to(tl.float32)[None, :, :]
-        dxs = tl.load(dxs_ptr + t8 + kb * 8 + b3, mask=tmask, other=0.0)
+        d = tl.load(ph + dofs + o, mask=rmask3 & (kb * 8 + rb < n_blk), other=0)
+        d = d.to(tl.float16, bitcast=True).to(tl.float32)
+        dxs = tl.load(dxs_ptr + t8 + kb * 8 + rb, mask=tmask, other=0.0)
         if QTYPE == Q8_0:
-            dg = _group_dots(w, a1w, a2w, aw + kb * 64, tmask, 8, ASM)
-            acc += tl.sum(dxs * d * dg.to(tl.float32), axis=2)
+            dg = _group_dots(w, a1w, a2w, aw + kb * 64, tmask, ASM)
+            acc += (dxs * d) * dg.to(tl.float32)
         else:
             if QTYPE == Q5_0:
                 qh = (tl.load(ph + hofs + o, mask=valid, other=0).to(tl.int32) & 0xFFFF) | \
                     (tl.load(ph + hofs + o + 1, mask=valid, other=0).to(tl.int32) << 16)
-            dg = tl.zeros((MT, BN, 8), dtype=tl.int32)
+            dg = tl.zeros((MT, BN, NR), dtype=tl.int32)
             for hi in tl.static_range(2):
                 c = (w >> (4 * hi)) & 0x0F0F0F0F
                 if QTYPE == Q5_0:
                     fifth = (((qh >> (16 * hi + 4 * i_of)) & 0xF) * 0x00204081) & 0x01010101
                     c = c | (fifth << 4)
-                dg += _group_dots(c, a1w, a2w, aw + kb * 64 + 4 * hi, tmask, 8, ASM)
-            xs = tl.load(s32_ptr + t8 + kb * 8 + b3, mask=tmask, other=0)
+                dg += _group_dots(c, a1w, a2w, aw + kb * 64 + 4 * hi, tmask, ASM)
+            xs = tl.load(s32_ptr + t8 + kb * 8 + rb, mask=tmask, other=0)
             off: tl.constexpr = 8 if QTYPE == Q4_0 else 16
-            acc += tl.sum(dxs * d * (dg - off * xs).to(tl.float32), axis=2)
+            acc += (dxs * d) * (dg - off * xs).to(tl.float32)
         kb += 1
     _store(y_ptr, acc, pid_k, M, n_out, r, rmask, MT)
