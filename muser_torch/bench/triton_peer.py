@@ -33,8 +33,8 @@ LLAMA_CPP_US = {
     (T.Q4_K, 512): 350, (T.Q5_K, 512): 362, (T.Q6_K, 512): 426, (T.Q8_0, 512): 318,
     (T.Q5_0, 512): 323,
 }
-I8_SWEEP = ((16, 1), (16, 2), (32, 2), (32, 4), (64, 4))
-I8_PER_SM = (1, 4)
+I8_SWEEP = ((16, 1), (16, 2), (32, 2), (64, 4), (128, 4))
+I8_PER_SM = (4, 8)
 QMM_SWEEP = ((64, 64, 8), (128, 64, 8), (64, 128, 8), (128, 128, 8), (128, 64, 4))
 
 
@@ -54,22 +54,37 @@ def bench_peer(weights, bw, gen, tokens=PEER_TOKENS):
             us = _time(lambda a: cuda.qmatmul(x, *a), args)
             r = dict(qtype=qt.name, tokens=n, rung=cuda.rung_for(qt, n, x.dtype).name, us=us,
                      of_bw=nbytes / (us * 1e-6) / bw, llama_cpp_us=LLAMA_CPP_US.get((qt, n)))
-            if n == 1:   # the float32 rung qmatmul ran for half activations before i8_dot
-                old = "mv_kquant" if qt in cuda.RUNGS["mv_kquant"].types else "mv_tile"
-                r["float_rung"] = old
-                r["float_rung_us"] = _time(lambda a: cuda.run_rung(
-                    old, x, a[0], qt, shape.n_out, shape.n_in, a[4], a[5]), args)
+            for name, alt in _alternatives(cuda, qt, n).items():
+                r[f"alt_{name}_us"] = _time(lambda a: alt(x, a, shape), args)
             rows.append(r)
             lc = r["llama_cpp_us"]
             ratio = f"{us / lc:5.2f}" if lc else "    –"
             lcs = f"{lc:7.1f}" if lc else "      –"
-            extra = (f"   (float rung {r['float_rung']}: {r['float_rung_us']:.1f} µs)"
-                     if n == 1 else "")
+            extra = "".join(f"  {k[4:-3]} {v:.1f}" for k, v in r.items() if k.startswith("alt_"))
             print(f"peer {qt.name:<5} n={n:<4} {r['rung']:<10} {us:9.1f} µs {r['of_bw']:6.1%}  "
                   f"llama.cpp {lcs} µs  muser/llama.cpp {ratio}{extra}", flush=True)
         del args, w
         torch.cuda.empty_cache()
     return rows
+
+
+def _alternatives(cuda, qt, n):
+    """The other kernels that could run ``n`` tokens of ``qt``: the float32 rung and
+    the int8-dot kernel at one token, the BM=16 tensor-core tile and the int8-dot
+    kernel at 2-8 (launches as the i8 sweep found best)."""
+    def i8(launch):
+        return lambda x, a, s: cuda._i8_dot(x, a[0], qt, s.n_out, s.n_in, None, None, launch)
+
+    def rung(name):
+        return lambda x, a, s: cuda.run_rung(name, x, a[0], qt, s.n_out, s.n_in, a[4], a[5])
+    if qt not in cuda.I8_TYPES or n > 8:
+        return {}
+    kq = qt in (T.Q4_K, T.Q5_K)
+    if n == 1:
+        return {"float": rung("mv_kquant" if qt in cuda.RUNGS["mv_kquant"].types else "mv_tile"),
+                "i8": i8(cuda.Launch(64, 4, 4) if kq else cuda.Launch(16, 1, 4))}
+    return {"qmm_small": rung("qmm_small"),
+            "i8": i8(cuda.Launch(32, 2, 4) if kq else cuda.Launch(16, 2, 4))}
 
 
 def bench_i8_sweep(weights, bw, gen, tokens=(1, 8), shapes=None):

@@ -13,8 +13,8 @@ runs. float32 activations never leave the float32 rungs (the 1e-5 contract).
 ===========  ======  =====================================  ================================
 rung         M       kernel                                 arithmetic
 ===========  ======  =====================================  ================================
-i8_dot       <= 8    float16 / bfloat16 x only: Q4_K, Q5_K, x in two int8 levels per 32 columns
-                     Q6_K, Q8_0, Q4_0, Q5_0 (``int8dot.py``) (~15 bits), dp4a on the packed
+i8_dot       1       float16 / bfloat16 x only: Q4_K, Q5_K  x in two int8 levels per 32 columns
+i8_dot_mt    <= 8    (2-8 tokens: also Q8_0, Q4_0, Q5_0)    (~15 bits), dp4a on the packed
                                                             codes, scales in float32; rel.
                                                             error ~2e-5 before the output's
                                                             rounding
@@ -27,7 +27,8 @@ qmm_small    <= 16   ``_qmm_kernel`` BM=16: one decode per  tensor cores: tiles 
                      tile for all tokens                    dtype, float32 accumulation, rel.
                                                             error ~1e-3 (float32 x: IEEE
                                                             float32 products, ~3e-7)
-qmm_tiled    any     ``_qmm_kernel`` BM=64 tiles            as qmm_small
+qmm_tiled    <= 64   ``_qmm_kernel`` BM=64 tiles            as qmm_small
+qmm_wide     any     ``_qmm_kernel`` 128 x 128 tiles        as qmm_small
 ===========  ======  =====================================  ================================
 
 Small matrices split the K dimension across programs; the partial sums are
@@ -252,19 +253,39 @@ def _i8_dot(x2, packed, qt, n_out, n_in, scales, scale_2, launch: Launch,
     a1, a2, dxs, s16, s32, nb = _quantize_x(x2, n_in)
     rb = triton.cdiv(n_out, launch.bn)
     split, kb_per = _split(rb, nb, _target(launch, x2.device))
-    part = torch.empty((split, M, n_out), dtype=out_dtype if split == 1 else torch.float32,
+    y = torch.empty((M, n_out), dtype=out_dtype, device=x2.device)
+    part = torch.empty((split, M, n_out) if split > 1 else (1,), dtype=torch.float32,
                        device=x2.device)
+    counters = _split_counters(x2.device, rb) if split > 1 else part
     kw = dict(BN=launch.bn, MT=mt, ASM=x2.device.type == "cuda", num_warps=launch.warps)
     grid = (rb, split)
+    args = (a1, a2, dxs, s16 if qt in (GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K) else s32,
+            packed, y, part, counters, split, M, n_out, nb)
     if qt is GGMLType.Q6_K:
-        i8._i8_q6k_kernel[grid](a1, a2, dxs, s16, packed, part, M, n_out, nb, kb_per, **kw)
+        i8._i8_q6k_kernel[grid](*args, kb_per, **kw)
     elif qt in (GGMLType.Q4_K, GGMLType.Q5_K):
-        i8._i8_q45k_kernel[grid](a1, a2, dxs, s16, packed, part, M, n_out, nb, kb_per,
-                                 QTYPE=int(qt), **kw)
+        i8._i8_q45k_kernel[grid](*args, kb_per, QTYPE=int(qt), **kw)
     else:
-        i8._i8_legacy_kernel[grid](a1, a2, dxs, s32, packed, part, M, n_out, nb, n_in // 32,
-                                   kb_per, QTYPE=int(qt), **kw)
-    return _finish(part, split, out_dtype)
+        i8._i8_legacy_kernel[grid](*args, n_in // 32, kb_per, QTYPE=int(qt), **kw)
+    return y
+
+
+_COUNTERS: dict[torch.device, torch.Tensor] = {}
+
+
+def _split_counters(device: torch.device, n: int) -> torch.Tensor:
+    """int32 arrival counters, one per row block, for the int8-dot kernels' in-kernel
+    split-K sum. All zero between calls: the last program of a row block resets its
+    own. Kernels on one stream run in order, so calls never share them at once
+    (two streams running these kernels at the same time would need their own)."""
+    have = _COUNTERS.get(device)
+    if have is None or have.numel() < n:
+        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("int8-dot split counters must exist before CUDA-graph capture; "
+                               "run the op once outside the graph first")
+        have = torch.zeros(max(n, 1 << 14), dtype=torch.int32, device=device)
+        _COUNTERS[device] = have
+    return have
 
 
 # ---- the ladder ----------------------------------------------------------------------
@@ -277,18 +298,28 @@ _KQUANT = (T.Q4_K, T.Q5_K, T.Q6_K)
 # mv_kquant's launch parameters were picked by the sweep (``muser_torch.bench.triton_kernels
 # --what sweep``) on the H200 (docs/performance.md). token_axis beats the tensor-core tile
 # at 2 tokens there (ffn_up 123 vs 166 us) but not at 3-4, hence max_tokens=2.
-# i8_dot: per_sm=1 splits K only where the row blocks leave SMs idle (a split
-# costs a torch.sum and a cast after the kernel).
-I8_TYPES = (T.Q4_K, T.Q5_K, T.Q6_K, T.Q8_0, T.Q4_0, T.Q5_0)
+# The int8-dot rungs serve a type only where they beat the float32 rung (one token)
+# or the tensor-core tile (2-8) at 4096 x 14336 on the H200 (``bench triton --what
+# peer i8sweep``, docs/performance.md); their launch parameters are that sweep's best.
+# Q6_K and the 2-byte-aligned legacy blocks lose at one token (two 2-byte loads per
+# word), Q6_K also at 8.
+I8_TYPES = (T.Q4_K, T.Q5_K, T.Q6_K, T.Q8_0, T.Q4_0, T.Q5_0)     # what int8dot.py decodes
 HALF = frozenset({torch.float16, torch.bfloat16})
 LADDER: tuple[Rung, ...] = (
-    Rung("i8_dot", 8, _each(I8_TYPES, Launch(16, 4, 1)), _i8_dot, HALF),
+    Rung("i8_dot", 1, _each((T.Q4_K, T.Q5_K), Launch(64, 4, 4)), _i8_dot, HALF),
+    Rung("i8_dot_mt", 8, {T.Q4_K: Launch(32, 2, 4), T.Q5_K: Launch(32, 2, 4),
+                          T.Q8_0: Launch(16, 2, 4), T.Q5_0: Launch(16, 2, 4),
+                          T.Q4_0: Launch(16, 2, 4)}, _i8_dot, HALF),
     Rung("mv_kquant", 1, {T.Q4_K: Launch(64, 8, 4), T.Q5_K: Launch(64, 8, 8),
                           T.Q6_K: Launch(32, 4, 8)}, _mv_kquant),
     Rung("mv_tile", 1, _each(SUPPORTED - set(_KQUANT), Launch(16, 4, 4)), _mv_tile),
     Rung("token_axis", 2, _each((T.Q4_K, T.Q5_K), Launch(64, 8, 4)), _mm_token_axis),
     Rung("qmm_small", 16, _each(SUPPORTED, Launch(32, 4, 2, bm=16)), _qmm),
-    Rung("qmm_tiled", None, _each(SUPPORTED, Launch(64, 8, 2, bm=64)), _qmm),
+    Rung("qmm_tiled", 64, _each(SUPPORTED, Launch(64, 8, 2, bm=64)), _qmm),
+    # 128 x 128 tiles (8 warps) halve the decodes per product against 64 x 64: at 512
+    # tokens of 4096 x 14336 on the H200, Q4_K 436 -> 284 us, Q8_0 725 -> 392, Q5_0
+    # 1060 -> 566 (``bench triton --what qmmsweep``, docs/performance.md).
+    Rung("qmm_wide", None, _each(SUPPORTED, Launch(128, 8, 2, bm=128)), _qmm),
 )
 RUNGS: dict[str, Rung] = {r.name: r for r in LADDER}
 

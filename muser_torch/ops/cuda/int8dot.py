@@ -47,6 +47,9 @@ for _name, _bb, _fields in (("Q8_0", Q8_0_BYTES, (Q8_0_D, Q8_0_QS)), ("Q4_0", Q4
 require(Q6_K_SCALES % 2 == 0 and Q6_K_D % 2 == 0, "Q6_K's fields on 2-byte words")
 
 LEVEL = tl.constexpr(254)          # a2's unit is 1/254 of a1's
+# Arguments that vary with the token count or the split: not specialized on, so a
+# new prompt length compiles nothing new (ops/cuda/warm.py compiles the rest).
+_RUNTIME = ("split", "M", "nb_row", "kb_per", "n_blk")
 
 
 # ---- the activation: two int8 levels per 32-column block -----------------------
@@ -95,12 +98,10 @@ def _dp4a(a, b, c, ASM: tl.constexpr):
 
 
 @triton.jit
-def _group_dots(c, a1w, a2w, aoff, amask, ASM: tl.constexpr):
-    """Integer dots of code words ``c`` [1, BN, NW] with the activation words at
-    ``aoff`` [MT, 1, NW], summed over each run of 4 words (16 elements; the 4
+def _dots(c, a1, a2, ASM: tl.constexpr):
+    """Integer dots of code words ``c`` [1, BN, NW] with activation words ``a1``,
+    ``a2`` [MT, 1, NW], summed over each run of 4 words (16 elements; the 4
     words one thread loads): [MT, BN, NW // 4], in units of ``dxs``."""
-    a1 = tl.load(a1w + aoff, mask=amask, other=0)
-    a2 = tl.load(a2w + aoff, mask=amask, other=0)
     hi = _dp4a(c, a1, tl.zeros_like(a1), ASM)
     dp = _dp4a(c, a2, hi * LEVEL, ASM)
     MT: tl.constexpr = dp.shape[0]
@@ -110,11 +111,39 @@ def _group_dots(c, a1w, a2w, aoff, amask, ASM: tl.constexpr):
 
 
 @triton.jit
-def _store(y_ptr, acc3, pid_k, M, n_out, r, rmask, MT: tl.constexpr):
-    acc = tl.sum(acc3, axis=2)
+def _group_dots(c, a1w, a2w, aoff, amask, ASM: tl.constexpr):
+    """``_dots`` with the activation words loaded at ``aoff``."""
+    return _dots(c, tl.load(a1w + aoff, mask=amask, other=0),
+                 tl.load(a2w + aoff, mask=amask, other=0), ASM)
+
+
+@triton.jit
+def _store(y_ptr, part_ptr, cnt_ptr, acc, split, M, n_out, r, rmask, MT: tl.constexpr):
+    """Write the output. With a split K each program writes its partial sums
+    to ``part`` [split, M, n_out]; the last of a row block's programs (an
+    acq_rel counter) adds them in split order (deterministic) into ``y`` and
+    resets the counter for the next call, so no second kernel runs."""
+    if len(acc.shape) == 3:
+        acc = tl.sum(acc, axis=2)
     t2 = tl.arange(0, MT)[:, None]
-    out = y_ptr + (pid_k * M + t2).to(tl.int64) * n_out + r[None, :]
-    tl.store(out, acc.to(y_ptr.dtype.element_ty), mask=(t2 < M) & rmask[None, :])
+    m2 = (t2 < M) & rmask[None, :]
+    ofs = t2.to(tl.int64) * n_out + r[None, :]
+    if split == 1:
+        tl.store(y_ptr + ofs, acc.to(y_ptr.dtype.element_ty), mask=m2)
+    else:
+        pid_n = tl.program_id(0)
+        pid_k = tl.program_id(1)
+        tl.store(part_ptr + pid_k.to(tl.int64) * M * n_out + ofs, acc, mask=m2)
+        done = tl.atomic_add(cnt_ptr + pid_n, 1, sem="acq_rel")
+        if done == split - 1:
+            tot = tl.zeros_like(acc)
+            s = 0
+            while s < split:
+                tot += tl.load(part_ptr + s * M * n_out + ofs, mask=m2, other=0.0,
+                               cache_modifier=".cg")
+                s += 1
+            tl.store(y_ptr + ofs, tot.to(y_ptr.dtype.element_ty), mask=m2)
+            tl.atomic_xchg(cnt_ptr + pid_n, 0)
 
 
 @triton.jit
@@ -134,7 +163,22 @@ def _q45k_header3(h0, kb, BW: tl.constexpr, DW: tl.constexpr, SCW: tl.constexpr)
 
 
 @triton.jit
-def _i8_q45k_kernel(a1_ptr, a2_ptr, dxs_ptr, s16_ptr, p, y_ptr, M, n_out, nb_row, kb_per,
+def _q45k_act(a1w, a2w, dxs_ptr, s16_ptr, aw, s_blk, s_run, kb, tmask):
+    """Tile ``kb``'s activation for both nibble halves: words a1, a2, the block
+    scale and the 16-column sums (float), loaded a tile ahead like the weights."""
+    o = aw + kb * 64
+    sb = s_blk + kb * 8
+    sr = s_run + kb * 16
+    return (tl.load(a1w + o, mask=tmask, other=0), tl.load(a2w + o, mask=tmask, other=0),
+            tl.load(dxs_ptr + sb, mask=tmask, other=0.0),
+            tl.load(s16_ptr + sr, mask=tmask, other=0).to(tl.float32),
+            tl.load(a1w + o + 8, mask=tmask, other=0), tl.load(a2w + o + 8, mask=tmask, other=0),
+            tl.load(dxs_ptr + sb + 1, mask=tmask, other=0.0),
+            tl.load(s16_ptr + sr + 2, mask=tmask, other=0).to(tl.float32))
+
+
+@triton.jit(do_not_specialize=_RUNTIME)
+def _i8_q45k_kernel(a1_ptr, a2_ptr, dxs_ptr, s16_ptr, p, y_ptr, part_ptr, cnt_ptr, split, M, n_out, nb_row, kb_per,
                     QTYPE: tl.constexpr, BN: tl.constexpr, MT: tl.constexpr, ASM: tl.constexpr):
     """qs word n holds codes of sub-block 2 (n // 8) (low nibbles) and 2 (n // 8) + 1
     (high), elements 64 (n // 8) + 4 (n % 8) + 0..3 (+ 32); Q5_K's fifth bits are
@@ -168,6 +212,7 @@ def _i8_q45k_kernel(a1_ptr, a2_ptr, dxs_ptr, s16_ptr, p, y_ptr, M, n_out, nb_row
     if QTYPE == Q5_K:
         qh = tl.load(hp + k0 * BW, eviction_policy="evict_first")
     e0, e1, e2, e3 = _q45k_header3(h0, k0, BW, DW, SCW)
+    x0 = _q45k_act(a1w, a2w, dxs_ptr, s16_ptr, aw, s_blk, s_run, k0, tmask)
     acc = tl.zeros((MT, BN, 8), dtype=tl.float32)
     kb = k0
     while kb < k0 + kb_per:      # not range(): the interpreter cannot index a runtime int
@@ -177,17 +222,17 @@ def _i8_q45k_kernel(a1_ptr, a2_ptr, dxs_ptr, s16_ptr, p, y_ptr, M, n_out, nb_row
         if QTYPE == Q5_K:
             qh_next = tl.load(hp + kn * BW, eviction_policy="evict_first")
         f0, f1, f2, f3 = _q45k_header3(h0, kn, BW, DW, SCW)
+        x1 = _q45k_act(a1w, a2w, dxs_ptr, s16_ptr, aw, s_blk, s_run, kn, tmask)
         d = _f16_lo(e0)
         dmin = _f16_lo(e0 >> 16)
         for hi in tl.static_range(2):
             c = (w >> (4 * hi)) & 0x0F0F0F0F
             if QTYPE == Q5_K:
                 c = c | (((qh >> (2 * (n // 8) + hi)) & 0x01010101) << 4)
-            dg = _group_dots(c, a1w, a2w, aw + kb * 64 + 8 * hi, tmask, ASM)
+            dg = _dots(c, x0[4 * hi], x0[4 * hi + 1], ASM)
             sc, m = _scale_min_words(e1, e2, e3, 2 * (h // 2) + hi)
-            dxs = tl.load(dxs_ptr + s_blk + kb * 8 + hi, mask=tmask, other=0.0)
-            xs = tl.load(s16_ptr + s_run + kb * 16 + 2 * hi, mask=tmask, other=0).to(tl.float32)
-            acc += dxs * ((d * sc.to(tl.float32)) * dg.to(tl.float32) - (dmin * m.to(tl.float32)) * xs)
+            acc += x0[4 * hi + 2] * ((d * sc.to(tl.float32)) * dg.to(tl.float32)
+                                     - (dmin * m.to(tl.float32)) * x0[4 * hi + 3])
         kb += 1
         w = w_next
         qh = qh_next
@@ -195,7 +240,8 @@ def _i8_q45k_kernel(a1_ptr, a2_ptr, dxs_ptr, s16_ptr, p, y_ptr, M, n_out, nb_row
         e1 = f1
         e2 = f2
         e3 = f3
-    _store(y_ptr, acc, pid_k, M, n_out, r, rmask, MT)
+        x0 = x1
+    _store(y_ptr, part_ptr, cnt_ptr, acc, split, M, n_out, r, rmask, MT)
 
 
 # ---- Q6_K --------------------------------------------------------------------------
@@ -211,8 +257,8 @@ def _q6k_words(lp, hp, kb, BH: tl.constexpr):
     return ql, qh
 
 
-@triton.jit
-def _i8_q6k_kernel(a1_ptr, a2_ptr, dxs_ptr, s16_ptr, p, y_ptr, M, n_out, nb_row, kb_per,
+@triton.jit(do_not_specialize=_RUNTIME)
+def _i8_q6k_kernel(a1_ptr, a2_ptr, dxs_ptr, s16_ptr, p, y_ptr, part_ptr, cnt_ptr, split, M, n_out, nb_row, kb_per,
                    BN: tl.constexpr, MT: tl.constexpr, ASM: tl.constexpr):
     """ql word u (half hf = u // 16, r = u % 16): low nibbles are elements
     128 hf + 32 (r // 8) + 4 (r % 8) + 0..3, high nibbles the same + 64; their
@@ -261,13 +307,13 @@ def _i8_q6k_kernel(a1_ptr, a2_ptr, dxs_ptr, s16_ptr, p, y_ptr, M, n_out, nb_row,
         ql = ql_next
         qh = qh_next
         dw = dw_next
-    _store(y_ptr, acc, pid_k, M, n_out, r, rmask, MT)
+    _store(y_ptr, part_ptr, cnt_ptr, acc, split, M, n_out, r, rmask, MT)
 
 
 # ---- Q8_0, Q4_0, Q5_0: eight 32-element blocks per tile -----------------------------
 
-@triton.jit
-def _i8_legacy_kernel(a1_ptr, a2_ptr, dxs_ptr, s32_ptr, p, y_ptr, M, n_out, nb_row, n_blk,
+@triton.jit(do_not_specialize=_RUNTIME)
+def _i8_legacy_kernel(a1_ptr, a2_ptr, dxs_ptr, s32_ptr, p, y_ptr, part_ptr, cnt_ptr, split, M, n_out, nb_row, n_blk,
                       kb_per, QTYPE: tl.constexpr, BN: tl.constexpr, MT: tl.constexpr,
                       ASM: tl.constexpr):
     """Blocks are 2-byte aligned (34, 18, 22 bytes), so words are built from two
@@ -334,4 +380,4 @@ def _i8_legacy_kernel(a1_ptr, a2_ptr, dxs_ptr, s32_ptr, p, y_ptr, M, n_out, nb_r
             off: tl.constexpr = 8 if QTYPE == Q4_0 else 16
             acc += (dxs * d) * (dg - off * xs).to(tl.float32)
         kb += 1
-    _store(y_ptr, acc, pid_k, M, n_out, r, rmask, MT)
+    _store(y_ptr, part_ptr, cnt_ptr, acc, split, M, n_out, r, rmask, MT)

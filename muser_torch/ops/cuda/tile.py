@@ -285,7 +285,7 @@ def _mv_tile_kernel(x_ptr, p, s_ptr, s2_ptr, y_ptr, n_out, n_in,
 
 # ---- several tokens: decoded tile on tensor cores ------------------------------
 
-@triton.jit
+@triton.jit(do_not_specialize=("M",))   # a prompt length compiles nothing new
 def _qmm_kernel(x_ptr, p, s_ptr, s2_ptr, y_ptr, M, n_out, n_in,
                 stride_xm, ROW_BYTES, KB_PER: tl.constexpr, QTYPE: tl.constexpr,
                 BM: tl.constexpr, BN: tl.constexpr, DOT_F32: tl.constexpr):
