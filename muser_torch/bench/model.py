@@ -79,8 +79,8 @@ def main(args: argparse.Namespace) -> int:
     model, label = build(args, device, dtype)
     load_s = time.perf_counter() - t_load
     warm_s = getattr(model, "warm_up_s", None)
-    load_note = (f"; load {load_s:.1f} s, of which kernel warm-up {warm_s:.1f} s"
-                 if warm_s is not None else f"; load {load_s:.1f} s")
+    load_note = (f" (load {load_s:.2f} s, of which compiling kernels {warm_s:.2f} s)"
+                 if warm_s else "")
     c = model.config
     total = args.prompt_len + args.warmup + args.decode
     if device.type == "cuda":
@@ -128,9 +128,9 @@ def main(args: argparse.Namespace) -> int:
     steps_per_s = args.decode / decode_s
     print(f"bench model: {label} on {device} ({str(dtype).removeprefix('torch.')}), {c.n_layers} layers, hidden {c.hidden}, "
           f"batch {args.batch}{', compiled' if args.compile else ''}")
-    print(f"  prefill  {args.prompt_len:>5} tokens x {args.batch}: {prefill_tps:10.1f} tok/s warm "
-          f"({prefill_s * 1e3:.1f} ms); first call {cold_s * 1e3:.1f} ms "
-          f"({cold_s / prefill_s:.1f}x warm{load_note})")
+    print(f"  prefill  {args.prompt_len:>5} tokens x {args.batch}: {prefill_tps:10.1f} tok/s "
+          "(warm: the best of several calls after the first)")
+    print(f"  first prefill call: {cold_s * 1e3:.1f} ms = {cold_s / prefill_s:.2f}x a warm one{load_note}")
     print(f"  decode   {args.decode:>5} steps  x {args.batch}: {steps_per_s * args.batch:10.1f} tok/s "
           f"({1e3 / steps_per_s:.2f} ms/step)")
     if graph_ms is not None:
