@@ -28,7 +28,8 @@ qmm_small    <= 16   ``_qmm_kernel`` BM=16: one decode per  tensor cores: tiles 
                                                             error ~1e-3 (float32 x: IEEE
                                                             float32 products, ~3e-7)
 qmm_tiled    <= 64   ``_qmm_kernel`` BM=64 tiles            as qmm_small
-qmm_wide     any     ``_qmm_kernel`` 128 x 128 tiles        as qmm_small
+qmm_wide     any     half x: ``_qmm_kernel`` 128 x 128      as qmm_small
+qmm_tall     any     float32 x: BM=64 tiles                 as qmm_small
 ===========  ======  =====================================  ================================
 
 Small matrices split the K dimension across programs; the partial sums are
@@ -206,13 +207,16 @@ def _mm_token_axis(x2, packed, qt, n_out, n_in, scales, scale_2, launch: Launch)
     return _finish(part, split, x2.dtype)
 
 
+WIDE_ROW_TILES = 4     # row tiles assumed by tiles of more than 64 rows when splitting K
+
+
 def _qmm(x2, packed, qt, n_out, n_in, scales, scale_2, launch: Launch) -> torch.Tensor:
     """``x2[M, n_in]`` to ``[M, n_out]`` on tensor cores, ``bm`` x ``bn`` output tiles."""
     M = x2.shape[0]
     bm, bn = launch.bm, launch.bn
     stages = 2 if bm * bn <= 16 * 64 and x2.dtype != torch.float32 else 1
     s, s2 = _companions(qt, packed, scales, scale_2)
-    tiles = triton.cdiv(M, bm) * triton.cdiv(n_out, bn)
+    tiles = (triton.cdiv(M, bm) if bm <= 64 else WIDE_ROW_TILES) * triton.cdiv(n_out, bn)
     split, kb_per = _split(tiles, triton.cdiv(n_in, _COLS), _target(launch, x2.device))
     part = _partials(split, M, n_out, x2)
     grid = (triton.cdiv(M, bm), triton.cdiv(n_out, bn), split)
@@ -307,25 +311,27 @@ I8_TYPES = (T.Q4_K, T.Q5_K, T.Q6_K, T.Q8_0, T.Q4_0, T.Q5_0)     # what int8dot.p
 HALF = frozenset({torch.float16, torch.bfloat16})
 LADDER: tuple[Rung, ...] = (
     Rung("i8_dot", 1, _each((T.Q4_K, T.Q5_K), Launch(64, 4, 4)), _i8_dot, HALF),
-    Rung("i8_dot_mt", 8, {T.Q4_K: Launch(32, 2, 4), T.Q5_K: Launch(32, 2, 4),
-                          T.Q8_0: Launch(16, 2, 4), T.Q5_0: Launch(16, 2, 4),
-                          T.Q4_0: Launch(16, 2, 4)}, _i8_dot, HALF),
     Rung("mv_kquant", 1, {T.Q4_K: Launch(64, 8, 4), T.Q5_K: Launch(64, 8, 8),
                           T.Q6_K: Launch(32, 4, 8)}, _mv_kquant),
     Rung("mv_tile", 1, _each(SUPPORTED - set(_KQUANT), Launch(16, 4, 4)), _mv_tile),
+    Rung("i8_dot_mt", 8, {T.Q4_K: Launch(32, 2, 4), T.Q5_K: Launch(32, 2, 4),
+                          T.Q5_0: Launch(16, 2, 4), T.Q4_0: Launch(16, 2, 4)}, _i8_dot, HALF),
     Rung("token_axis", 2, _each((T.Q4_K, T.Q5_K), Launch(64, 8, 4)), _mm_token_axis),
     Rung("qmm_small", 16, _each(SUPPORTED, Launch(32, 4, 2, bm=16)), _qmm),
     Rung("qmm_tiled", 64, _each(SUPPORTED, Launch(64, 8, 2, bm=64)), _qmm),
     # 128 x 128 tiles (8 warps) halve the decodes per product against 64 x 64: at 512
     # tokens of 4096 x 14336 on the H200, Q4_K 436 -> 284 us, Q8_0 725 -> 392, Q5_0
-    # 1060 -> 566 (``bench triton --what qmmsweep``, docs/performance.md).
-    Rung("qmm_wide", None, _each(SUPPORTED, Launch(128, 8, 2, bm=128)), _qmm),
+    # 1060 -> 566 (``bench triton --what qmmsweep``, docs/performance.md). Half x only:
+    # float32 tiles that size do not fit in shared memory. Its split K is chosen for a
+    # nominal 4 row tiles whatever M, so a prompt length never compiles a new variant.
+    Rung("qmm_wide", None, _each(SUPPORTED, Launch(128, 8, 2, bm=128)), _qmm, HALF),
+    Rung("qmm_tall", None, _each(SUPPORTED, Launch(64, 8, 2, bm=64)), _qmm),
 )
 RUNGS: dict[str, Rung] = {r.name: r for r in LADDER}
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 for _t in SUPPORTED:   # every supported type has a kernel at every token count and dtype
-    for _m in (1, 2, 9, 17):
+    for _m in (1, 2, 9, 17, 65):
         for _dt in DTYPES:
             if not any(r.serves(_t, _m, _dt) for r in LADDER):
                 raise RuntimeError(f"the CUDA ladder has no rung for {_t.name} at {_m} tokens "
