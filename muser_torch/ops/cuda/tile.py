@@ -239,7 +239,7 @@ def _tile(p, s_ptr, s2_ptr, rows, rmask, kb, n_in,
 
 # ---- dequantize / embedding -------------------------------------------------------
 
-@triton.jit
+@triton.jit(do_not_specialize=("n_rows",))   # the ids' count compiles nothing new
 def _dequant_kernel(p, s_ptr, s2_ptr, ids_ptr, out_ptr, n_rows, n_out, n_in, ROW_BYTES,
                     QTYPE: tl.constexpr, BN: tl.constexpr,
                     HAS_IDS: tl.constexpr):

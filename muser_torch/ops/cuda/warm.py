@@ -35,10 +35,17 @@ def projection_weights(module: nn.Module) -> list[tuple]:
     return list(seen.values())
 
 
+# Whole forwards (no cache) at these lengths after the projections: the embedding,
+# attention and every other kernel of a prefill and a decode step get their first
+# call here (Triton specializes integers equal to 1 or divisible by 16).
+WARM_FORWARDS = (1, 16, 17, 65)
+
+
 def warm_up(module: nn.Module, dtype: torch.dtype, tokens: tuple[int, ...] = WARM_TOKENS,
             max_tokens: int | None = None) -> float:
     """Compile the kernels of ``module``'s CUDA projections for ``dtype``
-    activations; returns the seconds it took. ``max_tokens`` (e.g. the context
+    activations, then (a model with a ``config.vocab_size``) run short forwards
+    without a cache; returns the seconds it took. ``max_tokens`` (e.g. the context
     length) drops counts no call can reach."""
     weights = [a for a in projection_weights(module) if a[0].is_cuda]
     if not weights:
@@ -54,5 +61,10 @@ def warm_up(module: nn.Module, dtype: torch.dtype, tokens: tuple[int, ...] = WAR
             for n in counts:
                 x = torch.zeros((n, args[3]), dtype=dtype, device=args[0].device)
                 torch.ops.muser.qmatmul(x, *args)
+        vocab = getattr(getattr(module, "config", None), "vocab_size", None)
+        if vocab:            # a Decoder: forwards without slots change no cache state
+            for n in WARM_FORWARDS:
+                if max_tokens is None or n <= max_tokens:
+                    module(torch.zeros((1, n), dtype=torch.long, device=weights[0][0].device))
     torch.cuda.synchronize()
     return time.perf_counter() - t0
