@@ -113,11 +113,13 @@ def main(args: argparse.Namespace) -> int:
     path = model_path(None if args.model == "demo" else Path(args.model), args.lane)
     model = from_gguf(path, device=device, dtype=dtype)
     gen = torch.Generator().manual_seed(0)
-    prompt = torch.randint(0, model.config.vocab_size, (1, args.prompt_len), generator=gen).to(device)
+    prompt = torch.randint(0, model.config.vocab_size, (1, args.prompt_len), generator=gen)
+    prompt = prompt.to(device)
     backend = (ops.use_backend("metal-emulator") if args.backend == "metal-emulator"
                else contextlib.nullcontext())
-    print(f"bench compile: {path.name} on {device} ({str(dtype).removeprefix('torch.')}"
-          f"{', metal-emulator' if args.backend == 'metal-emulator' else ''}), torch {torch.__version__}")
+    emu = ", metal-emulator" if args.backend == "metal-emulator" else ""
+    print(f"bench compile: {path.name} on {device} ({str(dtype).removeprefix('torch.')}{emu}), "
+          f"torch {torch.__version__}")
     print(f"  {'mode':<28} {'breaks':>6} {'compile s':>9} {'recompiles':>10} {'(batch)':>7} "
           f"{'tok/s':>9} {'logits vs eager':>15}")
     rows = []

@@ -43,6 +43,7 @@ with the host, so every op can be captured in a CUDA graph.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
@@ -340,6 +341,14 @@ for _t in SUPPORTED:   # every supported type has a kernel at every token count 
 
 def rung_for(qt: GGMLType, tokens: int, dtype: torch.dtype = torch.float32) -> Rung:
     """The rung ``qmatmul`` runs for ``tokens`` activation rows of ``qt`` in ``dtype``."""
+    return _rung_for(qt, min(tokens, _LONGEST), dtype)
+
+
+_LONGEST = 1 + max(r.max_tokens for r in LADDER if r.max_tokens is not None)
+
+
+@functools.lru_cache(maxsize=None)   # eager calls pay the ladder walk once per key
+def _rung_for(qt: GGMLType, tokens: int, dtype: torch.dtype) -> Rung:
     for rung in LADDER:
         if rung.serves(qt, tokens, dtype):
             return rung
@@ -356,8 +365,9 @@ def run_rung(rung: "Rung | str", x2: torch.Tensor, packed: torch.Tensor, qt: GGM
         raise ValueError(f"rung {rung.name} does not serve {qt.name}")
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
+    lp = rung.launch[qt]
     return rung.run(x2, packed, qt, n_out, n_in, scales, scale_2,
-                    dataclasses.replace(rung.launch[qt], **launch))
+                    dataclasses.replace(lp, **launch) if launch else lp)
 
 
 # ---- the ops' CUDA implementations (signatures of muser_torch.ops) ----------------

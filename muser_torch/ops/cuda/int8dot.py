@@ -41,7 +41,8 @@ from .layout import (  # noqa: F401  (every name is a tl.constexpr read by the k
 from .kquant import _f16_lo, _scale_min_words
 
 require(QK_LEGACY == 32 and TILE == 256, "32-column activation blocks, 8 to a 256-column tile")
-for _name, _bb, _fields in (("Q8_0", Q8_0_BYTES, (Q8_0_D, Q8_0_QS)), ("Q4_0", Q4_0_BYTES, (Q4_0_D, Q4_0_QS)),
+for _name, _bb, _fields in (("Q8_0", Q8_0_BYTES, (Q8_0_D, Q8_0_QS)),
+                            ("Q4_0", Q4_0_BYTES, (Q4_0_D, Q4_0_QS)),
                             ("Q5_0", Q5_0_BYTES, (Q5_0_D, Q5_0_QH, Q5_0_QS))):
     require(_bb % 2 == 0 and all(f % 2 == 0 for f in _fields), f"{_name} fields on 2-byte words")
 require(Q6_K_SCALES % 2 == 0 and Q6_K_D % 2 == 0, "Q6_K's fields on 2-byte words")
@@ -178,7 +179,8 @@ def _q45k_act(a1w, a2w, dxs_ptr, s16_ptr, aw, s_blk, s_run, kb, tmask):
 
 
 @triton.jit(do_not_specialize=_RUNTIME)
-def _i8_q45k_kernel(a1_ptr, a2_ptr, dxs_ptr, s16_ptr, p, y_ptr, part_ptr, cnt_ptr, split, M, n_out, nb_row, kb_per,
+def _i8_q45k_kernel(a1_ptr, a2_ptr, dxs_ptr, s16_ptr, p, y_ptr, part_ptr, cnt_ptr, split, M,
+                    n_out, nb_row, kb_per,
                     QTYPE: tl.constexpr, BN: tl.constexpr, MT: tl.constexpr, ASM: tl.constexpr):
     """qs word n holds codes of sub-block 2 (n // 8) (low nibbles) and 2 (n // 8) + 1
     (high), elements 64 (n // 8) + 4 (n % 8) + 0..3 (+ 32); Q5_K's fifth bits are
@@ -258,7 +260,8 @@ def _q6k_words(lp, hp, kb, BH: tl.constexpr):
 
 
 @triton.jit(do_not_specialize=_RUNTIME)
-def _i8_q6k_kernel(a1_ptr, a2_ptr, dxs_ptr, s16_ptr, p, y_ptr, part_ptr, cnt_ptr, split, M, n_out, nb_row, kb_per,
+def _i8_q6k_kernel(a1_ptr, a2_ptr, dxs_ptr, s16_ptr, p, y_ptr, part_ptr, cnt_ptr, split, M,
+                   n_out, nb_row, kb_per,
                    BN: tl.constexpr, MT: tl.constexpr, ASM: tl.constexpr):
     """ql word u (half hf = u // 16, r = u % 16): low nibbles are elements
     128 hf + 32 (r // 8) + 4 (r % 8) + 0..3, high nibbles the same + 64; their
@@ -313,7 +316,8 @@ def _i8_q6k_kernel(a1_ptr, a2_ptr, dxs_ptr, s16_ptr, p, y_ptr, part_ptr, cnt_ptr
 # ---- Q8_0, Q4_0, Q5_0: eight 32-element blocks per tile -----------------------------
 
 @triton.jit(do_not_specialize=_RUNTIME)
-def _i8_legacy_kernel(a1_ptr, a2_ptr, dxs_ptr, s32_ptr, p, y_ptr, part_ptr, cnt_ptr, split, M, n_out, nb_row, n_blk,
+def _i8_legacy_kernel(a1_ptr, a2_ptr, dxs_ptr, s32_ptr, p, y_ptr, part_ptr, cnt_ptr, split, M,
+                      n_out, nb_row, n_blk,
                       kb_per, QTYPE: tl.constexpr, BN: tl.constexpr, MT: tl.constexpr,
                       ASM: tl.constexpr):
     """Blocks are 2-byte aligned (34, 18, 22 bytes), so words are built from two
