@@ -178,6 +178,19 @@ def _q45k_act(a1w, a2w, dxs_ptr, s16_ptr, aw, s_blk, s_run, kb, tmask):
             tl.load(s16_ptr + sr + 2, mask=tmask, other=0).to(tl.float32))
 
 
+@triton.jit
+def _q45k_fetch(wp, hp, h0, a1w, a2w, dxs_ptr, s16_ptr, aw, s_blk, s_run, kb, tmask,
+                QTYPE: tl.constexpr, BW: tl.constexpr, DW: tl.constexpr, SCW: tl.constexpr):
+    """Everything tile ``kb`` needs: qs words, Q5_K's qh words, the header, the activation."""
+    w = tl.load(wp + kb * BW, eviction_policy="evict_first")
+    qh = w                                                     # Q4_K: never read
+    if QTYPE == Q5_K:
+        qh = tl.load(hp + kb * BW, eviction_policy="evict_first")
+    e0, e1, e2, e3 = _q45k_header3(h0, kb, BW, DW, SCW)
+    x = _q45k_act(a1w, a2w, dxs_ptr, s16_ptr, aw, s_blk, s_run, kb, tmask)
+    return w, qh, e0, e1, e2, e3, x
+
+
 @triton.jit(do_not_specialize=_RUNTIME)
 def _i8_q45k_kernel(a1_ptr, a2_ptr, dxs_ptr, s16_ptr, p, y_ptr, part_ptr, cnt_ptr, split, M,
                     n_out, nb_row, kb_per,
@@ -209,22 +222,15 @@ def _i8_q45k_kernel(a1_ptr, a2_ptr, dxs_ptr, s16_ptr, p, y_ptr, part_ptr, cnt_pt
     h0 = pw + rw + 0 * h            # [1, BN, 8]: the header in the runs' layout (no conversion)
     k0 = pid_k * kb_per
     kend = k0 + kb_per - 1
-    w = tl.load(wp + k0 * BW, eviction_policy="evict_first")
-    qh = w
-    if QTYPE == Q5_K:
-        qh = tl.load(hp + k0 * BW, eviction_policy="evict_first")
-    e0, e1, e2, e3 = _q45k_header3(h0, k0, BW, DW, SCW)
-    x0 = _q45k_act(a1w, a2w, dxs_ptr, s16_ptr, aw, s_blk, s_run, k0, tmask)
+    w, qh, e0, e1, e2, e3, x0 = _q45k_fetch(wp, hp, h0, a1w, a2w, dxs_ptr, s16_ptr, aw, s_blk,
+                                            s_run, k0, tmask, QTYPE, BW, DW, SCW)
     acc = tl.zeros((MT, BN, 8), dtype=tl.float32)
     kb = k0
     while kb < k0 + kb_per:      # not range(): the interpreter cannot index a runtime int
         kn = tl.minimum(kb + 1, kend)
-        w_next = tl.load(wp + kn * BW, eviction_policy="evict_first")
-        qh_next = w_next
-        if QTYPE == Q5_K:
-            qh_next = tl.load(hp + kn * BW, eviction_policy="evict_first")
-        f0, f1, f2, f3 = _q45k_header3(h0, kn, BW, DW, SCW)
-        x1 = _q45k_act(a1w, a2w, dxs_ptr, s16_ptr, aw, s_blk, s_run, kn, tmask)
+        w_next, qh_next, f0, f1, f2, f3, x1 = _q45k_fetch(wp, hp, h0, a1w, a2w, dxs_ptr, s16_ptr,
+                                                          aw, s_blk, s_run, kn, tmask, QTYPE, BW,
+                                                          DW, SCW)
         d = _f16_lo(e0)
         dmin = _f16_lo(e0 >> 16)
         for hi in tl.static_range(2):
