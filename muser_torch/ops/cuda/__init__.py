@@ -13,14 +13,15 @@ runs. float32 activations never leave the float32 rungs (the 1e-5 contract).
 ===========  ======  =====================================  ================================
 rung         M       kernel                                 arithmetic
 ===========  ======  =====================================  ================================
-i8_dot       1       float16 / bfloat16 x only: Q4_K, Q5_K  x in two int8 levels per 32 columns
-i8_dot_mt    <= 8    (2-8 tokens: also Q8_0, Q4_0, Q5_0)    (~15 bits), dp4a on the packed
+i8_dot       1       half x only: Q4_K, Q5_K                x in two int8 levels per 32 columns
+                     (``int8dot.py``)                       (~15 bits), dp4a on the packed
                                                             codes, scales in float32; rel.
                                                             error ~2e-5 before the output's
                                                             rounding
 mv_kquant    1       Q4_K/Q5_K ``_mv_q45k_kernel``,         float32 FFMA, rel. error ~1e-6
                      Q6_K ``_mv_q6k_kernel``                (128 + q, see kquant.py)
 mv_tile      1       ``_mv_tile_kernel``: the other types   float32 FFMA
+i8_dot_mt    <= 8    half x only: Q4_K, Q5_K, Q5_0, Q4_0    as i8_dot
 token_axis   2       Q4_K/Q5_K ``_mm_q45k_mt_kernel``:      float32 FFMA, as mv_kquant
                      one decode for all tokens
 qmm_small    <= 16   ``_qmm_kernel`` BM=16: one decode per  tensor cores: tiles rounded to x's
@@ -33,7 +34,8 @@ qmm_tall     any     float32 x: BM=64 tiles                 as qmm_small
 ===========  ======  =====================================  ================================
 
 Small matrices split the K dimension across programs; the partial sums are
-added by ``torch.sum`` (deterministic, no atomics). ``dequantize`` and
+added by ``torch.sum``, or, in the int8-dot kernels, by the last program of
+each row block in split order (deterministic either way, no atomic sums). ``dequantize`` and
 ``embedding`` are bit-exact with gguf's numpy ``dequantize`` (and
 ``muser_torch.dequantize`` runs this ``dequantize`` for CUDA tensors).
 
