@@ -103,13 +103,13 @@ def run_mode(model, mode: str | None, prompt: torch.Tensor, decode: int, device)
 def main(args: argparse.Namespace) -> int:
     from .. import ops
     from ..models import from_gguf
+    if args.backend == "metal-emulator" and args.device != "cpu":
+        raise ValueError("bench compile: --backend metal-emulator runs on --device cpu")
     device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype, device)
     for what, v in (("--prompt-len", args.prompt_len), ("--decode", args.decode)):
         if v < 1:
             raise ValueError(f"bench compile: {what} must be >= 1, got {v}")
-    if args.backend == "metal-emulator" and device.type != "cpu":
-        raise ValueError("bench compile: --backend metal-emulator runs on --device cpu")
     path = model_path(None if args.model == "demo" else Path(args.model), args.lane)
     model = from_gguf(path, device=device, dtype=dtype)
     gen = torch.Generator().manual_seed(0)

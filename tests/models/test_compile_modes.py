@@ -34,3 +34,14 @@ def test_compiled_decode_matches_eager(demo, mode):
     assert r["graph_breaks"] == 0, r["break_reasons"]
     assert r["recompiles_positions"] == 0, r
     assert r["logits_rel_diff"] < 1e-5, f"seed={seed} {r}"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--prompt-len", "0"], "--prompt-len must be >= 1"),
+    (["--decode", "0"], "--decode must be >= 1"),
+    (["--backend", "metal-emulator", "--device", "cuda"], "metal-emulator runs on --device cpu"),
+])
+def test_bench_compile_refuses_bad_arguments(argv, message, capsys):
+    from muser_torch.cli import main as cli
+    assert cli(["bench", "compile", *argv]) == 2
+    assert message in capsys.readouterr().err
