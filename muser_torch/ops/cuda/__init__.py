@@ -263,7 +263,7 @@ def _i8_dot(x2, packed, qt, n_out, n_in, scales, scale_2, launch: Launch,
     y = torch.empty((M, n_out), dtype=out_dtype, device=x2.device)
     part = torch.empty((split, M, n_out) if split > 1 else (1,), dtype=torch.float32,
                        device=x2.device)
-    counters = _split_counters(x2.device, rb) if split > 1 else part
+    counters = _split_counters(x2.device, rb if split > 1 else 1)   # int32 either way: one variant
     kw = dict(BN=launch.bn, MT=mt, ASM=x2.device.type == "cuda", num_warps=launch.warps)
     grid = (rb, split)
     args = (a1, a2, dxs, s16 if qt in (GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K) else s32,
