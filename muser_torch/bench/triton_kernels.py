@@ -12,6 +12,8 @@ Sections (``--what``):
   sweep  launch parameters (BN, warps, split target) of the one-token K-quant
          rung; the best per shape is then used for that shape's one-token row
          in ``ops``.
+  peer, i8sweep, qmmsweep   test-backend-ops' shape beside llama.cpp's figures,
+         and the sweeps of the int8-dot and tensor-core rungs (``triton_peer``).
 
 Whole-model decode on CUDA is ``muser-torch bench model seed --device cuda``.
 Numbers are measured in this run and printed, never asserted.
@@ -70,7 +72,7 @@ def bench_ops(shapes, tokens_list, bw, gen, dtype=torch.float16, baselines=True,
             else:
                 t = graph_time([lambda a=a: cuda.qmatmul(x, *a) for a in args])
             r = dict(label=shape.label, qtype=qt.name, n_in=shape.n_in, n_out=shape.n_out, tokens=T,
-                     rung=cuda.rung_for(qt, T).name, mb=nbytes / 1e6, us=t * 1e6,
+                     rung=cuda.rung_for(qt, T, dtype).name, mb=nbytes / 1e6, us=t * 1e6,
                      gbps=nbytes / t / 1e9, of_bw=nbytes / t / bw)
             if baselines:
                 def deq_linear():
@@ -148,6 +150,14 @@ def main(args: argparse.Namespace) -> int:
           f"copy {cbw / 1e12:.3f} TB/s (read+write)", flush=True)
     if "sweep" in args.what:
         res["sweep"] = bench_sweep(bw, gen)
+    from . import triton_peer
+    for what, fn in (("i8sweep", triton_peer.bench_i8_sweep), ("qmmsweep", triton_peer.bench_qmm_sweep),
+                     ("peer", triton_peer.bench_peer)):
+        if what in args.what:
+            res[what] = fn(_weights, bw, gen)
+            if args.json:      # after each section: a later failure keeps what ran
+                with open(args.json, "w") as f:
+                    json.dump(res, f, indent=1, default=str)
     head = (f"{'shape':<15} {'type':<10} {'n_in->n_out':>13} {'tok':>4} {'rung':<10} {'MB':>8} "
             f"{'us':>9} {'GB/s':>7} {'of bw':>6} {'vs deq+lin':>8} {'(us)':>9} {'vs fp16':>7} "
             f"{'(us)':>8}  [{args.dtype} activations, CUDA-graph replay over "
@@ -164,7 +174,7 @@ def main(args: argparse.Namespace) -> int:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--what", nargs="+", default=["ops", "types"], choices=("ops", "types", "sweep"))
+    p.add_argument("--what", nargs="+", default=["ops", "types"], choices=("ops", "types", "sweep", "peer", "i8sweep", "qmmsweep"))
     p.add_argument("--tokens", nargs="+", type=int, default=[1, 2, 4, 8, 16, 64, 512])
     p.add_argument("--dtype", choices=("float16", "bfloat16", "float32"), default="float16")
     p.add_argument("--no-baselines", action="store_true")

@@ -49,6 +49,13 @@ def assemble(cls: Any, config: Any, groups: frozenset[str], get: GetWeight,
     if left:  # admission guarantees every tensor; this guards the wiring itself
         raise RuntimeError(f"{cls.__name__}: no weight was bound to {left}")
     model.tokenizer = tokenizer
+    if device.type == "cuda":   # compile every kernel the forward can launch now, not at its first call
+        try:
+            from ..ops.cuda.warm import warm_up   # needs Triton: imported only for a CUDA model
+        except ImportError:
+            pass
+        else:
+            model.warm_up_s = warm_up(model, dtype, max_tokens=getattr(config, "context_length", None))
     return model
 
 

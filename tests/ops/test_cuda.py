@@ -134,10 +134,15 @@ def test_embedding_bit_exact(qt):
 # ---- qmatmul: every rung against float64 ------------------------------------------
 
 def test_ladder_tokens_reach_every_rung():
-    """The token counts the ladder test runs reach every rung of every type."""
+    """The token counts the ladder test runs reach every rung of every type (with
+    float32 activations every rung but the half-only ones), and float32 never
+    reaches a half-only rung."""
     for qt in TYPES:
         served = {r.name for r in cuda.LADDER if qt in r.types}
-        assert {cuda.rung_for(qt, m).name for m in TOKENS} == served, qt.name
+        f32 = {cuda.rung_for(qt, m).name for m in TOKENS}
+        half = {cuda.rung_for(qt, m, torch.float16).name for m in TOKENS}
+        assert f32 | half == served, qt.name
+        assert all(cuda.RUNGS[n].dtypes is None for n in f32), qt.name
 
 
 @pytest.mark.parametrize("qt,shape", ALL_SHAPES, ids=lambda v: getattr(v, "name", str(v)))
@@ -180,6 +185,33 @@ def test_token_axis_kernel(qt):
                               target=target)
             err = _rel(y, x.double() @ c.w64.T)
             assert err < 1e-5, f"{c} tokens={tokens} target={target} rel err {err:.3g}"
+
+
+I8_TYPES = sorted(cuda.I8_TYPES) if cuda else []
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("qt", I8_TYPES, ids=lambda v: v.name)
+def test_i8_dot_kernel(qt, dtype):
+    """The int8-dot kernels (x in two int8 levels per 32 columns, integer dots),
+    dispatched or not, against float64 of the half x as given, their output in
+    float32 so the kernel's own error shows: about 2e-5, held under 1e-4. Rows of
+    32-element types that end inside a 256-column tile, a split K (summed in the
+    kernel) and an all-zero activation block are included."""
+    shapes = [(37, 512), (29, 544)] if qt.block_elems == 32 else [(37, 512)]
+    if not INTERPRET:
+        shapes += [(300, 2816 if qt.block_elems == 256 else 2592)]
+    for n_out, n_in in shapes:
+        c = Case(qt, n_out, n_in)
+        for tokens in (1, 3, 8) if INTERPRET else (1, 2, 3, 5, 8):
+            x = c.randn(tokens, n_in, dtype=dtype)
+            x[:, 32:64] = 0                                   # a block with amax 0
+            for launch in (cuda.Launch(16, 2, 1), cuda.Launch(32, 4, 1, target=10 ** 4)):
+                y = cuda._i8_dot(x.to(DEVICE), c.packed, qt, n_out, n_in, None, None, launch,
+                                 out_dtype=torch.float32)
+                assert y.shape == (tokens, n_out) and y.dtype == torch.float32
+                err = _rel(y, x.double() @ c.w64.T)
+                assert err < 1e-4, f"{c} tokens={tokens} {launch} rel err {err:.3g}"
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)

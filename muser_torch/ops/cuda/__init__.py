@@ -7,25 +7,35 @@ muser-torch[cuda]``), so a CPU install never pulls it.
 ``SUPPORTED`` is the one set of types the CUDA ops take (the tests
 parametrize over it); ``LADDER`` is the one table ``qmatmul`` dispatches by
 (activation rows M = prod(x.shape[:-1])): the first rung whose token bound
-holds M and which serves the type runs.
+holds M, which serves the type and whose ``dtypes`` (None: any) hold x's dtype
+runs. float32 activations never leave the float32 rungs (the 1e-5 contract).
 
 ===========  ======  =====================================  ================================
 rung         M       kernel                                 arithmetic
 ===========  ======  =====================================  ================================
+i8_dot       1       half x only: Q4_K, Q5_K                x in two int8 levels per 32 columns
+                     (``int8dot.py``)                       (~15 bits), dp4a on the packed
+                                                            codes, scales in float32; rel.
+                                                            error ~2e-5 before the output's
+                                                            rounding
 mv_kquant    1       Q4_K/Q5_K ``_mv_q45k_kernel``,         float32 FFMA, rel. error ~1e-6
                      Q6_K ``_mv_q6k_kernel``                (128 + q, see kquant.py)
 mv_tile      1       ``_mv_tile_kernel``: the other types   float32 FFMA
+i8_dot_mt    <= 8    half x only: Q4_K, Q5_K, Q5_0, Q4_0    as i8_dot
 token_axis   2       Q4_K/Q5_K ``_mm_q45k_mt_kernel``:      float32 FFMA, as mv_kquant
                      one decode for all tokens
 qmm_small    <= 16   ``_qmm_kernel`` BM=16: one decode per  tensor cores: tiles rounded to x's
                      tile for all tokens                    dtype, float32 accumulation, rel.
                                                             error ~1e-3 (float32 x: IEEE
                                                             float32 products, ~3e-7)
-qmm_tiled    any     ``_qmm_kernel`` BM=64 tiles            as qmm_small
+qmm_tiled    <= 64   ``_qmm_kernel`` BM=64 tiles            as qmm_small
+qmm_wide     any     half x: ``_qmm_kernel`` 128 x 128      as qmm_small
+qmm_tall     any     float32 x: BM=64 tiles                 as qmm_small
 ===========  ======  =====================================  ================================
 
 Small matrices split the K dimension across programs; the partial sums are
-added by ``torch.sum`` (deterministic, no atomics). ``dequantize`` and
+added by ``torch.sum``, or, in the int8-dot kernels, by the last program of
+each row block in split order (deterministic either way, no atomic sums). ``dequantize`` and
 ``embedding`` are bit-exact with gguf's numpy ``dequantize`` (and
 ``muser_torch.dequantize`` runs this ``dequantize`` for CUDA tensors).
 
@@ -36,6 +46,7 @@ with the host, so every op can be captured in a CUDA graph.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
@@ -45,6 +56,7 @@ import triton
 from ...formats.companions import companion_args
 from ...formats.types import GGMLType
 from ..checks import register_kernels
+from . import int8dot as i8
 from . import kquant as tk
 from . import tile as tt
 from .layout import TILE
@@ -73,11 +85,17 @@ class Rung:
     """One rung of the ladder: it takes up to ``max_tokens`` activation rows
     (None: any number), serves the types ``launch`` names with their launch
     parameters, and runs ``run(x2, packed, qt, n_out, n_in, scales, scale_2,
-    launch)`` on ``x2[M, n_in]``, returning ``[M, n_out]`` in x's dtype."""
+    launch)`` on ``x2[M, n_in]``, returning ``[M, n_out]`` in x's dtype, for
+    activations of the ``dtypes`` (None: every float dtype)."""
     name: str
     max_tokens: int | None
     launch: Mapping[GGMLType, Launch]
     run: Callable[..., torch.Tensor]
+    dtypes: frozenset[torch.dtype] | None = None
+
+    def serves(self, qt: GGMLType, tokens: int, dtype: torch.dtype) -> bool:
+        return (qt in self.launch and (self.max_tokens is None or tokens <= self.max_tokens)
+                and (self.dtypes is None or dtype in self.dtypes))
 
     @property
     def types(self) -> frozenset[GGMLType]:
@@ -192,13 +210,16 @@ def _mm_token_axis(x2, packed, qt, n_out, n_in, scales, scale_2, launch: Launch)
     return _finish(part, split, x2.dtype)
 
 
+WIDE_ROW_TILES = 4     # row tiles assumed by tiles of more than 64 rows when splitting K
+
+
 def _qmm(x2, packed, qt, n_out, n_in, scales, scale_2, launch: Launch) -> torch.Tensor:
     """``x2[M, n_in]`` to ``[M, n_out]`` on tensor cores, ``bm`` x ``bn`` output tiles."""
     M = x2.shape[0]
     bm, bn = launch.bm, launch.bn
     stages = 2 if bm * bn <= 16 * 64 and x2.dtype != torch.float32 else 1
     s, s2 = _companions(qt, packed, scales, scale_2)
-    tiles = triton.cdiv(M, bm) * triton.cdiv(n_out, bn)
+    tiles = (triton.cdiv(M, bm) if bm <= 64 else WIDE_ROW_TILES) * triton.cdiv(n_out, bn)
     split, kb_per = _split(tiles, triton.cdiv(n_in, _COLS), _target(launch, x2.device))
     part = _partials(split, M, n_out, x2)
     grid = (triton.cdiv(M, bm), triton.cdiv(n_out, bn), split)
@@ -207,6 +228,71 @@ def _qmm(x2, packed, qt, n_out, n_in, scales, scale_2, launch: Launch) -> torch.
                          DOT_F32=x2.dtype == torch.float32, num_warps=launch.warps,
                          num_stages=stages)
     return _finish(part, split, x2.dtype)
+
+
+def _quantize_x(x2: torch.Tensor, n_in: int):
+    """x2's rows as int8dot's two int8 levels, block scales and integer block sums,
+    padded with zeros to whole 256-column tiles; and the tiles per row."""
+    M = x2.shape[0]
+    n_pad = triton.cdiv(n_in, _COLS) * _COLS
+    dev = x2.device
+    a1 = torch.empty((M, n_pad), dtype=torch.int8, device=dev)
+    a2 = torch.empty((M, n_pad), dtype=torch.int8, device=dev)
+    dxs = torch.empty((M, n_pad // 32), dtype=torch.float32, device=dev)
+    s32 = torch.empty((M, n_pad // 32), dtype=torch.int32, device=dev)
+    s16 = torch.empty((M, n_pad // 16), dtype=torch.int32, device=dev)
+    blocks = 32
+    i8._quantize_x_kernel[(triton.cdiv(n_pad // 32, blocks), M)](
+        x2, a1, a2, dxs, s16, s32, n_in, x2.stride(0), n_pad, BLOCKS=blocks)
+    return a1, a2, dxs, s16, s32, n_pad // _COLS
+
+
+def _i8_dot(x2, packed, qt, n_out, n_in, scales, scale_2, launch: Launch,
+            out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """1..8 half-precision activation rows: integer dots on the packed codes
+    (int8dot.py). ``out_dtype`` (default x's) lets the tests see the kernel's
+    own error without the output's rounding."""
+    M = x2.shape[0]
+    if M > 8:
+        raise ValueError(f"the int8-dot kernels take at most 8 activation rows, got {M}")
+    out_dtype = out_dtype or x2.dtype
+    mt = 1 if M == 1 else 2 if M == 2 else 4 if M <= 4 else 8
+    a1, a2, dxs, s16, s32, nb = _quantize_x(x2, n_in)
+    rb = triton.cdiv(n_out, launch.bn)
+    split, kb_per = _split(rb, nb, _target(launch, x2.device))
+    y = torch.empty((M, n_out), dtype=out_dtype, device=x2.device)
+    part = torch.empty((split, M, n_out) if split > 1 else (1,), dtype=torch.float32,
+                       device=x2.device)
+    counters = _split_counters(x2.device, rb if split > 1 else 1)   # int32 either way: one variant
+    kw = dict(BN=launch.bn, MT=mt, ASM=x2.device.type == "cuda", num_warps=launch.warps)
+    grid = (rb, split)
+    args = (a1, a2, dxs, s16 if qt in (GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K) else s32,
+            packed, y, part, counters, split, M, n_out, nb)
+    if qt is GGMLType.Q6_K:
+        i8._i8_q6k_kernel[grid](*args, kb_per, **kw)
+    elif qt in (GGMLType.Q4_K, GGMLType.Q5_K):
+        i8._i8_q45k_kernel[grid](*args, kb_per, QTYPE=int(qt), **kw)
+    else:
+        i8._i8_legacy_kernel[grid](*args, n_in // 32, kb_per, QTYPE=int(qt), **kw)
+    return y
+
+
+_COUNTERS: dict[torch.device, torch.Tensor] = {}
+
+
+def _split_counters(device: torch.device, n: int) -> torch.Tensor:
+    """int32 arrival counters, one per row block, for the int8-dot kernels' in-kernel
+    split-K sum. All zero between calls: the last program of a row block resets its
+    own. Kernels on one stream run in order, so calls never share them at once
+    (two streams running these kernels at the same time would need their own)."""
+    have = _COUNTERS.get(device)
+    if have is None or have.numel() < n:
+        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("int8-dot split counters must exist before CUDA-graph capture; "
+                               "run the op once outside the graph first")
+        have = torch.zeros(max(n, 1 << 14), dtype=torch.int32, device=device)
+        _COUNTERS[device] = have
+    return have
 
 
 # ---- the ladder ----------------------------------------------------------------------
@@ -219,26 +305,54 @@ _KQUANT = (T.Q4_K, T.Q5_K, T.Q6_K)
 # mv_kquant's launch parameters were picked by the sweep (``muser_torch.bench.triton_kernels
 # --what sweep``) on the H200 (docs/performance.md). token_axis beats the tensor-core tile
 # at 2 tokens there (ffn_up 123 vs 166 us) but not at 3-4, hence max_tokens=2.
+# The int8-dot rungs serve a type only where they beat the float32 rung (one token)
+# or the tensor-core tile (2-8) at 4096 x 14336 on the H200 (``bench triton --what
+# peer i8sweep``, docs/performance.md); their launch parameters are that sweep's best.
+# Q6_K and the 2-byte-aligned legacy blocks lose at one token (two 2-byte loads per
+# word), Q6_K also at 8.
+I8_TYPES = (T.Q4_K, T.Q5_K, T.Q6_K, T.Q8_0, T.Q4_0, T.Q5_0)     # what int8dot.py decodes
+HALF = frozenset({torch.float16, torch.bfloat16})
 LADDER: tuple[Rung, ...] = (
+    Rung("i8_dot", 1, _each((T.Q4_K, T.Q5_K), Launch(64, 4, 4)), _i8_dot, HALF),
     Rung("mv_kquant", 1, {T.Q4_K: Launch(64, 8, 4), T.Q5_K: Launch(64, 8, 8),
                           T.Q6_K: Launch(32, 4, 8)}, _mv_kquant),
     Rung("mv_tile", 1, _each(SUPPORTED - set(_KQUANT), Launch(16, 4, 4)), _mv_tile),
+    Rung("i8_dot_mt", 8, {T.Q4_K: Launch(32, 2, 4), T.Q5_K: Launch(32, 2, 4),
+                          T.Q5_0: Launch(16, 2, 4), T.Q4_0: Launch(16, 2, 4)}, _i8_dot, HALF),
     Rung("token_axis", 2, _each((T.Q4_K, T.Q5_K), Launch(64, 8, 4)), _mm_token_axis),
     Rung("qmm_small", 16, _each(SUPPORTED, Launch(32, 4, 2, bm=16)), _qmm),
-    Rung("qmm_tiled", None, _each(SUPPORTED, Launch(64, 8, 2, bm=64)), _qmm),
+    Rung("qmm_tiled", 64, _each(SUPPORTED, Launch(64, 8, 2, bm=64)), _qmm),
+    # 128 x 128 tiles (8 warps) halve the decodes per product against 64 x 64: at 512
+    # tokens of 4096 x 14336 on the H200, Q4_K 436 -> 284 us, Q8_0 725 -> 392, Q5_0
+    # 1060 -> 566 (``bench triton --what qmmsweep``, docs/performance.md). Half x only:
+    # float32 tiles that size do not fit in shared memory. Its split K is chosen for a
+    # nominal 4 row tiles whatever M, so a prompt length never compiles a new variant.
+    Rung("qmm_wide", None, _each(SUPPORTED, Launch(128, 8, 2, bm=128)), _qmm, HALF),
+    Rung("qmm_tall", None, _each(SUPPORTED, Launch(64, 8, 2, bm=64)), _qmm),
 )
 RUNGS: dict[str, Rung] = {r.name: r for r in LADDER}
 
-for _t in SUPPORTED:   # every supported type has a kernel at every token count
-    for _m in (1, 2, 17):
-        if not any(_t in r.types and (r.max_tokens is None or _m <= r.max_tokens) for r in LADDER):
-            raise RuntimeError(f"the CUDA ladder has no rung for {_t.name} at {_m} tokens")
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+for _t in SUPPORTED:   # every supported type has a kernel at every token count and dtype
+    for _m in (1, 2, 9, 17, 65):
+        for _dt in DTYPES:
+            if not any(r.serves(_t, _m, _dt) for r in LADDER):
+                raise RuntimeError(f"the CUDA ladder has no rung for {_t.name} at {_m} tokens "
+                                   f"of {_dt}")
 
 
-def rung_for(qt: GGMLType, tokens: int) -> Rung:
-    """The rung ``qmatmul`` runs for ``tokens`` activation rows of ``qt``."""
+def rung_for(qt: GGMLType, tokens: int, dtype: torch.dtype = torch.float32) -> Rung:
+    """The rung ``qmatmul`` runs for ``tokens`` activation rows of ``qt`` in ``dtype``."""
+    return _rung_for(qt, min(tokens, _LONGEST), dtype)
+
+
+_LONGEST = 1 + max(r.max_tokens for r in LADDER if r.max_tokens is not None)
+
+
+@functools.lru_cache(maxsize=None)   # eager calls pay the ladder walk once per key
+def _rung_for(qt: GGMLType, tokens: int, dtype: torch.dtype) -> Rung:
     for rung in LADDER:
-        if qt in rung.types and (rung.max_tokens is None or tokens <= rung.max_tokens):
+        if rung.serves(qt, tokens, dtype):
             return rung
     raise ValueError(f"the CUDA kernels do not support {qt.name}")
 
@@ -253,8 +367,9 @@ def run_rung(rung: "Rung | str", x2: torch.Tensor, packed: torch.Tensor, qt: GGM
         raise ValueError(f"rung {rung.name} does not serve {qt.name}")
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
+    lp = rung.launch[qt]
     return rung.run(x2, packed, qt, n_out, n_in, scales, scale_2,
-                    dataclasses.replace(rung.launch[qt], **launch))
+                    dataclasses.replace(lp, **launch) if launch else lp)
 
 
 # ---- the ops' CUDA implementations (signatures of muser_torch.ops) ----------------
@@ -266,7 +381,7 @@ def qmatmul(x: torch.Tensor, packed: torch.Tensor, qtype: int, n_out: int, n_in:
     M = x.numel() // n_in if n_in else 0
     if M == 0:
         return x.new_empty((*lead, n_out))
-    y = run_rung(rung_for(qt, M), x.reshape(M, n_in), packed, qt, n_out, n_in, scales, scale_2)
+    y = run_rung(rung_for(qt, M, x.dtype), x.reshape(M, n_in), packed, qt, n_out, n_in, scales, scale_2)
     return y.reshape(*lead, n_out)
 
 

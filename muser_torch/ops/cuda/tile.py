@@ -239,7 +239,7 @@ def _tile(p, s_ptr, s2_ptr, rows, rmask, kb, n_in,
 
 # ---- dequantize / embedding -------------------------------------------------------
 
-@triton.jit
+@triton.jit(do_not_specialize=("n_rows",))   # the ids' count compiles nothing new
 def _dequant_kernel(p, s_ptr, s2_ptr, ids_ptr, out_ptr, n_rows, n_out, n_in, ROW_BYTES,
                     QTYPE: tl.constexpr, BN: tl.constexpr,
                     HAS_IDS: tl.constexpr):
@@ -285,7 +285,7 @@ def _mv_tile_kernel(x_ptr, p, s_ptr, s2_ptr, y_ptr, n_out, n_in,
 
 # ---- several tokens: decoded tile on tensor cores ------------------------------
 
-@triton.jit
+@triton.jit(do_not_specialize=("M",))   # a prompt length compiles nothing new
 def _qmm_kernel(x_ptr, p, s_ptr, s2_ptr, y_ptr, M, n_out, n_in,
                 stride_xm, ROW_BYTES, KB_PER: tl.constexpr, QTYPE: tl.constexpr,
                 BM: tl.constexpr, BN: tl.constexpr, DOT_F32: tl.constexpr):
