@@ -1,0 +1,114 @@
+"""Small random Hugging Face checkpoints, written as a hub download looks: config.json
+from transformers' own config class, safetensors weights (optionally sharded
+with model.safetensors.index.json), and a real tokenizer trained here
+(sentencepiece's ``tokenizer.model`` for Llama and Gemma 3, a byte-level BPE
+``tokenizer.json`` for the Qwens) with its ``tokenizer_config.json`` and chat
+template. Weights are ``hf_files.random_hf_weights`` (transformers' parameter
+names and shapes, fresh values from a seed)."""
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..models.hf_files import random_hf_weights
+from ..text.tiny_tokenizers import CHATML_TEMPLATE, GEMMA_TEMPLATE, LLAMA2_TEMPLATE, corpus
+
+ARCHS = ("llama", "qwen2", "qwen3", "gemma3")
+HF_ARCH = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
+           "gemma3": "Gemma3ForCausalLM"}
+
+
+def hf_config(arch: str, *, vocab: int, n_layers: int = 2, hidden: int = 256, ffn: int = 512,
+              n_heads: int = 4, n_kv_heads: int = 2, head_dim: int | None = None, tied: bool = False,
+              rope: dict | None = None, **extra: Any):
+    from transformers import Gemma3TextConfig, LlamaConfig, Qwen2Config, Qwen3Config
+    cls = {"llama": LlamaConfig, "qwen2": Qwen2Config, "qwen3": Qwen3Config, "gemma3": Gemma3TextConfig}[arch]
+    kw: dict[str, Any] = dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=ffn,
+                              num_hidden_layers=n_layers, num_attention_heads=n_heads,
+                              num_key_value_heads=n_kv_heads, max_position_embeddings=512,
+                              tie_word_embeddings=tied, **extra)
+    if head_dim is not None:
+        kw["head_dim"] = head_dim
+    if rope is not None:
+        kw["rope_parameters"] = rope
+    cfg = cls(**kw)
+    cfg.architectures = [HF_ARCH[arch]]
+    return cfg
+
+
+def write_sentencepiece(directory: Path, seed: int, vocab: int, template: str) -> int:
+    """tokenizer.model (sentencepiece BPE with byte fallback, Llama's settings) and
+    tokenizer_config.json; returns the piece count."""
+    import sentencepiece as spm
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(corpus(seed)), model_writer=model, model_type="bpe",
+        vocab_size=vocab, byte_fallback=True, character_coverage=0.98,
+        normalization_rule_name="identity", remove_extra_whitespaces=False,
+        add_dummy_prefix=True, allow_whitespace_only_pieces=True, split_digits=True,
+        unk_id=0, bos_id=1, eos_id=2, pad_id=-1, minloglevel=2)
+    (directory / "tokenizer.model").write_bytes(model.getvalue())
+    (directory / "tokenizer_config.json").write_text(json.dumps({
+        "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "add_bos_token": True,
+        "add_eos_token": False, "chat_template": template, "tokenizer_class": "LlamaTokenizer"}))
+    return vocab
+
+
+def write_byte_bpe(directory: Path, seed: int, vocab: int) -> int:
+    """tokenizer.json (byte-level BPE, Qwen-style specials) and tokenizer_config.json;
+    returns the token count."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(corpus(seed), trainer)
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
+                            for t in ("<|endoftext|>", "<|im_start|>", "<|im_end|>")])
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in ("<think>", "</think>")])
+    tok.save(str(directory / "tokenizer.json"))
+    (directory / "tokenizer_config.json").write_text(json.dumps({
+        "bos_token": None, "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>",
+        "add_bos_token": False, "chat_template": CHATML_TEMPLATE,
+        "tokenizer_class": "PreTrainedTokenizerFast"}))
+    return tok.get_vocab_size(with_added_tokens=True)
+
+
+def save_weights(directory: Path, weights: dict[str, torch.Tensor], shards: int = 1) -> None:
+    """model.safetensors, or ``shards`` parts with model.safetensors.index.json."""
+    from safetensors.torch import save_file
+    names = list(weights)
+    if shards == 1:
+        save_file(weights, str(directory / "model.safetensors"), metadata={"format": "pt"})
+        return
+    weight_map = {}
+    for k in range(shards):
+        part = f"model-{k + 1:05d}-of-{shards:05d}.safetensors"
+        chunk = {n: weights[n] for n in names[k::shards]}
+        save_file(chunk, str(directory / part), metadata={"format": "pt"})
+        weight_map.update({n: part for n in chunk})
+    (directory / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": 0}, "weight_map": weight_map}))
+
+
+def write_checkpoint(directory: Path, arch: str, seed: int, *, dtype: torch.dtype = torch.bfloat16,
+                     shards: int = 1, vocab: int = 512, extra_vocab: int = 0,
+                     **config: Any) -> tuple[Path, Any, dict[str, torch.Tensor]]:
+    """A random ``arch`` checkpoint in ``directory``: (directory, config, weights as saved).
+    ``extra_vocab`` rows beyond the tokenizer (the converter pads or trims them)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    if arch in ("llama", "gemma3"):
+        n_tok = write_sentencepiece(directory, seed, vocab,
+                                    LLAMA2_TEMPLATE if arch == "llama" else GEMMA_TEMPLATE)
+    else:
+        n_tok = write_byte_bpe(directory, seed, vocab)
+    cfg = hf_config(arch, vocab=n_tok + extra_vocab, **config)
+    cfg.save_pretrained(str(directory))
+    weights = {k: v.to(dtype).contiguous() for k, v in random_hf_weights(cfg, seed).items()}
+    save_weights(directory, weights, shards)
+    return directory, cfg, weights
