@@ -32,9 +32,14 @@ def collect_metadata(ck: Checkpoint, fam: Family, hp: dict, n_layers: int,
                      plan: Sequence[PlannedTensor], kind: str, pre_tokenizer: str | None,
                      imatrix: ImportanceMatrix | None) -> tuple[dict[str, Any], dict[str, Any]]:
     """(metadata, value types) for ``save_gguf``."""
+    import logging
+
     import gguf
     import numpy as np
 
+    # The converter re-adds some keys (Gemma 3); gguf-py warns and keeps the
+    # first position with the new value, which is what is wanted here.
+    logging.getLogger("gguf.gguf_writer").setLevel(logging.ERROR)
     w = gguf.GGUFWriter(path=None, arch=fam.gguf_arch)
     for p in plan:   # shapes only: gguf-py's parameter count reads them
         w.add_tensor_info(p.name, tuple(reversed(p.ne)), np.dtype(np.float32), 4 * math.prod(p.ne),
