@@ -32,7 +32,8 @@ from .rules import Family, family_of, permute_rows, text_hparams, text_tensor_na
 __all__ = ["convert", "ConvertResult"]
 
 _DROP_SUFFIXES = (".attention.masked_bias", ".attention.bias", ".rotary_emb.inv_freq")
-_CHUNK_ELEMS = 1 << 24     # floats quantized at once: bounds the temporaries
+_CHUNK_ELEMS = 1 << 24
+_FLOAT_DTYPES = ("F32", "F16", "BF16", "F64")     # floats quantized at once: bounds the temporaries
 
 
 @dataclass
@@ -162,6 +163,9 @@ def _sources(ck: Checkpoint, fam: Family, hp: dict, n_layers: int) -> tuple[list
                                       f"has num_hidden_layers = {n_layers}")
         gguf_name = row.name.format(i=layer)
         packed = packed_source(ck, hf_name)
+        if packed is None and ref.dtype not in _FLOAT_DTYPES:
+            raise RecipeError(f"tensor {hf_name!r} is {ref.dtype}; the converter takes float weights "
+                              f"({', '.join(_FLOAT_DTYPES)}) or ModelOpt NVFP4 (U8 with F8_E4M3 scales)")
         shape = tuple(ref.shape) if packed is None else packed.shape
         want = tuple(reversed(row.shape(dims)))
         if shape != want:
