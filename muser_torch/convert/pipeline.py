@@ -10,6 +10,7 @@ quantized, in row chunks) plus its output bytes.
 """
 from __future__ import annotations
 
+import math
 import os
 import time
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ import torch
 from ..arch.names import TENSOR_NAMES
 from ..errors import ConfigMismatchError, ConvertError, RecipeError
 from ..formats import GGMLType, quantize
+from ..formats.types import NVFP4_GROUP
 from ..gguf_io import SCALE2_SUFFIX, SCALE_SUFFIX, save_gguf
 from .checkpoint import Checkpoint
 from .imatrix import load_imatrix
@@ -103,6 +105,9 @@ def convert(hf_dir: "str | os.PathLike[str]", out: "str | os.PathLike[str]", typ
             specs[s.name] = _packed_spec(s, by_name.get(s.name))
             continue
         p = by_name[s.name]
+        if p.qtype == GGMLType.NVFP4_E2M1:   # quantized here: the companions come with it
+            specs.update(_nvfp4_specs(s, dev))
+            continue
         importance = im.for_tensor(s.name, s.ne[0]) if im is not None else None
         specs[s.name] = (p.qtype, _producer(s, p, dev, importance), s.ne)
     metadata, types = collect_metadata(ck, fam, hp, n_layers, plan, type, pre_tokenizer, im)
@@ -241,6 +246,27 @@ def _producer(s: _Source, p: PlannedTensor, dev: torch.device, weights: torch.Te
             raise RecipeError(f"tensor {s.name!r} holds NaN or inf; it cannot be converted")
         return encode(t, p, dev, weights)
     return make
+
+
+def _nvfp4_specs(s: _Source, dev: torch.device) -> dict[str, tuple]:
+    """A 16-bit weight quantized to the nvfp4 lane: the payload's producer
+    quantizes the whole tensor (one scale_2 per tensor) and hands the
+    companions, written right after it, to theirs."""
+    held: dict[str, torch.Tensor] = {}
+
+    def payload() -> torch.Tensor:
+        t = s.load()
+        if not bool(torch.isfinite(t).all()):
+            raise RecipeError(f"tensor {s.name!r} holds NaN or inf; it cannot be converted")
+        q, scales, scale_2 = quantize(t.reshape(-1, s.ne[0]).to(device=dev, dtype=torch.float32),
+                                      GGMLType.NVFP4_E2M1)
+        held["scales"], held["scale_2"] = scales.cpu(), scale_2.reshape(1).cpu()
+        return q.cpu()
+
+    n_in, rows = s.ne[0], math.prod(s.ne[1:])
+    return {s.name: (GGMLType.NVFP4_E2M1, payload, s.ne),
+            s.name + SCALE_SUFFIX: (GGMLType.F8_E4M3FN, lambda: held.pop("scales"), (n_in // NVFP4_GROUP, rows)),
+            s.name + SCALE2_SUFFIX: (GGMLType.F32, lambda: held.pop("scale_2"), (1,))}
 
 
 def encode(t: torch.Tensor, p: PlannedTensor, dev: torch.device,

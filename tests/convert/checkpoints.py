@@ -112,3 +112,43 @@ def write_checkpoint(directory: Path, arch: str, seed: int, *, dtype: torch.dtyp
     weights = {k: v.to(dtype).contiguous() for k, v in random_hf_weights(cfg, seed).items()}
     save_weights(directory, weights, shards)
     return directory, cfg, weights
+
+
+# Linear layers a ModelOpt NVFP4 export quantizes (the lm_head and embedding stay 16-bit).
+NVFP4_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def nvfp4_parts(n_out: int, n_in: int, gen: torch.Generator) -> dict[str, torch.Tensor]:
+    """A ModelOpt NVFP4 linear's tensors: packed E2M1 codes (any byte), E4M3FN
+    scales of either sign over several binades (no NaN codes), a positive
+    float32 scale_2 and an input_scale."""
+    payload = torch.randint(0, 256, (n_out, n_in // 2), dtype=torch.uint8, generator=gen)
+    mag = torch.randint(0x08, 0x60, (n_out, n_in // 16), dtype=torch.uint8, generator=gen)
+    sign = torch.randint(0, 2, (n_out, n_in // 16), dtype=torch.uint8, generator=gen) << 7
+    scale_2 = torch.rand((), generator=gen) * 0.01 + 1e-3
+    return {"weight": payload, "weight_scale": (mag | sign).view(torch.float8_e4m3fn),
+            "weight_scale_2": scale_2.to(torch.float32), "input_scale": torch.tensor(0.5)}
+
+
+def write_nvfp4_checkpoint(directory: Path, arch: str, seed: int, **config: Any
+                           ) -> tuple[Path, Any, dict[str, torch.Tensor]]:
+    """A random checkpoint in ModelOpt's NVFP4 layout: every linear of the
+    layers packed, the rest bf16; config.json carries its quantization_config."""
+    d, cfg, weights = write_checkpoint(directory, arch, seed, **config)
+    gen = torch.Generator().manual_seed(seed + 17)
+    out: dict[str, torch.Tensor] = {}
+    for name, w in weights.items():
+        if name.endswith(".weight") and name.split(".")[-2] in NVFP4_LINEARS:
+            base = name[:-len(".weight")]
+            for k, v in nvfp4_parts(w.shape[0], w.shape[1], gen).items():
+                out[f"{base}.{k}"] = v
+        else:
+            out[name] = w
+    for p in d.glob("model*.safetensors*"):
+        p.unlink()
+    save_weights(d, out)
+    raw = json.loads((d / "config.json").read_text())
+    raw["quantization_config"] = {"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 16,
+                                  "exclude_modules": ["lm_head"]}
+    (d / "config.json").write_text(json.dumps(raw))
+    return d, cfg, out
