@@ -25,7 +25,7 @@ from .spec import expand
 from ..formats import GGMLType, PackedWeight, random_weight
 from ..formats.types import NVFP4_GROUP
 
-__all__ = ["SEED_CONFIG", "recipe_type", "lane_type", "tensor_std", "recipe_weight", "plan", "planned_bytes"]
+__all__ = ["SEED_CONFIG", "recipe_type", "tensor_std", "recipe_weight", "plan", "planned_bytes"]
 
 SEED_CONFIG = GlimmerConfig(
     context_length=131072, hidden=6656, ffn=19968, n_layers=52, n_heads=32, n_kv_heads=2,
@@ -35,21 +35,14 @@ SEED_CONFIG = GlimmerConfig(
 
 def recipe_type(config: GlimmerConfig, name: str) -> GGMLType:
     """The GGML type of tensor ``name`` under the seed's recipe for the config's lane."""
-    return lane_type(config.weight_precision, name)
-
-
-def lane_type(lane: str, name: str) -> GGMLType:
-    """The GGML type of tensor ``name`` (a GGUF name) under the seed's recipe for
-    ``lane`` ("q4_k_xl" or "nvfp4"). 1-D tensors other than norms (biases,
-    ``rope_freqs``) have no row to quantize: the caller keeps them F32."""
     if name.endswith("norm.weight"):
         return GGMLType.F32
     if name == "token_embd.weight":
         return GGMLType.Q4_K
-    if lane == "nvfp4":
+    if config.weight_precision == "nvfp4":
         return GGMLType.NVFP4_E2M1
-    if lane != "q4_k_xl":
-        raise ValueError(f"unknown weight_precision {lane!r}; expected q4_k_xl or nvfp4")
+    if config.weight_precision != "q4_k_xl":
+        raise ValueError(f"unknown weight_precision {config.weight_precision!r}; expected q4_k_xl or nvfp4")
     if name == "output.weight":
         return GGMLType.Q5_K
     il = int(name.split(".")[1])

@@ -184,6 +184,8 @@ def _sources(ck: Checkpoint, fam: Family, hp: dict, n_layers: int) -> tuple[list
             out.append(_Source(gguf_name, ne, lambda n=hf_name, e=edit: e(_float_source(ck.load(n)))))
         else:
             out.extend(_Source(n, part_ne, load, packed=True) for n, part_ne, load in packed.parts(gguf_name, edit))
+        for name2, t in fam.synthesized(hp, gguf_name):
+            out.append(_Source(name2, tuple(reversed(t.shape)), lambda t=t: t))
     _check_layers(out, n_layers, fam)
     return out, skipped
 
@@ -202,7 +204,7 @@ def _edit(fam: Family, hp: dict, hf_name: str, gguf_name: str, shape: tuple[int,
         if ".k_proj." in hf_name:
             heads = hp.get("num_key_value_heads", heads)
         steps.append(lambda t: permute_rows(t, heads))
-    if fam.norm_shift and hf_name.endswith("norm.weight"):
+    if fam.shifts(gguf_name):
         steps.append(lambda t: t + fam.norm_shift)
     if gguf_name == TENSOR_NAMES["token_embd"].name:
         rows = shape[0]

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from ..arch.glimmer_recipe import lane_type
+from ..arch.glimmer_recipe import recipe_type
 from ..errors import RecipeError
 from ..formats import GGMLType
 
@@ -31,6 +31,17 @@ LANES = ("q4_k_xl", "nvfp4")
 # (Q4_K_M for q4_k_xl, llama.cpp's MOSTLY_NVFP4 for nvfp4).
 FILE_TYPES = {"f16": 1, "bf16": 32, "q8_0": 7, "q4_k_m": 15, "q4_k_xl": 15, "nvfp4": 39}
 _CONVERTER_TYPE = {"f16": T.F16, "bf16": T.BF16, "q8_0": T.Q8_0}
+
+
+@dataclass(frozen=True)
+class _Lane:
+    """What ``recipe_type`` reads of a Glimmer config: only its lane."""
+    weight_precision: str
+
+
+def lane_type(lane: str, name: str) -> GGMLType:
+    """The seed's recipe (``arch/glimmer_recipe``) for tensor ``name`` in ``lane``."""
+    return recipe_type(_Lane(lane), name)
 
 
 def converter_type(name: str, n_dims: int, n_in: int, kind: str) -> GGMLType:

@@ -17,6 +17,7 @@ from typing import Any, Callable, Iterable
 
 import torch
 
+from ..arch import muse_glimmer as G
 from ..arch.names import TENSOR_NAMES
 from ..arch.spec import TensorSpec
 from ..errors import UnsupportedArchitectureError
@@ -65,9 +66,20 @@ class Family:
     vocab: str                             # vocab.write_vocab family
     keys: Callable[[Any, dict], None]      # add the {arch}.* keys after the common ones
     permute_qk: bool = False               # Llama: rows to ggml's interleaved-pair RoPE
-    norm_shift: float = 0.0                # Gemma: + 1 on every *norm.weight
+    norm_shift: float = 0.0                # Gemma: + 1 on norms (shifted_rows, or every *norm.weight)
+    shifted_rows: frozenset[str] | None = None
     trim_embedding: bool = False           # Gemma: embedding rows cut to the tokenizer's count
     extra: Callable[[dict], Iterable[tuple[str, torch.Tensor]]] = field(default=lambda hp: ())
+    # tensors the converter writes after a checkpoint tensor: (hp, GGUF name) -> [(name, tensor)]
+    synthesized: Callable[[dict, str], list[tuple[str, torch.Tensor]]] = field(default=lambda hp, n: [])
+
+    def shifts(self, gguf_name: str) -> bool:
+        """Whether the converter adds ``norm_shift`` to this tensor."""
+        if not self.norm_shift:
+            return False
+        if self.shifted_rows is None:
+            return gguf_name.endswith("norm.weight")
+        return _pattern_of(gguf_name) in self.shifted_rows
 
     def spec(self, hf_name: str) -> "tuple[TensorSpec, int | None] | None":
         """names.py's row for a (text) checkpoint tensor and its layer, None if unnamed."""
@@ -214,6 +226,42 @@ def llama3_rope_factors(hp: dict) -> Iterable[tuple[str, torch.Tensor]]:
     yield TENSOR_NAMES["rope_freqs"].name, torch.tensor(out, dtype=torch.float32)
 
 
+# ---- Muse Glimmer: the converter's rules are arch/muse_glimmer.py's tables ---------------
+
+def _pattern_of(gguf_name: str) -> str:
+    """``blk.3.attn_q.weight`` -> ``blk.{i}.attn_q.weight``."""
+    parts = gguf_name.split(".")
+    return ".".join(["blk", "{i}", *parts[2:]]) if parts[0] == "blk" else gguf_name
+
+
+def _glimmer_layer_names() -> dict[str, str]:
+    """HF per-layer suffix -> names.py short name, from muse_glimmer.HF_NAMES."""
+    by_pattern = {spec.name: short for short, spec in TENSOR_NAMES.items()}
+    out = {}
+    for gguf_pat, hf_pat in G.HF_NAMES.items():
+        if "{i}" in hf_pat:
+            out[hf_pat.split("{i}.", 1)[1]] = by_pattern[gguf_pat]
+    return out
+
+
+def _glimmer_synthesized(hp: dict, gguf_name: str) -> list[tuple[str, torch.Tensor]]:
+    """attn_q_norm = qk_scale_factor and attn_k_norm = ones, written after attn_q / attn_k."""
+    out = []
+    for pat, value in G.SYNTHESIZED.items():
+        base = pat.replace("_norm.weight", ".weight")
+        if _pattern_of(gguf_name) == base:
+            v = float(hp[value]) if isinstance(value, str) else float(value)
+            out.append((pat.format(i=gguf_name.split(".")[1]), torch.full((hp["head_dim"],), v)))
+    return out
+
+
+def _glimmer_keys(w: Any, hp: dict) -> None:
+    w.add_final_logit_softcapping(hp["final_logit_softcapping"])
+    w.add_logit_scale(hp["output_multiplier"])
+    w.add_sliding_window(hp["sliding_window"])
+    w.add_sliding_window_pattern([t == "sliding_attention" for t in hp["layer_types"]])
+
+
 FAMILIES: tuple[Family, ...] = (
     Family("llama", ("LlamaForCausalLM", "LLaMAForCausalLM", "MistralForCausalLM", "LlamaModel"),
            _LLAMA_LAYER, "llama", _llama_keys, permute_qk=True, extra=llama3_rope_factors),
@@ -221,6 +269,9 @@ FAMILIES: tuple[Family, ...] = (
     Family("qwen3", ("Qwen3ForCausalLM",), _LLAMA_LAYER, "qwen", _no_keys),
     Family("gemma3", ("Gemma3ForCausalLM", "Gemma3ForConditionalGeneration"), _GEMMA_LAYER, "gemma3",
            _gemma3_keys, norm_shift=1.0, trim_embedding=True),
+    Family(G.ARCH, ("MuseGlimmerForConditionalGeneration",), _glimmer_layer_names(), "glimmer",
+           _glimmer_keys, permute_qk=True, norm_shift=1.0, shifted_rows=G.NORM_SHIFTED,
+           synthesized=_glimmer_synthesized),
 )
 
 

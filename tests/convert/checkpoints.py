@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -152,3 +153,53 @@ def write_nvfp4_checkpoint(directory: Path, arch: str, seed: int, **config: Any
                                   "exclude_modules": ["lm_head"]}
     (d / "config.json").write_text(json.dumps(raw))
     return d, cfg, out
+
+
+def glimmer_config(vocab: int, *, n_layers: int = 5, hidden: int = 256, ffn: int = 512, n_heads: int = 4,
+                   n_kv_heads: int = 2, head_dim: int = 64, window: int = 6):
+    """MuseGlimmerConfig: a small text model and a tiny vision tower (which the
+    converter leaves out)."""
+    from transformers.models.muse_glimmer.configuration_muse_glimmer import MuseGlimmerConfig
+    text = dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=ffn, num_hidden_layers=n_layers,
+                num_attention_heads=n_heads, num_key_value_heads=n_kv_heads, head_dim=head_dim,
+                max_position_embeddings=256, rms_norm_eps=1e-6, sliding_window=window,
+                rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+                qk_scale_factor=3.87, output_multiplier=0.4, final_logit_softcapping=20.0,
+                bos_token_id=None, eos_token_id=None)
+    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                  pos_emb_height=4, pos_emb_width=4, max_position_embeddings=16)
+    cfg = MuseGlimmerConfig(text_config=text, vision_config=vision, out_hidden_size=32,
+                            projector_hidden_size=32)
+    cfg.architectures = ["MuseGlimmerForConditionalGeneration"]
+    return cfg
+
+
+def write_glimmer_checkpoint(directory: Path, seed: int, *, dtype: torch.dtype = torch.bfloat16,
+                             **config: Any) -> tuple[Path, Any, dict[str, torch.Tensor]]:
+    """A random MuseGlimmerForConditionalGeneration checkpoint (text model with
+    its centered norms' w around 0, untied lm_head, a tiny vision tower) and a
+    byte-level BPE tokenizer."""
+    from transformers.models.muse_glimmer.modeling_muse_glimmer import MuseGlimmerForConditionalGeneration
+    directory.mkdir(parents=True, exist_ok=True)
+    n_tok = write_byte_bpe(directory, seed, 512)
+    cfg = glimmer_config(n_tok, **config)
+    cfg.save_pretrained(str(directory))
+    with torch.device("meta"):
+        model = MuseGlimmerForConditionalGeneration(cfg)
+    gen = torch.Generator().manual_seed(seed)
+    weights = {}
+    for name, meta in model.state_dict().items():
+        z = torch.randn(tuple(meta.shape), generator=gen)
+        if name.endswith("layernorm.weight"):      # centered: the model uses 1 + w
+            w = 0.2 * z
+        elif name.endswith("norm.weight") or name.endswith(("norm1.weight", "norm2.weight")):
+            w = 1.0 + 0.2 * z
+        elif name.endswith("embed_tokens.weight") or meta.dim() < 2:
+            w = z if meta.dim() == 2 else 0.1 * z
+        elif name == "lm_head.weight":
+            w = 8.0 * z / math.sqrt(meta.shape[1])
+        else:
+            w = z / math.sqrt(meta.shape[-1])
+        weights[name] = w.to(dtype).contiguous()
+    save_weights(directory, weights)
+    return directory, cfg, weights
