@@ -41,6 +41,7 @@ import torch
 from gguf.constants import GGMLQuantizationType, GGUFValueType, LlamaFileType
 
 from muser_torch import load_gguf, save_gguf
+from muser_torch.convert.rules import permute_rows
 
 from ..formats.ggml_ref import quantize_chunk
 
@@ -109,12 +110,11 @@ def random_hf_weights(config, seed: int) -> dict[str, torch.Tensor]:
     return out
 
 
-def permute_qk(w: torch.Tensor, n_head: int) -> torch.Tensor:
-    """llama.cpp's converter permutation of q or k rows (``n_head`` = heads of
-    that projection): per head, the rows [x0..x(d/2-1), y0..y(d/2-1)] of HF's
-    rotate-half layout become interleaved pairs [x0, y0, x1, y1, ...]."""
-    d2 = w.shape[0] // n_head // 2
-    return w.reshape(n_head, 2, d2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
+# llama.cpp's converter permutation of q or k rows, per head [x0..x(d/2-1),
+# y0..] -> [x0, y0, x1, y1, ...]: the package's converter owns it
+# (muser_torch.convert.rules); test_permutation_pairs_rotate_half_halves
+# checks it position by position.
+permute_qk = permute_rows
 
 
 def unpermute_qk(w: torch.Tensor, n_head: int) -> torch.Tensor:
