@@ -28,7 +28,7 @@ from .checkpoint import Checkpoint
 from .imatrix import load_imatrix
 from .keys import collect_metadata
 from .nvfp4_source import NVFP4_COMPANIONS, is_nvfp4_checkpoint, packed_source
-from .recipes import TYPES, PlannedTensor, plan_types
+from .recipes import TYPES, PlannedTensor, llama_quantize_order, plan_types
 from .rules import Family, family_of, permute_rows, text_hparams, text_tensor_name
 
 __all__ = ["convert", "ConvertResult"]
@@ -91,6 +91,8 @@ def convert(hf_dir: "str | os.PathLike[str]", out: "str | os.PathLike[str]", typ
                           f"converts only with --type nvfp4, which keeps its weights as they are; "
                           f"--type {type} would have to dequantize them")
     sources, skipped = _sources(ck, fam, hp, n_layers)
+    if type == "q4_k_m":      # llama-quantize rewrites the F16 file in its loader's order
+        sources.sort(key=lambda s: llama_quantize_order(s.name))
     weights = [s for s in sources if not s.name.endswith(NVFP4_COMPANIONS)]
     plan = plan_types([(s.name, s.ne) for s in weights], type, n_layers,
                       packed=frozenset(s.name for s in weights if s.packed))

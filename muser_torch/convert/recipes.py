@@ -73,6 +73,14 @@ class PlannedTensor:
     source_type: GGMLType       # the F16-file type it is made from (q4_k_m), else qtype
 
 
+def llama_quantize_order(name: str) -> tuple[int, str]:
+    """The order llama-quantize writes tensors in (its loader's weight map):
+    by layer, tensors outside any layer first, then by name."""
+    parts = name.split(".")
+    layer = int(parts[1]) if parts[0] == "blk" and len(parts) > 1 and parts[1].isdecimal() else -1
+    return layer, name
+
+
 def _quantizable(name: str, n_dims: int) -> bool:
     """llama-quantize's tensor_allows_quantization, for the tensors of these architectures."""
     return n_dims >= 2 and name.endswith("weight") and "_norm.weight" not in name

@@ -106,7 +106,9 @@ def save_gguf(path: "str | os.PathLike[str]", metadata: Mapping[str, Any],
                         bar.update(min(_WRITE_CHUNK, nbytes - s))
                 pos = _align(pos, alignment) + nbytes
                 del data
-            f.truncate(len(header) + pos)   # materialize a trailing hole
+            # ggml's reader reads every tensor's padded size, the last one's too
+            # (gguf-py writes that padding): pad the end, and materialize a trailing hole
+            f.truncate(len(header) + _align(pos, alignment))
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
