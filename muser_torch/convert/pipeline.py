@@ -76,11 +76,24 @@ def convert(hf_dir: "str | os.PathLike[str]", out: "str | os.PathLike[str]", typ
     t0 = time.perf_counter()
     if type not in TYPES:
         raise RecipeError(f"--type {type!r} is not one of {', '.join(TYPES)}")
-    dev = torch.device(device)
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ConvertError(f"device {device!r} is not a torch device (cpu, cuda, cuda:N)") from None
+    if dev.type not in ("cpu", "cuda"):
+        raise ConvertError(f"device {device!r}: the converter quantizes on cpu or cuda")
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ConvertError("--device cuda: no CUDA device is available to this torch")
     out = Path(out)
     ck = Checkpoint(hf_dir)
+    try:
+        return _convert(ck, out, type, dev, imatrix, pre_tokenizer, progress, t0)
+    finally:
+        ck.close()
+
+
+def _convert(ck: Checkpoint, out: Path, type: str, dev: torch.device, imatrix: Any,
+             pre_tokenizer: str | None, progress: bool | None, t0: float) -> ConvertResult:
     ck.check_weight_map()
     fam = family_of(ck.hparams)
     hp = text_hparams(ck.hparams)
@@ -116,7 +129,6 @@ def convert(hf_dir: "str | os.PathLike[str]", out: "str | os.PathLike[str]", typ
     input_bytes = sum(r.nbytes for r in ck.tensors.values())
     save_gguf(out, metadata, specs, types=types,
               progress=progress if progress is not None else input_bytes >= 64 << 20)
-    ck.close()
     return ConvertResult(out, len(specs), input_bytes, out.stat().st_size, time.perf_counter() - t0,
                          skipped)
 
