@@ -51,7 +51,6 @@ class Checkpoint:
             raise CheckpointError(f"{self.dir}: not a directory (expected a Hugging Face checkpoint)")
         self.hparams = load_hparams(self.dir)
         self.tensors: dict[str, TensorRef] = {}
-        self._handles: dict[Path, Any] = {}
         for part in self._parts():
             for ref in _read_header(part):
                 self.tensors[ref.name] = ref
@@ -91,19 +90,19 @@ class Checkpoint:
                                   f"not in the map: {extra[:5]}{' ...' if len(extra) > 5 else ''}")
 
     def load(self, name: str) -> torch.Tensor:
-        """Tensor ``name`` from its memory-mapped part (a copy of this tensor only)."""
+        """Tensor ``name`` from its memory-mapped part (a copy of this tensor
+        only). The map is opened per tensor and closed after it, so the pages
+        read do not stay resident: memory holds this tensor, not the part."""
+        from safetensors import safe_open
         ref = self.tensors[name]
-        handle = self._handles.get(ref.part)
-        if handle is None:
-            from safetensors import safe_open
-            try:
-                handle = self._handles[ref.part] = safe_open(str(ref.part), framework="pt")
-            except Exception as e:    # safetensors raises its own SafetensorError
-                raise CheckpointError(f"{ref.part.name}: cannot be read as safetensors ({e})") from None
-        return handle.get_tensor(name)
+        try:
+            with safe_open(str(ref.part), framework="pt") as f:
+                return f.get_tensor(name)
+        except Exception as e:    # safetensors raises its own SafetensorError
+            raise CheckpointError(f"{ref.part.name}: tensor {name!r} cannot be read ({e})") from None
 
     def close(self) -> None:
-        self._handles.clear()
+        """Nothing stays open between loads; kept so callers need not know."""
 
 
 def load_hparams(directory: Path) -> dict[str, Any]:

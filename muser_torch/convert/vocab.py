@@ -135,6 +135,7 @@ def _write_spm(writer: Any, directory: Path, tokens: list, scores: list, types: 
     writer.add_token_scores(scores)
     writer.add_token_types(types)
     gguf.SpecialVocab(directory, n_vocab=len(tokens)).add_to_gguf(writer, quiet=True)
+    _normalizer_keys(writer, directory)
 
 
 # ---- byte-level BPE ----------------------------------------------------------------
@@ -177,6 +178,38 @@ def _gpt2(writer: Any, directory: Path, hparams: dict, pre_tokenizer: str | None
     writer.add_token_list(tokens)
     writer.add_token_types(types)
     gguf.SpecialVocab(directory, load_merges=True).add_to_gguf(writer, quiet=True)
+    _normalizer_keys(writer, directory)
+
+
+def _normalizer_keys(writer: Any, directory: Path) -> None:
+    """``tokenizer.ggml.normalizer.lowercase`` / ``.strip_accents`` from
+    tokenizer.json's normalizer (Lowercase, StripAccents, BertNormalizer's
+    flags, inside Sequences too), after the special-vocabulary keys, as the
+    converter's SpecialVocab adds them (gguf-py 0.19's does not yet)."""
+    path = directory / "tokenizer.json"
+    if not path.is_file():
+        return
+    flags: dict[str, bool] = {}
+
+    def walk(n: Any) -> None:
+        if not isinstance(n, dict):
+            return
+        kind = n.get("type")
+        if kind == "Lowercase":
+            flags["lowercase"] = True
+        elif kind == "StripAccents":
+            flags["strip_accents"] = True
+        elif kind == "BertNormalizer":
+            for k in ("lowercase", "strip_accents"):
+                if k in n:
+                    flags[k] = n[k]
+        elif kind == "Sequence":
+            for m in n.get("normalizers", []):
+                walk(m)
+    walk(_read_json(path).get("normalizer"))
+    for k in ("lowercase", "strip_accents"):
+        if flags.get(k) is not None:
+            writer.add_bool(f"tokenizer.ggml.normalizer.{k}", flags[k])
 
 
 # ---- per architecture ----------------------------------------------------------------

@@ -59,11 +59,13 @@ def write_sentencepiece(directory: Path, seed: int, vocab: int, template: str) -
     return vocab
 
 
-def write_byte_bpe(directory: Path, seed: int, vocab: int) -> int:
-    """tokenizer.json (byte-level BPE, Qwen-style specials) and tokenizer_config.json;
-    returns the token count."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+def write_byte_bpe(directory: Path, seed: int, vocab: int, lowercase: bool = False) -> int:
+    """tokenizer.json (byte-level BPE, Qwen-style specials; ``lowercase``: an
+    NFC + Lowercase normalizer) and tokenizer_config.json; returns the token count."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
     tok = Tokenizer(models.BPE())
+    if lowercase:
+        tok.normalizer = normalizers.Sequence([normalizers.NFC(), normalizers.Lowercase()])
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab, show_progress=False,
@@ -98,7 +100,7 @@ def save_weights(directory: Path, weights: dict[str, torch.Tensor], shards: int 
 
 
 def write_checkpoint(directory: Path, arch: str, seed: int, *, dtype: torch.dtype = torch.bfloat16,
-                     shards: int = 1, vocab: int = 512, extra_vocab: int = 0,
+                     shards: int = 1, vocab: int = 512, extra_vocab: int = 0, lowercase: bool = False,
                      **config: Any) -> tuple[Path, Any, dict[str, torch.Tensor]]:
     """A random ``arch`` checkpoint in ``directory``: (directory, config, weights as saved).
     ``extra_vocab`` rows beyond the tokenizer (the converter pads or trims them)."""
@@ -107,7 +109,7 @@ def write_checkpoint(directory: Path, arch: str, seed: int, *, dtype: torch.dtyp
         n_tok = write_sentencepiece(directory, seed, vocab,
                                     LLAMA2_TEMPLATE if arch == "llama" else GEMMA_TEMPLATE)
     else:
-        n_tok = write_byte_bpe(directory, seed, vocab)
+        n_tok = write_byte_bpe(directory, seed, vocab, lowercase)
     cfg = hf_config(arch, vocab=n_tok + extra_vocab, **config)
     cfg.save_pretrained(str(directory))
     weights = {k: v.to(dtype).contiguous() for k, v in random_hf_weights(cfg, seed).items()}

@@ -4,7 +4,8 @@ the same bytes, header, metadata, tokenizer and tensors, from the same fresh
 random checkpoint, for F16, BF16 and Q8_0 and every architecture it knows.
 The checkpoints vary what the converter must get right: bf16/f16/f32
 sources, shards with an index, tied embeddings, linear/YaRN/Llama 3 RoPE,
-Gemma's +1 norms and trimmed vocabulary, Llama's q/k permutation."""
+Gemma's +1 norms and trimmed vocabulary, Llama's q/k permutation, a
+lowercasing tokenizer normalizer."""
 from __future__ import annotations
 
 import pytest
@@ -30,7 +31,8 @@ CASES = {
     "llama-f16-llama3rope-shards": ("llama", {"dtype": torch.float16, "rope": LLAMA3_ROPE, "shards": 2,
                                               "extra_vocab": 3}, None),
     "qwen2-tied-yarn": ("qwen2", {"tied": True, "rope": YARN}, "qwen2"),
-    "qwen3-f32-shards": ("qwen3", {"dtype": torch.float32, "shards": 3, "head_dim": 64}, "qwen2"),
+    "qwen3-f32-shards-lowercase": ("qwen3", {"dtype": torch.float32, "shards": 3, "head_dim": 64,
+                                             "lowercase": True}, "qwen2"),
     "gemma3": ("gemma3", {"head_dim": 64, "final_logit_softcapping": 30.0,
                           "rope": {"full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6},
                                    "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}}, None),
