@@ -34,8 +34,9 @@ from .rules import Family, family_of, permute_rows, text_hparams, text_tensor_na
 __all__ = ["convert", "ConvertResult"]
 
 _DROP_SUFFIXES = (".attention.masked_bias", ".attention.bias", ".rotary_emb.inv_freq")
-_CHUNK_ELEMS = 1 << 24
-_FLOAT_DTYPES = ("F32", "F16", "BF16", "F64")     # floats quantized at once: bounds the temporaries
+_FLOAT_DTYPES = ("F32", "F16", "BF16", "F64")
+_CHUNK_ELEMS = 1 << 22      # floats quantized at once: the K-quant search's temporaries are ~20x
+_GPU_CHUNK_ELEMS = 1 << 26  # on a GPU, fewer and larger launches (~5 GB of temporaries)
 
 
 @dataclass
@@ -299,7 +300,7 @@ def encode(t: torch.Tensor, p: PlannedTensor, dev: torch.device,
         t = t.to(torch.float16)
     rows = t.reshape(-1, p.ne[0])
     out = torch.empty((rows.shape[0], q.row_bytes(p.ne[0])), dtype=torch.uint8)
-    step = max(1, _CHUNK_ELEMS // p.ne[0])
+    step = max(1, (_CHUNK_ELEMS if dev.type == "cpu" else _GPU_CHUNK_ELEMS) // p.ne[0])
     if weights is not None:
         weights = weights.to(dev)
     for r in range(0, rows.shape[0], step):
