@@ -196,7 +196,9 @@ def _sources(ck: Checkpoint, fam: Family, hp: dict, n_layers: int) -> tuple[list
         ne = tuple(reversed(shape))
         edit = _edit(fam, hp, hf_name, gguf_name, shape)
         if packed is None:
-            out.append(_Source(gguf_name, ne, lambda n=hf_name, e=edit: e(_float_source(ck.load(n)))))
+            eager = fam.shifts(gguf_name)
+            out.append(_Source(gguf_name, ne,
+                               lambda n=hf_name, e=edit, x=eager: e(_float_source(ck.load(n), x))))
         else:
             out.extend(_Source(n, part_ne, load, packed=True) for n, part_ne, load in packed.parts(gguf_name, edit))
         for name2, t in fam.synthesized(hp, gguf_name):
@@ -205,9 +207,14 @@ def _sources(ck: Checkpoint, fam: Family, hp: dict, n_layers: int) -> tuple[list
     return out, skipped
 
 
-def _float_source(t: torch.Tensor) -> torch.Tensor:
-    # The converter computes in float16 or float32: any other dtype becomes float32 first.
-    return t if t.dtype in (torch.float16, torch.float32) else t.to(torch.float32)
+def _float_source(t: torch.Tensor, eager: bool) -> torch.Tensor:
+    """The converter computes in float16 or float32: any other dtype becomes
+    float32 first. bfloat16 is exact in float32, so unless an edit computes on
+    the tensor (``eager``: Gemma's +1) it stays bfloat16 here and ``encode``
+    widens it chunk by chunk: one float copy of a large tensor is never made."""
+    if t.dtype in (torch.float16, torch.float32) or (t.dtype == torch.bfloat16 and not eager):
+        return t
+    return t.to(torch.float32)
 
 
 def _edit(fam: Family, hp: dict, hf_name: str, gguf_name: str, shape: tuple[int, ...]
@@ -288,7 +295,8 @@ def _nvfp4_specs(s: _Source, dev: torch.device) -> dict[str, tuple]:
 
 def encode(t: torch.Tensor, p: PlannedTensor, dev: torch.device,
            weights: torch.Tensor | None = None) -> torch.Tensor:
-    """A source tensor (float16/float32) to the bytes of its planned type."""
+    """A source tensor (float32, float16 or bfloat16) to the bytes of its planned
+    type; quantized types are widened to float32 one chunk of rows at a time."""
     q = p.qtype
     if q == GGMLType.F32:
         return t.to(torch.float32).contiguous()
@@ -296,15 +304,16 @@ def encode(t: torch.Tensor, p: PlannedTensor, dev: torch.device,
         return t.to(torch.float16).contiguous()
     if q == GGMLType.BF16:
         return t.to(torch.float32).to(torch.bfloat16).contiguous()
-    if p.source_type == GGMLType.F16:      # llama-quantize reads the F16 file's values
-        t = t.to(torch.float16)
     rows = t.reshape(-1, p.ne[0])
     out = torch.empty((rows.shape[0], q.row_bytes(p.ne[0])), dtype=torch.uint8)
     step = max(1, (_CHUNK_ELEMS if dev.type == "cpu" else _GPU_CHUNK_ELEMS) // p.ne[0])
     if weights is not None:
         weights = weights.to(dev)
     for r in range(0, rows.shape[0], step):
-        chunk = rows[r:r + step].to(device=dev, dtype=torch.float32)
+        chunk = rows[r:r + step]
+        if p.source_type == GGMLType.F16:      # llama-quantize reads the F16 file's values
+            chunk = chunk.to(torch.float16)
+        chunk = chunk.to(device=dev, dtype=torch.float32)
         out[r:r + step] = quantize(chunk, q, imatrix=weights).cpu()
     return out
 
