@@ -7,7 +7,8 @@ import importlib
 import sys
 
 # module -> it adds one subcommand (bench adds its own sub-subcommands)
-_COMMANDS = ("muser_torch.run", "muser_torch.inspect", "muser_torch.tiny", "muser_torch.bench")
+_COMMANDS = ("muser_torch.run", "muser_torch.inspect", "muser_torch.tiny", "muser_torch.bench",
+             "muser_torch.convert")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,4 +1,5 @@
-"""Errors raised while reading GGUF files and admitting a model from one.
+"""Errors raised while reading GGUF files, admitting a model from one, and
+converting a Hugging Face checkpoint into one (``ConvertError``).
 
 Every refusal is a ``GGUFError`` (a ``ValueError``, so the CLI prints it as a
 one-line message). The file-level errors come from ``gguf_io`` while the
@@ -66,3 +67,30 @@ class CompanionError(AdmissionError):
 class ChatTemplateError(MetadataError):
     """``tokenizer.chat_template`` is missing where a chat is asked for, is not
     a string, or fails to compile or render."""
+
+
+# ---- conversion of a Hugging Face checkpoint (``muser_torch.convert``) -------
+
+class ConvertError(ValueError):
+    """A checkpoint cannot be converted; nothing is written at the output path."""
+
+
+class CheckpointError(ConvertError):
+    """The checkpoint's files are incomplete or unreadable: a missing shard, a
+    truncated or malformed safetensors file, a missing config.json."""
+
+
+class ConfigMismatchError(ConvertError):
+    """config.json contradicts the tensors (a shape, a missing or extra tensor)."""
+
+
+class UnsupportedArchitectureError(ConvertError):
+    """config.json names an architecture the converter has no rules for."""
+
+
+class RecipeError(ConvertError):
+    """A tensor's dtype or shape cannot take the type the chosen recipe gives it."""
+
+
+class TokenizerConvertError(ConvertError):
+    """The tokenizer files are missing or name a pre-tokenizer llama.cpp cannot identify."""

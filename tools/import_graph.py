@@ -28,7 +28,7 @@ LAYERS = {
     "arch": 4,
     "loader": 5,
     "models": 6, "glimmer": 6, "config": 6,
-    "tiny": 7,
+    "tiny": 7, "convert": 7,
     "inspect": 8, "run": 8, "bench": 8, "cli": 8, "__init__": 9,
 }
 

@@ -45,7 +45,10 @@ def save_gguf(path: "str | os.PathLike[str]", metadata: Mapping[str, Any],
     - any bytes-like object or uint8 array holding exactly the tensor's bytes
       (``ne`` required);
     - ``None``: the tensor is all zero bytes, left as a hole so the file is
-      sparse where the filesystem allows (``ne`` required).
+      sparse where the filesystem allows (``ne`` required);
+    - a callable returning one of the above but ``None`` (``ne`` required):
+      called only when the tensor's turn to be written comes, so a writer
+      of a large model holds one tensor's bytes at a time.
 
     Metadata value types are inferred (bool; int as UINT32 when it fits,
     else INT64 or UINT64; float as FLOAT32; str; lists of one of these) unless
@@ -86,10 +89,13 @@ def save_gguf(path: "str | os.PathLike[str]", metadata: Mapping[str, Any],
                                          unit_scale=True, disable=not show, leave=False) as bar:
             f.write(header)
             pos = 0
-            for _, _, _, nbytes, data in entries:
+            for i, (name, type_id, ne, nbytes, data) in enumerate(entries):
                 pad = _align(pos, alignment) - pos
                 if pad:
                     f.write(bytes(pad))
+                if callable(data):
+                    bar.set_postfix_str(f"tensor {i + 1}/{len(entries)}", refresh=False)
+                    data = _produced(name, type_id, ne, nbytes, data)
                 if data is None:
                     f.seek(nbytes, os.SEEK_CUR)
                     bar.update(nbytes)
@@ -99,7 +105,10 @@ def save_gguf(path: "str | os.PathLike[str]", metadata: Mapping[str, Any],
                         f.write(view[s:s + _WRITE_CHUNK])
                         bar.update(min(_WRITE_CHUNK, nbytes - s))
                 pos = _align(pos, alignment) + nbytes
-            f.truncate(len(header) + pos)   # materialize a trailing hole
+                del data
+            # ggml's reader reads every tensor's padded size, the last one's too
+            # (gguf-py writes that padding): pad the end, and materialize a trailing hole
+            f.truncate(len(header) + _align(pos, alignment))
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
@@ -216,13 +225,22 @@ def _tensor_entry(name: str, spec: TensorSpec):
         raise ValueError(f"tensor {name!r}: ne[0]={ne[0] if ne else 1} is not a multiple of the "
                          f"{type_name(type_id)} block size {elems}")
     nbytes = math.prod(ne) // elems * block_bytes
-    if data is None:
-        return name, type_id, ne, nbytes, None
+    if data is None or callable(data):
+        return name, type_id, ne, nbytes, data
     raw = _as_bytes(name, data)
     if raw.size != nbytes:
         raise ValueError(f"tensor {name!r}: {type_name(type_id)} with ne={list(ne)} is "
                          f"{nbytes} bytes, data has {raw.size}")
     return name, type_id, ne, nbytes, raw
+
+
+def _produced(name: str, type_id: int, ne: tuple[int, ...], nbytes: int, producer: Any) -> np.ndarray:
+    """The bytes a lazy tensor's producer returns, checked against its header entry."""
+    raw = _as_bytes(name, producer())
+    if raw.size != nbytes:
+        raise ValueError(f"tensor {name!r}: {type_name(type_id)} with ne={list(ne)} is "
+                         f"{nbytes} bytes, its producer gave {raw.size}")
+    return raw
 
 
 def _type_id(name: str, qtype: Any) -> int:

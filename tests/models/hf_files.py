@@ -41,6 +41,8 @@ import torch
 from gguf.constants import GGMLQuantizationType, GGUFValueType, LlamaFileType
 
 from muser_torch import load_gguf, save_gguf
+from muser_torch.convert.rules import llama3_rope_factors as converter_llama3_rope_factors
+from muser_torch.convert.rules import permute_rows
 
 from ..formats.ggml_ref import quantize_chunk
 
@@ -109,12 +111,11 @@ def random_hf_weights(config, seed: int) -> dict[str, torch.Tensor]:
     return out
 
 
-def permute_qk(w: torch.Tensor, n_head: int) -> torch.Tensor:
-    """llama.cpp's converter permutation of q or k rows (``n_head`` = heads of
-    that projection): per head, the rows [x0..x(d/2-1), y0..y(d/2-1)] of HF's
-    rotate-half layout become interleaved pairs [x0, y0, x1, y1, ...]."""
-    d2 = w.shape[0] // n_head // 2
-    return w.reshape(n_head, 2, d2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
+# llama.cpp's converter permutation of q or k rows, per head [x0..x(d/2-1),
+# y0..] -> [x0, y0, x1, y1, ...]: the package's converter owns it
+# (muser_torch.convert.rules); test_permutation_pairs_rotate_half_halves
+# checks it position by position.
+permute_qk = permute_rows
 
 
 def unpermute_qk(w: torch.Tensor, n_head: int) -> torch.Tensor:
@@ -125,28 +126,16 @@ def unpermute_qk(w: torch.Tensor, n_head: int) -> torch.Tensor:
 
 def llama3_rope_factors(head_dim: int, rope: Mapping[str, Any], rope_theta: float) -> torch.Tensor:
     """The converter's ``rope_freqs.weight`` for Llama 3 scaling: one factor per
-    rotated pair, dividing that pair's frequency.
+    rotated pair, dividing that pair's frequency (the package's converter
+    rule, ``muser_torch.convert.rules.llama3_rope_factors``).
 
-    The converter takes the original context from config.json's top level,
-    where Llama 3.x configs have none, so it is always its default 8192; a
-    ``rope`` naming another value is refused rather than written wrong."""
-    freqs = 1.0 / (rope_theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
-    factor = rope.get("factor", 8.0)
-    low, high = rope.get("low_freq_factor", 1.0), rope.get("high_freq_factor", 4.0)
-    old_ctx = 8192
-    if rope.get("original_max_position_embeddings", old_ctx) != old_ctx:
+    These files are written for an original context of 8192 (Llama 3.x's);
+    a ``rope`` naming another value is refused rather than written wrong."""
+    if rope.get("original_max_position_embeddings", 8192) != 8192:
         raise ValueError("llama.cpp's converter computes llama3 factors for an original context of 8192")
-    out = []
-    for f in freqs.tolist():
-        wavelen = 2 * math.pi / f
-        if wavelen < old_ctx / high:
-            out.append(1.0)
-        elif wavelen > old_ctx / low:
-            out.append(factor)
-        else:
-            smooth = (old_ctx / wavelen - low) / (high - low)
-            out.append(1 / ((1 - smooth) / factor + smooth))
-    return torch.tensor(out, dtype=torch.float32)
+    hp = {"head_dim": head_dim, "rope_parameters": {**rope, "rope_type": "llama3", "rope_theta": rope_theta}}
+    (_, factors), = converter_llama3_rope_factors(hp)
+    return factors
 
 
 def head_dim_of(config) -> int:

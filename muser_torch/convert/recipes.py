@@ -1,0 +1,134 @@
+"""Which GGML type each tensor of a converted file gets, per ``--type``.
+
+* ``f16``, ``bf16``, ``q8_0``: llama.cpp's converter (``prepare_tensors``):
+  1-D tensors, ``*_norm.weight`` and anything not named ``*.weight`` stay
+  F32; every other tensor takes the type, Q8_0 falling back to F16 where a
+  row is not whole 32-blocks.
+* ``q4_k_m``: what ``llama-quantize`` makes of the converter's F16 file
+  (``llama_tensor_get_type`` in ``src/llama-quant.cpp``): Q4_K by default;
+  the lm_head (or the embedding, when tied) Q6_K, Q8_0 when its rows are not
+  whole 256-blocks; attn_v and ffn_down Q6_K on the ``use_more_bits``
+  layers; then the fallbacks for rows not divisible by 256 (Q4_K -> Q5_0,
+  Q5_K -> Q5_1, Q6_K -> Q8_0, F16 when not even 32 divides them).
+* ``q4_k_xl``, ``nvfp4``: the seed's Muser lanes (``arch/glimmer_recipe``);
+  a tensor whose rows cannot take the lane's type is refused (RecipeError).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from ..arch.glimmer_recipe import recipe_type
+from ..errors import RecipeError
+from ..formats import GGMLType
+
+T = GGMLType
+TYPES = ("f16", "bf16", "q8_0", "q4_k_m", "q4_k_xl", "nvfp4")
+LANES = ("q4_k_xl", "nvfp4")
+
+# general.file_type (llama.cpp's llama_ftype) each --type writes; the lanes have
+# none of their own in llama.cpp, so they say what most of their bytes are
+# (Q4_K_M for q4_k_xl, llama.cpp's MOSTLY_NVFP4 for nvfp4).
+FILE_TYPES = {"f16": 1, "bf16": 32, "q8_0": 7, "q4_k_m": 15, "q4_k_xl": 15, "nvfp4": 39}
+_CONVERTER_TYPE = {"f16": T.F16, "bf16": T.BF16, "q8_0": T.Q8_0}
+
+
+@dataclass(frozen=True)
+class _Lane:
+    """What ``recipe_type`` reads of a Glimmer config: only its lane."""
+    weight_precision: str
+
+
+def lane_type(lane: str, name: str) -> GGMLType:
+    """The seed's recipe (``arch/glimmer_recipe``) for tensor ``name`` in ``lane``."""
+    return recipe_type(_Lane(lane), name)
+
+
+def converter_type(name: str, n_dims: int, n_in: int, kind: str) -> GGMLType:
+    """The type llama.cpp's converter writes for ``--outtype kind`` (f16/bf16/q8_0)."""
+    if n_dims <= 1 or name.endswith("_norm.weight") or not name.endswith(".weight"):
+        return T.F32
+    t = _CONVERTER_TYPE[kind]
+    if n_in % t.block_elems:      # gguf-py's QuantError: the converter falls back to F16
+        return T.F16
+    return t
+
+
+def _use_more_bits(i: int, n: int) -> bool:
+    return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
+
+
+def _fallback(t: GGMLType, n_in: int) -> GGMLType:
+    if n_in % t.block_elems == 0:
+        return t
+    t = {T.Q4_K: T.Q5_0, T.Q5_K: T.Q5_1, T.Q6_K: T.Q8_0}.get(t, t)
+    return t if n_in % t.block_elems == 0 else T.F16
+
+
+@dataclass(frozen=True)
+class PlannedTensor:
+    name: str
+    ne: tuple[int, ...]         # GGUF order: ne[0] is a row
+    qtype: GGMLType
+    source_type: GGMLType       # the F16-file type it is made from (q4_k_m), else qtype
+
+
+def llama_quantize_order(name: str) -> tuple[int, str]:
+    """The order llama-quantize writes tensors in (its loader's weight map):
+    by layer, tensors outside any layer first, then by name."""
+    parts = name.split(".")
+    layer = int(parts[1]) if parts[0] == "blk" and len(parts) > 1 and parts[1].isdecimal() else -1
+    return layer, name
+
+
+def _quantizable(name: str, n_dims: int) -> bool:
+    """llama-quantize's tensor_allows_quantization, for the tensors of these architectures."""
+    return n_dims >= 2 and name.endswith("weight") and "_norm.weight" not in name
+
+
+def plan_types(tensors: Sequence[tuple[str, tuple[int, ...]]], kind: str, n_layers: int,
+               packed: frozenset[str] = frozenset()) -> list[PlannedTensor]:
+    """Every tensor's type, in file order (``tensors``: GGUF name, ne). ``packed``:
+    the weights an NVFP4 checkpoint holds packed (they stay NVFP4_E2M1; its
+    16-bit tensors then follow the q4_k_xl recipe)."""
+    if kind not in TYPES:
+        raise RecipeError(f"--type {kind!r} is not one of {', '.join(TYPES)}")
+    out = []
+    if kind in _CONVERTER_TYPE:
+        for name, ne in tensors:
+            t = converter_type(name, len(ne), ne[0], kind)
+            out.append(PlannedTensor(name, ne, t, t))
+        return out
+    if kind in LANES:
+        for name, ne in tensors:
+            base = converter_type(name, len(ne), ne[0], "f16")
+            lane = "q4_k_xl" if packed and name not in packed else kind
+            t = T.NVFP4_E2M1 if name in packed else base if base == T.F32 else lane_type(lane, name)
+            if ne[0] % t.block_elems:
+                raise RecipeError(f"tensor {name!r}: rows of {ne[0]} elements cannot be {t.name} "
+                                  f"(blocks of {t.block_elems}) as the {kind} recipe asks")
+            out.append(PlannedTensor(name, ne, t, base))
+        return out
+    # q4_k_m: llama-quantize over the converter's F16 file
+    names = [n for n, _ in tensors]
+    tied = "output.weight" not in names
+    n_attn_v = sum("attn_v.weight" in n for n in names)
+    i_attn_v = i_ffn_down = 0
+    for name, ne in tensors:
+        base = converter_type(name, len(ne), ne[0], "f16")
+        if not _quantizable(name, len(ne)):
+            out.append(PlannedTensor(name, ne, base, base))
+            continue
+        t = T.Q4_K
+        if name == "output.weight" or (tied and name == "token_embd.weight"):
+            t = T.Q8_0 if ne[0] % T.Q6_K.block_elems else T.Q6_K
+        elif "attn_v.weight" in name:
+            if _use_more_bits(i_attn_v, n_attn_v):
+                t = T.Q6_K
+            i_attn_v += 1
+        elif "ffn_down" in name:
+            if _use_more_bits(i_ffn_down, n_layers):
+                t = T.Q6_K
+            i_ffn_down += 1
+        out.append(PlannedTensor(name, ne, _fallback(t, ne[0]), base))
+    return out
