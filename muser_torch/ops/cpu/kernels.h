@@ -70,8 +70,35 @@ static inline float hsum(v8f a) {
 typedef void (*decode_fn)(const uint8_t *b, const uint8_t *cmp, const float *lut, float s2,
                           int64_t nb, float *restrict w);
 
-/* One row of the type table (decoders.c). */
-typedef struct { int type, elems, bytes; decode_fn dec; } kind_t;
+/* ggml numerics (q8_act.c, qdot.c): an activation block quantized as ggml's
+ * Q8_0 / Q8_1 (32 codes; d and, for Q8_1, s = d * sum(q), each the float its
+ * f16 rounds to) or Q8_K (256 codes, a float d, the sums of each 16 codes). */
+typedef struct { float d, s; int8_t qs[QK_LEGACY]; } act32_t;
+typedef struct { float d; int16_t bsums[QK_K / 16]; int8_t qs[QK_K]; } actk_t;
+enum { ACT_NONE, ACT_Q8_0, ACT_Q8_1, ACT_Q8_K };   /* a weight type's activation blocks */
+#define QDOT_TOKENS 4   /* activation rows per qdot_fn call */
+
+/* out[t] = the dot of one weight row (nb blocks) with activation row t < T
+ * <= QDOT_TOKENS, whose blocks start at act + t * act_stride bytes. */
+typedef void (*qdot_fn)(const uint8_t *row, const uint8_t *act, int64_t act_stride, int64_t nb,
+                        int T, float *out);
+
+float f16_round(float f);
+void quantize_act_q8_0(const float *x, int64_t n, act32_t *a, int with_sum);
+void quantize_act_q8_k(const float *x, int64_t n, actk_t *a);
+void qdot_q4_0(const uint8_t *, const uint8_t *, int64_t, int64_t, int, float *);
+void qdot_q4_1(const uint8_t *, const uint8_t *, int64_t, int64_t, int, float *);
+void qdot_q5_0(const uint8_t *, const uint8_t *, int64_t, int64_t, int, float *);
+void qdot_q5_1(const uint8_t *, const uint8_t *, int64_t, int64_t, int, float *);
+void qdot_q8_0(const uint8_t *, const uint8_t *, int64_t, int64_t, int, float *);
+void qdot_q4_k(const uint8_t *, const uint8_t *, int64_t, int64_t, int, float *);
+void qdot_q5_k(const uint8_t *, const uint8_t *, int64_t, int64_t, int, float *);
+void qdot_q6_k(const uint8_t *, const uint8_t *, int64_t, int64_t, int, float *);
+
+/* One row of the type table (decoders.c), as ggml's type_traits_cpu: the
+ * block geometry, the float decoder, and for the ggml numerics the
+ * activation blocks (`act`) and the integer dot product over them. */
+typedef struct { int type, elems, bytes; decode_fn dec; int act; qdot_fn qdot; } kind_t;
 
 const kind_t *kind_for(int type);
 
