@@ -8,11 +8,11 @@
  *   Q4_1, Q5_1:        (d_w * d_x) * sum(q_w * q_x) + m_w * s_x
  *   Q4_K, Q5_K:        (d_x * d_w) * sum_j sc_j sum(q_w * q_x) - (d_x * dmin_w) * sum_j m_j bsum_j
  *   Q6_K:              (d_w * d_x) * sum_j sc_j sum((q_w - 32) * q_x)
- * The K-quants' block sums are formed exactly (one int32 per block) and
- * scaled in scalar float, in the same order on every build, so their results
- * are identical across builds; the 32-element types keep 8 float lanes per
- * token, as ggml's AVX2 code does, and differ across builds only in the order
- * of the float additions.
+ * Every integer sum is exact; the x86 builds keep 8 float lanes per token,
+ * as ggml's AVX2 code does (Q6_K: one exact int32 per block, scaled in
+ * scalar float, as its offset of 32 cancels most of the block's sum), and
+ * the plain-C build sums one float per block, so builds differ only in the
+ * order of the float additions.
  *
  * Each qdot_* takes one weight row and up to QDOT_TOKENS activation rows, so
  * a weight block is unpacked once for all of them. The x86 versions use
@@ -179,10 +179,16 @@ static inline __m256i scaled_dot(__m256i q, const int8_t *y, __m256i sc16) {
 }
 #endif
 
-/* Block b of a Q4_K / Q5_K row: isum[t] = sum_j sc_j sum(q * y_t) exactly. */
+/* Block b of a Q4_K / Q5_K row: isum[t] = sum_j sc_j sum(q * y_t) exactly
+ * (AVX2: in 8 int32 lanes, each under 2^23, so exact as floats too). */
+#if defined(__AVX2__) && defined(__FMA__)
+typedef __m256i isum_t;
+#else
+typedef int isum_t;
+#endif
 ROW_KERNEL void q45_k_isums(const uint8_t *blk, const int five, const uint8_t *act,
                             int64_t act_stride, int64_t b, const int T, const int sc[8],
-                            int isum[QDOT_TOKENS]) {
+                            isum_t isum[QDOT_TOKENS]) {
     const uint8_t *qs = blk + Q45_K(five, QS), *qh = blk + MUSER_Q5_K_QH;
 #if defined(__AVX2__) && defined(__FMA__)
     __m256i acc[QDOT_TOKENS];
@@ -202,7 +208,7 @@ ROW_KERNEL void q45_k_isums(const uint8_t *blk, const int five, const uint8_t *a
             acc[t] = _mm256_add_epi32(acc[t], _mm256_add_epi32(scaled_dot(lo, y, s0), scaled_dot(hi, y + 32, s1)));
         }
     }
-    for (int t = 0; t < T; t++) isum[t] = hsum_i32(acc[t]);
+    for (int t = 0; t < T; t++) isum[t] = acc[t];
 #else
     for (int t = 0; t < T; t++) isum[t] = 0;
     for (int g = 0; g < 4; g++)
@@ -222,15 +228,33 @@ ROW_KERNEL void q45_k_isums(const uint8_t *blk, const int five, const uint8_t *a
 
 ROW_KERNEL void qdot_q45_k(const uint8_t *row, const int five, const uint8_t *act, int64_t act_stride,
                            int64_t nb, const int T, float *out) {
+    const int bytes = Q45_K(five, BYTES);
+#if defined(__AVX2__) && defined(__FMA__)
+    /* ggml's AVX2 order: 8 float lanes of d * isum and 8 of dmin * msum per token */
+    __m256 acc[QDOT_TOKENS], accm[QDOT_TOKENS];
+    for (int t = 0; t < T; t++) acc[t] = accm[t] = _mm256_setzero_ps();
+#else
     float sum[QDOT_TOKENS];
     for (int t = 0; t < T; t++) sum[t] = 0.0f;
-    const int bytes = Q45_K(five, BYTES);
+#endif
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *blk = row + b * bytes;
-        int sc[8], m[8], isum[QDOT_TOKENS];
+        int sc[8], m[8];
+        isum_t isum[QDOT_TOKENS];
         k4_scales(blk + MUSER_Q4_K_SCALES, sc, m);
         q45_k_isums(blk, five, act, act_stride, b, T, sc, isum);
         const float dw = f16(blk + MUSER_Q4_K_D), mw = f16(blk + MUSER_Q4_K_DMIN);
+#if defined(__AVX2__) && defined(__FMA__)
+        const __m256i m16 = _mm256_setr_epi16(m[0], m[0], m[1], m[1], m[2], m[2], m[3], m[3],
+                                              m[4], m[4], m[5], m[5], m[6], m[6], m[7], m[7]);
+        for (int t = 0; t < T; t++) {
+            const actk_t *a = ACTK(t, b);
+            /* sum_j m_j (bsum_2j + bsum_2j+1), in 8 lanes */
+            const __m256i ms = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)a->bsums), m16);
+            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(a->d * dw), _mm256_cvtepi32_ps(isum[t]), acc[t]);
+            accm[t] = _mm256_fmadd_ps(_mm256_set1_ps(a->d * mw), _mm256_cvtepi32_ps(ms), accm[t]);
+        }
+#else
         for (int t = 0; t < T; t++) {
             const actk_t *a = ACTK(t, b);
             int msum = 0;
@@ -238,8 +262,13 @@ ROW_KERNEL void qdot_q45_k(const uint8_t *row, const int five, const uint8_t *ac
             sum[t] += (a->d * dw) * (float)isum[t];
             sum[t] -= (a->d * mw) * (float)msum;
         }
+#endif
     }
+#if defined(__AVX2__) && defined(__FMA__)
+    for (int t = 0; t < T; t++) out[t] = hsum8(acc[t]) - hsum8(accm[t]);
+#else
     for (int t = 0; t < T; t++) out[t] = sum[t];
+#endif
 }
 
 /* Block b of a Q6_K row: isum[t] = sum_j sc_j sum(q * y_t) (q unsigned, 0 .. 63). */
@@ -299,10 +328,18 @@ ROW_KERNEL void qdot_q6_k_rows(const uint8_t *row, const uint8_t *act, int64_t a
         int isum[QDOT_TOKENS];
         q6_k_isums(blk, act, act_stride, b, T, isum);
         const float dw = f16(blk + MUSER_Q6_K_D);
+#if defined(__AVX2__) && defined(__FMA__)
+        const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sc));
+#endif
         for (int t = 0; t < T; t++) {
             const actk_t *a = ACTK(t, b);
-            int off = 0;                   /* the codes' offset of 32: sum_j sc_j * 32 * bsum_j */
+            /* the codes' offset of 32: sum_j sc_j * 32 * bsum_j */
+#if defined(__AVX2__) && defined(__FMA__)
+            const int off = hsum_i32(_mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)a->bsums), sc16));
+#else
+            int off = 0;
             for (int j = 0; j < QK_K / 16; j++) off += sc[j] * a->bsums[j];
+#endif
             sum[t] += (dw * a->d) * (float)(isum[t] - 32 * off);
         }
     }
