@@ -95,10 +95,43 @@ void qdot_q4_k(const uint8_t *, const uint8_t *, int64_t, int64_t, int, float *)
 void qdot_q5_k(const uint8_t *, const uint8_t *, int64_t, int64_t, int, float *);
 void qdot_q6_k(const uint8_t *, const uint8_t *, int64_t, int64_t, int, float *);
 
+struct kind;
+/* The fused matvec over rows [r0, r1) of one muser_matmul call (matvec.c). */
+typedef struct matmul_job matmul_job;
+typedef void (*matvec_fn)(const matmul_job *j, int64_t r0, int64_t r1);
+/* The GEMM's decode of elements [c0, c0 + n) of one row into w (gemm.c). */
+typedef void (*tile_fn)(const struct kind *k, const uint8_t *row, const uint8_t *crow,
+                        const float *lut, float s2, int64_t c0, int64_t n, float *w);
+
 /* One row of the type table (decoders.c), as ggml's type_traits_cpu: the
- * block geometry, the float decoder, and for the ggml numerics the
- * activation blocks (`act`) and the integer dot product over them. */
-typedef struct { int type, elems, bytes; decode_fn dec; int act; qdot_fn qdot; } kind_t;
+ * block geometry and, per type, the kernels every op dispatches through:
+ * the float decoder (dequantize, the generic paths), the fused matvec row
+ * loop, the GEMM's tile decoder, and for the ggml numerics the activation
+ * blocks (`act`) and the integer dot product over them. */
+typedef struct kind {
+    int type, elems, bytes;
+    decode_fn dec;
+    matvec_fn matvec;
+    tile_fn tile;
+    int act;
+    qdot_fn qdot;
+} kind_t;
+
+void matvec_q4_0(const matmul_job *, int64_t, int64_t);
+void matvec_q4_1(const matmul_job *, int64_t, int64_t);
+void matvec_q5_0(const matmul_job *, int64_t, int64_t);
+void matvec_q5_1(const matmul_job *, int64_t, int64_t);
+void matvec_q8_0(const matmul_job *, int64_t, int64_t);
+void matvec_q4_k(const matmul_job *, int64_t, int64_t);
+void matvec_q5_k(const matmul_job *, int64_t, int64_t);
+void matvec_q6_k(const matmul_job *, int64_t, int64_t);
+void matvec_nvfp4_e2m1(const matmul_job *, int64_t, int64_t);
+void matvec_generic(const matmul_job *, int64_t, int64_t);
+void tile_q4_k(const kind_t *, const uint8_t *, const uint8_t *, const float *, float, int64_t, int64_t, float *);
+void tile_q5_k(const kind_t *, const uint8_t *, const uint8_t *, const float *, float, int64_t, int64_t, float *);
+void tile_q6_k(const kind_t *, const uint8_t *, const uint8_t *, const float *, float, int64_t, int64_t, float *);
+void tile_nvfp4_e2m1(const kind_t *, const uint8_t *, const uint8_t *, const float *, float, int64_t, int64_t, float *);
+void tile_generic(const kind_t *, const uint8_t *, const uint8_t *, const float *, float, int64_t, int64_t, float *);
 
 const kind_t *kind_for(int type);
 
