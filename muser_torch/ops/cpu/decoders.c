@@ -240,8 +240,8 @@ static const kind_t KINDS[] = {
     KIND(Q6_K, dec_q6_k, matvec_q6_k, tile_q6_k, ACT_Q8_K, qdot_q6_k),
     KIND(NVFP4, dec_nvfp4, matvec_generic, tile_generic, ACT_NONE, 0),
     KIND(NVFP4_E2M1, dec_nvfp4_e2m1, matvec_nvfp4_e2m1, tile_nvfp4_e2m1, ACT_NONE, 0),
-    KIND(F16, dec_f16, matvec_generic, tile_generic, ACT_NONE, 0),
-    KIND(BF16, dec_bf16, matvec_generic, tile_generic, ACT_NONE, 0),
+    KIND(F16, dec_f16, matvec_f16, tile_generic, ACT_NONE, 0),
+    KIND(BF16, dec_bf16, matvec_bf16, tile_generic, ACT_NONE, 0),
 };
 
 const kind_t *kind_for(int type) {

@@ -126,6 +126,8 @@ void matvec_q4_k(const matmul_job *, int64_t, int64_t);
 void matvec_q5_k(const matmul_job *, int64_t, int64_t);
 void matvec_q6_k(const matmul_job *, int64_t, int64_t);
 void matvec_nvfp4_e2m1(const matmul_job *, int64_t, int64_t);
+void matvec_f16(const matmul_job *, int64_t, int64_t);
+void matvec_bf16(const matmul_job *, int64_t, int64_t);
 void matvec_generic(const matmul_job *, int64_t, int64_t);
 void tile_q4_k(const kind_t *, const uint8_t *, const uint8_t *, const float *, float, int64_t, int64_t, float *);
 void tile_q5_k(const kind_t *, const uint8_t *, const uint8_t *, const float *, float, int64_t, int64_t, float *);
