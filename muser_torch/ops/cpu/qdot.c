@@ -25,13 +25,19 @@
 #include "kernels.h"
 #include "simd.h"
 
-/* Sub-block j's 6-bit scale and min of a Q4_K / Q5_K block. */
-static inline void k4_scales(const uint8_t *s, int sc[8], int m[8]) {
-    for (int j = 0; j < 4; j++) sc[j] = s[j] & 63, m[j] = s[j + 4] & 63;
-    for (int j = 4; j < 8; j++) {
-        sc[j] = (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4);
-        m[j] = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
-    }
+/* The 8 6-bit scales and 8 mins of a Q4_K / Q5_K block's 12-byte strip as
+ * bytes (sc[j], m[j] of sub-block j; see scale_min_k4 in kernels.h), four at
+ * a time: bytes 0-3 hold sc 0-3, 4-7 m 0-3, 8-11 the low bits of sc/m 4-7,
+ * whose top two bits sit in bits 6-7 of bytes 0-3 (sc) and 4-7 (m). */
+static inline void k4_scales(const uint8_t *s, uint8_t sc[8], uint8_t m[8]) {
+    uint32_t u[3], w[4];
+    memcpy(u, s, 12);
+    w[0] = u[0] & 0x3F3F3F3Fu;
+    w[1] = (u[2] & 0x0F0F0F0Fu) | (((u[0] >> 6) & 0x03030303u) << 4);
+    w[2] = u[1] & 0x3F3F3F3Fu;
+    w[3] = ((u[2] >> 4) & 0x0F0F0F0Fu) | (((u[1] >> 6) & 0x03030303u) << 4);
+    memcpy(sc, w, 8);
+    memcpy(m, w + 2, 8);
 }
 
 #define ACT32(t, b) ((const act32_t *)(act + (t) * act_stride) + (b))
@@ -187,7 +193,7 @@ typedef __m256i isum_t;
 typedef int isum_t;
 #endif
 ROW_KERNEL void q45_k_isums(const uint8_t *blk, const int five, const uint8_t *act,
-                            int64_t act_stride, int64_t b, const int T, const int sc[8],
+                            int64_t act_stride, int64_t b, const int T, const uint8_t sc[8],
                             isum_t isum[QDOT_TOKENS]) {
     const uint8_t *qs = blk + Q45_K(five, QS), *qh = blk + MUSER_Q5_K_QH;
 #if defined(__AVX2__) && defined(__FMA__)
@@ -239,14 +245,15 @@ ROW_KERNEL void qdot_q45_k(const uint8_t *row, const int five, const uint8_t *ac
 #endif
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *blk = row + b * bytes;
-        int sc[8], m[8];
+        uint8_t sc[8], m[8];
         isum_t isum[QDOT_TOKENS];
         k4_scales(blk + MUSER_Q4_K_SCALES, sc, m);
         q45_k_isums(blk, five, act, act_stride, b, T, sc, isum);
         const float dw = f16(blk + MUSER_Q4_K_D), mw = f16(blk + MUSER_Q4_K_DMIN);
 #if defined(__AVX2__) && defined(__FMA__)
-        const __m256i m16 = _mm256_setr_epi16(m[0], m[0], m[1], m[1], m[2], m[2], m[3], m[3],
-                                              m[4], m[4], m[5], m[5], m[6], m[6], m[7], m[7]);
+        /* m_j in 16-bit lanes 2j and 2j+1 */
+        const __m128i m8 = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)m));
+        const __m256i m16 = _mm256_set_m128i(_mm_unpackhi_epi16(m8, m8), _mm_unpacklo_epi16(m8, m8));
         for (int t = 0; t < T; t++) {
             const actk_t *a = ACTK(t, b);
             /* sum_j m_j (bsum_2j + bsum_2j+1), in 8 lanes */
