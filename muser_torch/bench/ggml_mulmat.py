@@ -11,7 +11,6 @@ from __future__ import annotations
 import ctypes
 import functools
 import importlib.util
-import os
 from pathlib import Path
 
 import numpy as np

@@ -4,8 +4,6 @@ can run: -march=native (AVX-512 VNNI here), haswell (AVX2, no AVX-512) and
 x86-64 (plain C). Bound: max |ours - ggml| <= 1e-6 * max |ggml| per call."""
 from __future__ import annotations
 
-import platform
-
 import pytest
 import torch
 
@@ -13,7 +11,7 @@ from muser_torch import ops
 from muser_torch.formats.types import GGMLType
 from muser_torch.ops import cpu
 
-from .conftest import Case
+from .conftest import OTHER_MARCHES, Case, native_build_for, x86_only
 from .ggml_matmul import ggml_mul_mat, lib
 
 GGML_TYPES = sorted(cpu.GGML_NUMERICS_TYPES)
@@ -52,28 +50,13 @@ def test_matches_ggml_mul_mat():
     _check_all_types("native")
 
 
-def _cpu_flags() -> str:
-    try:
-        return open("/proc/cpuinfo").read()
-    except OSError:
-        return ""
-
-
-@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="x86-64 builds only")
-@pytest.mark.parametrize("march, needs", [("haswell", ("avx2", "fma")), ("x86-64", ())])
+@x86_only
+@pytest.mark.parametrize("march, needs", OTHER_MARCHES)
 def test_other_instruction_sets_match_ggml(march, needs, monkeypatch):
     """The AVX2 (maddubs) and plain-C integer dots, rebuilt on this machine."""
     lib()
-    if any(f" {n}" not in _cpu_flags() for n in needs):
-        pytest.skip(f"this CPU lacks {needs}")
-    monkeypatch.setenv("MUSER_CPU_MARCH", march)
-    cpu._native_lib.cache_clear()
-    try:
-        assert cpu.native_available(), f"no native build for -march={march}"
+    with native_build_for(march, needs, monkeypatch):
         _check_all_types(f"-march={march}")
-    finally:
-        monkeypatch.delenv("MUSER_CPU_MARCH")
-        cpu._native_lib.cache_clear()
 
 
 def test_ggml_mode_is_not_exact_mode():

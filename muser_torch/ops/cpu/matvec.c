@@ -118,13 +118,19 @@ ROW_KERNEL void row_legacy(const uint8_t *row, const int type, const int bytes, 
 ROW_KERNEL void row_half(const uint8_t *row, const int bf16, const float *x, int64_t n_in,
                          const int T, float *out) {
     ACC_DECLARE(T);
-    const int64_t n8 = n_in & ~(int64_t)7;
-    for (int64_t i = 0; i < n8; i += 8) {
-        const __m128i h = _mm_loadu_si128((const __m128i *)(row + 2 * i));
-        const v8f w = bf16 ? (v8f)_mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16))
-                           : (v8f)_mm256_cvtph_ps(h);
-        FMA_TOKENS(w, i, (int)((i >> 3) & 3));
+    const int64_t n8 = n_in & ~(int64_t)7, n32 = n_in & ~(int64_t)31;
+#define HALF8(i)                                                                                   \
+    (bf16 ? (v8f)_mm256_castsi256_ps(_mm256_slli_epi32(                                            \
+                _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(row + 2 * (i)))), 16))     \
+          : (v8f)_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(row + 2 * (i)))))
+    for (int64_t i = 0; i < n32; i += 32) {     /* constant chain sites keep acc in registers */
+        FMA_TOKENS(HALF8(i), i, 0);
+        FMA_TOKENS(HALF8(i + 8), i + 8, 1);
+        FMA_TOKENS(HALF8(i + 16), i + 16, 2);
+        FMA_TOKENS(HALF8(i + 24), i + 24, 3);
     }
+    for (int64_t i = n32; i < n8; i += 8) FMA_TOKENS(HALF8(i), i, 0);
+#undef HALF8
     ACC_FINISH(T)
     for (int64_t i = n8; i < n_in; i++) {
         float w;
