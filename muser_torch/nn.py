@@ -11,6 +11,11 @@ The packed bytes are buffers, so ``.to(device)`` moves them and
 
 ``module.half()`` / ``.to(dtype)`` leave the bytes alone and keep ``scale_2``
 float32; the activation dtype is whatever x arrives in.
+
+``QLinear.numerics`` picks the matmul's arithmetic (``NUMERICS``): ``"exact"``
+(float activations, ``muser::qmatmul``) or ``"ggml"`` (activations quantized
+per block as ggml-cpu does, integer dot products: ``muser::qmatmul_ggml``,
+CPU only); :func:`set_numerics` sets it on every QLinear of a model.
 """
 from __future__ import annotations
 
@@ -104,6 +109,29 @@ class _Packed(nn.Module):
         return f"{self.qtype.name}, in_features={self.n_in}, out_features={self.n_out}"
 
 
+NUMERICS = ("exact", "ggml")
+
+
+def check_numerics(numerics: str, device: torch.device | str | None = None) -> str:
+    """``numerics`` when it is one of ``NUMERICS`` (and ggml's runs on ``device``)."""
+    if numerics not in NUMERICS:
+        raise ValueError(f"numerics must be one of {NUMERICS}, got {numerics!r}")
+    if numerics == "ggml" and device is not None and torch.device(device).type != "cpu":
+        raise ValueError(f"numerics='ggml' runs on the CPU, not {torch.device(device).type}; "
+                         "use numerics='exact' there")
+    return numerics
+
+
+def set_numerics(model: nn.Module, numerics: str) -> nn.Module:
+    """Set ``numerics`` on every QLinear in ``model``; returns the model."""
+    check_numerics(numerics)
+    for m in model.modules():
+        if isinstance(m, QLinear):
+            check_numerics(numerics, m.packed.device)
+            m.numerics = numerics
+    return model
+
+
 class QLinear(_Packed):
     """``y = x @ W.T (+ bias)`` with W packed; y in x's dtype. Differentiable in
     x (and bias), so adapters can train on top of the frozen packed weight."""
@@ -117,6 +145,7 @@ class QLinear(_Packed):
                                  f"{getattr(bias, 'shape', type(bias).__name__)}")
             bias = nn.Parameter(bias.detach().clone(), requires_grad=bias.requires_grad)
         self.bias = bias
+        self.numerics = "exact"
 
     @property
     def in_features(self) -> int:
@@ -137,13 +166,16 @@ class QLinear(_Packed):
         return cls._quantized(linear.weight, qtype, imatrix, bias=bias)
 
     def forward(self, x: Tensor) -> Tensor:
-        y = torch.ops.muser.qmatmul(x, *self._weight_args())
+        if self.numerics == "ggml":
+            y = torch.ops.muser.qmatmul_ggml(x, *self._weight_args())
+        else:
+            y = torch.ops.muser.qmatmul(x, *self._weight_args())
         if self.bias is not None:
             y = y + self.bias.to(y.dtype)
         return y
 
     def extra_repr(self) -> str:
-        return f"{self._describe()}, bias={self.bias is not None}"
+        return f"{self._describe()}, bias={self.bias is not None}, numerics={self.numerics}"
 
 
 class QEmbedding(_Packed):

@@ -38,6 +38,7 @@ def register(subparsers) -> None:
     p.add_argument("--max-new-tokens", type=int, default=200)
     p.add_argument("--device", default="cpu", help="cpu, mps or cuda")
     add_dtype_arg(p)
+    add_numerics_arg(p)
     p.add_argument("--temperature", type=float, default=0.8)
     p.add_argument("--top-k", type=int, default=None)
     p.add_argument("--top-p", type=float, default=0.95)
@@ -56,6 +57,24 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     if name == "auto":
         return torch.float32 if device.type == "cpu" else torch.float16
     return DTYPES[name]
+
+
+# The projections' arithmetic of run and bench on the CPU when --numerics is
+# auto (nn.NUMERICS; accelerators always compute "exact").
+DEFAULT_CPU_NUMERICS = "exact"
+
+
+def add_numerics_arg(p) -> None:
+    p.add_argument("--numerics", choices=("auto", "exact", "ggml"), default="auto",
+                   help="projection arithmetic: exact (float activations, matches transformers), "
+                        "ggml (8-bit activations as llama.cpp's CPU backend; CPU only); "
+                        f"auto = {DEFAULT_CPU_NUMERICS} on CPU, exact elsewhere")
+
+
+def resolve_numerics(name: str, device: torch.device) -> str:
+    if name == "auto":
+        return DEFAULT_CPU_NUMERICS if device.type == "cpu" else "exact"
+    return name
 
 
 def add_threads_arg(p) -> None:
@@ -134,7 +153,8 @@ def main(args: argparse.Namespace) -> int:
         raise ValueError(f"--backend metal-emulator runs on CPU tensors; got --device {device.type}")
     apply_threads(args.threads)
     model = from_gguf(path, device=device, dtype=resolve_dtype(args.dtype, device),
-                      progress=path.stat().st_size > 256 << 20)
+                      progress=path.stat().st_size > 256 << 20,
+                      numerics=resolve_numerics(args.numerics, device))
     tok = model.tokenizer
     if tok is None:
         raise ValueError(f"{path} carries no tokenizer.ggml.* keys; run needs a tokenizer")

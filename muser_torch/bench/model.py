@@ -20,8 +20,8 @@ from pathlib import Path
 
 import torch
 
-from ..run import (DEMO, add_dtype_arg, add_threads_arg, apply_threads, model_path,
-                   resolve_device, resolve_dtype, synchronize)
+from ..run import (DEMO, add_dtype_arg, add_numerics_arg, add_threads_arg, apply_threads,
+                   model_path, resolve_device, resolve_dtype, resolve_numerics, synchronize)
 
 
 def register(subparsers) -> None:
@@ -32,6 +32,7 @@ def register(subparsers) -> None:
     p.add_argument("--layers", type=int, default=2, help="layers of the seed geometry (with 'seed')")
     p.add_argument("--device", default="cpu")
     add_dtype_arg(p)
+    add_numerics_arg(p)
     p.add_argument("--prompt-len", type=int, default=128)
     p.add_argument("--decode", type=int, default=32, help="decode steps to time")
     p.add_argument("--batch", type=int, default=1, help="sequences (cache slots) decoded together")
@@ -50,13 +51,16 @@ def register(subparsers) -> None:
 
 def build(args: argparse.Namespace, device: torch.device, dtype: torch.dtype):
     from ..models import Glimmer, from_gguf
+    from ..nn import set_numerics
     from ..tiny import SEED_CONFIG
 
+    numerics = resolve_numerics(args.numerics, device)
     if args.model == "seed":
         config = replace(SEED_CONFIG, n_layers=args.layers, weight_precision=args.lane)
-        return Glimmer.random(config, device=device, dtype=dtype, seed=0), f"seed geometry x{args.layers} layers ({args.lane})"
+        model = Glimmer.random(config, device=device, dtype=dtype, seed=0)
+        return set_numerics(model, numerics), f"seed geometry x{args.layers} layers ({args.lane})"
     path = model_path(None if args.model == "demo" else Path(args.model), args.lane)
-    return from_gguf(path, device=device, dtype=dtype), path.name
+    return from_gguf(path, device=device, dtype=dtype, numerics=numerics), f"{path.name} ({numerics})"
 
 
 GRAPH_REPS = 4   # bench/cuda_timing.graph_time replays 5 x GRAPH_REPS + 1 times

@@ -166,6 +166,14 @@ def bench_shape(shape: Shape, tokens: int, device: torch.device, bandwidth: floa
 
 
 def main(args: argparse.Namespace) -> int:
+    if args.against == "ggml":
+        if args.device != "cpu":
+            raise ValueError("bench ops --against ggml: ggml's mul_mat runs on --device cpu")
+        if args.threads is not None and args.threads < 1:
+            raise ValueError(f"bench ops: --threads must be >= 1, got {args.threads}")
+        from .against_ggml import TOKENS, run
+        return run(args.threads or torch.get_num_threads(), tuple(args.tokens_against or TOKENS),
+                   tuple(args.types or ()), args.ggml_lib, args.rounds, args.seed)
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError("bench ops: --device cuda, but CUDA is not available")
@@ -225,4 +233,14 @@ def register(subparsers) -> None:
     p.add_argument("--threads", type=int, default=None,
                    help="torch.set_num_threads for the run (default: torch's)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--against", choices=("gguf", "ggml"), default="gguf",
+                   help="ggml: muser's ggml and exact modes against ggml's own mul_mat on the same "
+                        "bytes, every type llama.cpp's files use (bench/against_ggml.py)")
+    p.add_argument("--ggml-lib", default=None, metavar="DIR",
+                   help="with --against ggml: a folder with another ggml build's libggml-base.so "
+                        "and libggml-cpu.so (default: libggml-python's)")
+    p.add_argument("--types", nargs="+", metavar="TYPE", help="with --against ggml: only these types")
+    p.add_argument("--tokens-against", nargs="+", type=int, metavar="T",
+                   help="with --against ggml: token counts (default 1 2 4 8 128)")
+    p.add_argument("--rounds", type=int, default=5, help="with --against ggml: interleaved rounds")
     p.set_defaults(func=main)

@@ -17,6 +17,7 @@ it is absent. Numbers are printed, never asserted.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import resource
@@ -215,7 +216,12 @@ def _importable(module: str) -> bool:
 
 
 def _fmt(v, spec: str) -> str:
-    return "-" if v is None else format(v, spec)
+    """``v`` formatted by ``spec``; a missing value is "-" right-aligned in the
+    spec's width, so its row keeps the table's columns."""
+    if v is None:
+        width = "".join(itertools.takewhile(str.isdigit, spec))
+        return "-".rjust(int(width or 0))
+    return format(v, spec)
 
 
 def run(path: Path, threads: int, prompt_len: int, decode: int, llama_bench: Path | None = None,

@@ -15,6 +15,7 @@ import torch
 
 from ..arch import architecture_of
 from ..gguf_io import load_gguf
+from ..nn import check_numerics, set_numerics
 from .decoder import Decoder
 from .gemma3 import Gemma3
 from .glimmer import Glimmer
@@ -26,12 +27,17 @@ MODELS: dict[str, type[Decoder]] = {cls.ARCH.name: cls for cls in (Gemma3, Glimm
 
 
 def from_gguf(path: str | os.PathLike, device: torch.device | str | None = None,
-              dtype: torch.dtype | None = None, progress: bool = False) -> Decoder:
+              dtype: torch.dtype | None = None, progress: bool = False,
+              numerics: str = "exact") -> Decoder:
     """The model in a GGUF file, of whichever supported architecture it holds
     (a MetadataError names an unsupported one and lists the supported).
     ``dtype`` is the activation dtype: float32 on CPU and the architecture's
-    choice on an accelerator when None."""
+    choice on an accelerator when None. ``numerics`` is the projections'
+    arithmetic (``nn.NUMERICS``): ``"exact"`` (float activations) or
+    ``"ggml"`` (8-bit activations as llama.cpp's CPU backend; CPU only)."""
     gguf = load_gguf(path)
     cls = MODELS[architecture_of(gguf.metadata, gguf.path.name).name]
     device = torch.device(device if device is not None else "cpu")
-    return cls.from_file(gguf, device, dtype or cls.default_dtype(device), progress)
+    check_numerics(numerics, device)
+    model = cls.from_file(gguf, device, dtype or cls.default_dtype(device), progress)
+    return set_numerics(model, numerics)

@@ -8,6 +8,8 @@ Schemas (namespace ``muser``)::
 
     qmatmul(Tensor x, Tensor packed, int qtype, int n_out, int n_in,
             Tensor? scales=None, Tensor? scale_2=None) -> Tensor
+    qmatmul_ggml(Tensor x, Tensor packed, int qtype, int n_out, int n_in,
+                 Tensor? scales=None, Tensor? scale_2=None) -> Tensor
     qmatmul_t(Tensor g, Tensor packed, int qtype, int n_out, int n_in,
               Tensor? scales=None, Tensor? scale_2=None) -> Tensor
     dequantize(Tensor packed, int qtype, int n_out, int n_in,
@@ -23,6 +25,11 @@ and ``scale_2`` (float32, one element); other types take neither.
 * ``qmatmul``: ``x[..., n_in] @ W.T`` for float32/float16/bfloat16 x, output in
   x's dtype, accumulated in float32. Differentiable in x (through
   ``qmatmul_t``); the packed bytes get no gradient.
+* ``qmatmul_ggml``: ``qmatmul`` in ggml's numerics (CPU): x quantized per
+  block as ggml-cpu quantizes it for the weight type (Q8_0, Q8_1, Q8_K; F16
+  and BF16 round x to their type), then integer dot products, so the result
+  matches ggml's ``mul_mat`` on the same bytes (``cpu.GGML_NUMERICS_TYPES``;
+  other types compute as ``qmatmul``). Its gradient is qmatmul's.
 * ``qmatmul_t``: ``g[..., n_out] @ W`` in g's dtype, the gradient of qmatmul for
   x, computed over row tiles of W. Backends that do not register it get a
   generic version built on their ``dequantize``.
@@ -60,7 +67,7 @@ from .checks import (MAX_DIM, check_args, check_call, check_dims, check_ids_in_r
                      check_qtype, default_kernel, implemented_types)
 from .choice import CPU_BACKENDS, chosen_backend, use_backend
 
-__all__ = ["qmatmul", "qmatmul_t", "dequantize", "embedding", "check_args", "backend",
+__all__ = ["qmatmul", "qmatmul_ggml", "qmatmul_t", "dequantize", "embedding", "check_args", "backend",
            "implemented_types", "use_backend", "chosen_backend", "CPU_BACKENDS"]
 
 _COMPANIONS = "Tensor? scales=None, Tensor? scale_2=None"
@@ -138,6 +145,31 @@ def _qmatmul_backward(ctx, grad):
 
 
 _qmatmul.register_autograd(_qmatmul_backward, setup_context=_save_weight)
+
+
+# ---- qmatmul_ggml (ggml's 8-bit activations) -------------------------------------------------
+
+@torch.library.custom_op("muser::qmatmul_ggml", mutates_args=(),
+                         schema=f"(Tensor x, {_WEIGHT}) -> Tensor")
+def _qmatmul_ggml(x: Tensor, packed: Tensor, qtype: int, n_out: int, n_in: int,
+                  scales: Tensor | None = None, scale_2: Tensor | None = None) -> Tensor:
+    """``x[..., n_in] @ W.T`` in ggml's numerics; CPU only."""
+    check_args("qmatmul_ggml", packed, qtype, n_out, n_in, scales, scale_2, x=x, x_width=n_in)
+    scales = scale_bytes(scales)
+    if x.device.type != "cpu":
+        raise ValueError(f"muser.qmatmul_ggml: ggml numerics run on the CPU, got a "
+                         f"{x.device.type} tensor (use numerics='exact' there)")
+    from . import cpu
+    return cpu.qmatmul_ggml(x, packed, qtype, n_out, n_in, scales, scale_2)
+
+
+@_qmatmul_ggml.register_fake
+def _(x, packed, qtype, n_out, n_in, scales=None, scale_2=None):
+    check_args("qmatmul_ggml", packed, qtype, n_out, n_in, scales, scale_2, x=x, x_width=n_in)
+    return x.new_empty(*x.shape[:-1], n_out)
+
+
+_qmatmul_ggml.register_autograd(_qmatmul_backward, setup_context=_save_weight)
 
 
 # ---- qmatmul_t (the gradient for x) -------------------------------------------------------
@@ -229,6 +261,14 @@ def qmatmul(x: Tensor, packed: Tensor, qtype, n_out: int, n_in: int,
     qtype, scales, scale_2 = _normalize("muser.qmatmul", qtype, scales, scale_2, packed.device,
                                           n_out, n_in)
     return torch.ops.muser.qmatmul(x, packed, qtype, n_out, n_in, scales, scale_2)
+
+
+def qmatmul_ggml(x: Tensor, packed: Tensor, qtype, n_out: int, n_in: int,
+                 scales: Tensor | None = None, scale_2=None) -> Tensor:
+    """:func:`qmatmul` in ggml's numerics (8-bit activations; CPU)."""
+    qtype, scales, scale_2 = _normalize("muser.qmatmul_ggml", qtype, scales, scale_2,
+                                          packed.device, n_out, n_in)
+    return torch.ops.muser.qmatmul_ggml(x, packed, qtype, n_out, n_in, scales, scale_2)
 
 
 def qmatmul_t(g: Tensor, packed: Tensor, qtype, n_out: int, n_in: int,

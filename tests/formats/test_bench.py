@@ -38,3 +38,26 @@ def test_bench_formats_refuses_bad_arguments(capsys):
                           (["--repeat", "0"], "--repeat must be >= 1")):
         assert cli(["bench", "formats", *argv]) == 2
         assert message in capsys.readouterr().err
+
+
+def test_peers_table_keeps_its_columns(capsys, monkeypatch, tmp_path):
+    """A contender without load time or RSS growth (llama-bench) prints "-" in
+    those columns at their widths, so its numbers stay under their headers."""
+    from muser_torch.bench import peers
+
+    full = dict(load_s=1.5, peak_rss_mb=700.0, growth_mb=2.0, prefill_tps=150.0, decode_tps=9.0)
+    monkeypatch.setattr(peers, "_measure", lambda name, *a, **k: dict(full))
+    monkeypatch.setattr(peers, "_llama_bench", lambda *a, **k: dict(
+        peak_rss_mb=313.0, prefill_tps=154.0, decode_tps=39.0, build="test"))
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"\0" * 1_000_000)
+    peers.run(model, 2, 8, 4, llama_bench=tmp_path / "llama-bench")
+    lines = capsys.readouterr().out.splitlines()
+    header = next(ln for ln in lines if "load s" in ln)
+    rows = {ln.split()[0]: ln for ln in lines if ln.split()[:1] in (["muser"], ["llama.cpp"])}
+    assert set(rows) == {"muser", "llama.cpp"}, lines
+    for col in ("load s", "peak RSS MB", "prefill tok/s", "decode tok/s"):
+        end = header.index(col) + len(col)         # columns are right-aligned under their header
+        for name, row in rows.items():
+            assert row[end - 1] != " " and (end == len(row) or row[end] == " "), (col, name, row)
+    assert rows["llama.cpp"][header.index("load s") + len("load s") - 1] == "-"

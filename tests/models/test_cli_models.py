@@ -3,6 +3,7 @@ continuation, one chat turn through the file's chat template, and the
 errors a user meets."""
 from __future__ import annotations
 
+import pytest
 import torch
 
 import muser_torch
@@ -68,3 +69,26 @@ def test_inspect_and_bench_model_take_these_files(hf_file, capsys):  # noqa: F81
     assert rc == 0
     line = next(ln for ln in out.splitlines() if ln.strip().startswith("decode"))
     assert all(v > 0 for v in numbers(line.split(":", 1)[1]))
+
+
+def test_run_numerics_ggml_is_the_ggml_model(hf_file, capsys):  # noqa: F811
+    """`run --numerics ggml` continues the prompt as from_gguf(numerics="ggml")
+    does, every projection set to the mode; a bad mode is a one-line error."""
+    path = hf_file("qwen2")
+    rc = cli(["run", path, "--prompt", "def add(a, b):", "--max-new-tokens", "6",
+              "--temperature", "0", "--dtype", "float32", "--numerics", "ggml"])
+    out = capsys.readouterr()
+    assert rc == 0, out.err
+    model = muser_torch.from_gguf(path, dtype=torch.float32, numerics="ggml")
+    linears = [m for m in model.modules() if isinstance(m, muser_torch.QLinear)]
+    assert linears and all(m.numerics == "ggml" for m in linears)
+    tok = model.tokenizer
+    ids = tok.encode("def add(a, b):")
+    new = [t for t in model.generate(ids, 6, stop=list(tok.stop_ids))[len(ids):].tolist()]
+    new = new[:next((i for i, t in enumerate(new) if t in tok.stop_ids), len(new))]
+    assert out.out == "def add(a, b):" + tok.decode(new) + "\n"
+    with pytest.raises(SystemExit) as exit_:          # argparse refuses the choice
+        cli(["run", path, "--numerics", "int8"])
+    assert exit_.value.code == 2 and "--numerics" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="numerics must be one of"):
+        muser_torch.from_gguf(path, numerics="int8")

@@ -2,6 +2,8 @@
 seed goes into every assertion message) and the float64 reference."""
 from __future__ import annotations
 
+import contextlib
+import platform
 import random
 
 import pytest
@@ -58,3 +60,32 @@ def cpu_path(request):
         assert cpu.native_available(), "the native CPU kernels failed to build"
     with cpu.use_native(request.param == "native"):
         yield request.param
+
+
+# The other builds an x86-64 machine can run: (-march, the cpuinfo flags it needs).
+OTHER_MARCHES = [("haswell", ("avx2", "fma")), ("x86-64", ())]
+x86_only = pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"),
+                              reason="x86-64 builds only")
+
+
+def _cpu_flags() -> str:
+    try:
+        return open("/proc/cpuinfo").read()
+    except OSError:
+        return ""
+
+
+@contextlib.contextmanager
+def native_build_for(march: str, needs: tuple[str, ...], monkeypatch):
+    """Within the block the native library is the -march=``march`` build
+    (skips the test when this CPU lacks ``needs``); the default one after."""
+    if any(f" {n}" not in _cpu_flags() for n in needs):
+        pytest.skip(f"this CPU lacks {needs}")
+    monkeypatch.setenv("MUSER_CPU_MARCH", march)
+    cpu._native_lib.cache_clear()
+    try:
+        assert cpu.native_available(), f"no native build for -march={march}"
+        yield
+    finally:
+        monkeypatch.delenv("MUSER_CPU_MARCH")
+        cpu._native_lib.cache_clear()

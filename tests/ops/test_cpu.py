@@ -4,7 +4,6 @@ row kernels matches the float64 reference."""
 from __future__ import annotations
 
 import dataclasses
-import platform
 import random
 
 import pytest
@@ -15,7 +14,7 @@ from muser_torch.formats import random_weight
 from muser_torch.formats.types import GGMLType
 from muser_torch.ops import cpu
 
-from .conftest import ALL_TYPES, NATIVE_TYPES, Case, rel_err
+from .conftest import ALL_TYPES, NATIVE_TYPES, OTHER_MARCHES, Case, native_build_for, rel_err, x86_only
 
 
 def test_native_builds_and_claims_its_types():
@@ -192,27 +191,14 @@ def test_bits_do_not_depend_on_threads(tokens):
     assert rel_err(one, x.double() @ case.weight64().T) < 1e-5, str(case)
 
 
-def _cpu_flags() -> str:
-    try:
-        return open("/proc/cpuinfo").read()
-    except OSError:
-        return ""
-
-
-@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="x86-64 builds only")
-@pytest.mark.parametrize("march, needs", [("haswell", ("avx2", "fma")), ("x86-64", ())])
+@x86_only
+@pytest.mark.parametrize("march, needs", OTHER_MARCHES)
 def test_other_instruction_sets(march, needs, monkeypatch):
     """This machine builds -march=native (AVX-512 where present); rebuild for
     AVX2 and for plain x86-64 so their decoders and GEMM widths are checked
     against float64 too, fused (1..8 tokens) and GEMM (9+) alike, and their
     dequantize bit for bit."""
-    flags = _cpu_flags()
-    if any(f" {n}" not in flags for n in needs):
-        pytest.skip(f"this CPU lacks {needs}")
-    monkeypatch.setenv("MUSER_CPU_MARCH", march)
-    cpu._native_lib.cache_clear()
-    try:
-        assert cpu.native_available(), f"no native build for -march={march}"
+    with native_build_for(march, needs, monkeypatch):
         with cpu.use_native(True):
             for qtype in NATIVE_TYPES:
                 case = Case(qtype, 13, blocks=2)
@@ -222,6 +208,3 @@ def test_other_instruction_sets(march, needs, monkeypatch):
                     assert err < 1e-5, f"-march={march} {case} tokens={tokens}: relative error {err:.3g}"
                 dq = ops.dequantize(*case.args)              # the decoders, bit for bit
                 assert torch.equal(dq.double(), case.weight64()), f"-march={march} {case}: dequantize"
-    finally:
-        monkeypatch.delenv("MUSER_CPU_MARCH")
-        cpu._native_lib.cache_clear()

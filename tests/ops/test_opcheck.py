@@ -17,6 +17,7 @@ def test_opcheck_every_op(qtype):
     ids = torch.tensor([[0, 6], [3, 3]])
     for op, args in ((torch.ops.muser.qmatmul, (x, *case.args)),
                      (torch.ops.muser.qmatmul, (x.detach().half(), *case.args)),
+                     (torch.ops.muser.qmatmul_ggml, (x, *case.args)),
                      (torch.ops.muser.qmatmul_t, (g, *case.args)),
                      (torch.ops.muser.dequantize, case.args),
                      (torch.ops.muser.embedding, (ids, *case.args))):

@@ -318,6 +318,49 @@ def qmatmul(x: torch.Tensor, packed: torch.Tensor, qtype: int, n_out: int, n_in:
     return y.reshape(*lead, n_out).to(x.dtype)
 
 
+# ---- ggml numerics -------------------------------------------------------------------
+
+# The types whose matmul has a ggml mode (ggml's vec_dot_type: Q8_0 for
+# Q4_0/Q5_0/Q8_0, Q8_1 for Q4_1/Q5_1, Q8_K for the K-quants, the type itself
+# for F16/BF16). Others compute exactly (F32 is exact in ggml too).
+GGML_NUMERICS_TYPES = frozenset({
+    GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0,
+    GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K, GGMLType.F16, GGMLType.BF16,
+})
+# F16 and BF16: ggml converts x to the weight's type (round to nearest even)
+# and sums the exact products in float32, which is what the float kernels do
+# with the rounded x.
+_ROUND_X_TO = {GGMLType.F16: torch.float16, GGMLType.BF16: torch.bfloat16}
+
+
+def qmatmul_ggml(x: torch.Tensor, packed: torch.Tensor, qtype: int, n_out: int, n_in: int,
+                 scales: torch.Tensor | None = None,
+                 scale_2: torch.Tensor | None = None) -> torch.Tensor:
+    """``x @ W.T`` in ggml's numerics: x quantized per block as ggml-cpu does
+    (qdot.c, q8_act.c), then integer dot products; needs the native library."""
+    qtype = GGMLType(qtype)
+    if qtype not in GGML_NUMERICS_TYPES:
+        return qmatmul(x, packed, qtype, n_out, n_in, scales, scale_2)
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, n_in).to(torch.float32)
+    if qtype in _ROUND_X_TO:
+        y = qmatmul(x2.to(_ROUND_X_TO[qtype]).to(torch.float32), packed, qtype, n_out, n_in)
+        return y.reshape(*lead, n_out).to(x.dtype)
+    lib = _native_for(qtype)
+    if lib is None:
+        raise RuntimeError(f"muser.qmatmul_ggml: ggml numerics for {qtype.name} need the native "
+                           "CPU library (MUSER_CPU_NATIVE=0 or no C compiler); use numerics='exact'")
+    x2 = x2.contiguous()
+    tokens = x2.shape[0]
+    y = torch.empty(tokens, n_out, dtype=torch.float32)
+    if tokens:
+        rc = lib.muser_matmul_q8(int(qtype), _ptr(packed), n_out, n_in, _ptr(x2), tokens, _ptr(y),
+                                 _threads(packed.numel() * max(1, tokens // 4)))
+        if rc:
+            raise RuntimeError(f"native qmatmul_ggml failed ({rc}) for {qtype.name} n_in={n_in}")
+    return y.reshape(*lead, n_out).to(x.dtype)
+
+
 def qmatmul_t(g: torch.Tensor, packed: torch.Tensor, qtype: int, n_out: int, n_in: int,
               scales: torch.Tensor | None = None, scale_2: torch.Tensor | None = None) -> torch.Tensor:
     """``g[..., n_out] @ W``: the gradient of qmatmul for x, over row tiles of W."""

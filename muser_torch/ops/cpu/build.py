@@ -127,6 +127,7 @@ def _build() -> ctypes.CDLL:
     lib.muser_dequant_rows.argtypes = [i, p, p, p, f, i64, i64, p, i]
     lib.muser_matmul.argtypes = [i, p, p, p, f, i64, i64, p, i64, p, i]
     lib.muser_gemm.argtypes = [i, p, p, p, f, i64, i64, p, i64, p, i]
+    lib.muser_matmul_q8.argtypes = [i, p, i64, i64, p, i64, p, i]
     if lib.muser_max_tokens() != NATIVE_MAX_TOKENS:
         raise OSError("the native library's MAX_TOKENS does not match cpu.NATIVE_MAX_TOKENS")
     # the library's type table against NATIVE_TYPES and formats/layout.py's geometry

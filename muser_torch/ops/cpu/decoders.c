@@ -222,13 +222,26 @@ DECODER(dec_bf16) {
 
 /* ---- the type table: every type this library runs, with its geometry ------------ */
 
-#define KIND(T, dec) {MUSER_ID_##T, MUSER_##T##_ELEMS, MUSER_##T##_BYTES, dec}
+#define KIND(T, dec, matvec, tile, act, qdot) \
+    {MUSER_ID_##T, MUSER_##T##_ELEMS, MUSER_##T##_BYTES, dec, matvec, tile, act, qdot}
 
+/* matvec/tile: the fused kernels' per-type specializations (generic: the L1
+ * scratch through `dec`). act/qdot: ggml's vec_dot_type and vec_dot for the
+ * type (ggml-cpu.c's type_traits_cpu); F16 and BF16 round the activations in
+ * Python and take the float kernels, whose products of two halves are exact. */
 static const kind_t KINDS[] = {
-    KIND(Q4_0, dec_q4_0),   KIND(Q4_1, dec_q4_1),   KIND(Q5_0, dec_q5_0),
-    KIND(Q5_1, dec_q5_1),   KIND(Q8_0, dec_q8_0),   KIND(Q4_K, dec_q4_k),
-    KIND(Q5_K, dec_q5_k),   KIND(Q6_K, dec_q6_k),   KIND(NVFP4, dec_nvfp4),
-    KIND(NVFP4_E2M1, dec_nvfp4_e2m1), KIND(F16, dec_f16), KIND(BF16, dec_bf16),
+    KIND(Q4_0, dec_q4_0, matvec_q4_0, tile_generic, ACT_Q8_0, qdot_q4_0),
+    KIND(Q4_1, dec_q4_1, matvec_q4_1, tile_generic, ACT_Q8_1, qdot_q4_1),
+    KIND(Q5_0, dec_q5_0, matvec_q5_0, tile_generic, ACT_Q8_0, qdot_q5_0),
+    KIND(Q5_1, dec_q5_1, matvec_q5_1, tile_generic, ACT_Q8_1, qdot_q5_1),
+    KIND(Q8_0, dec_q8_0, matvec_q8_0, tile_generic, ACT_Q8_0, qdot_q8_0),
+    KIND(Q4_K, dec_q4_k, matvec_q4_k, tile_q4_k, ACT_Q8_K, qdot_q4_k),
+    KIND(Q5_K, dec_q5_k, matvec_q5_k, tile_q5_k, ACT_Q8_K, qdot_q5_k),
+    KIND(Q6_K, dec_q6_k, matvec_q6_k, tile_q6_k, ACT_Q8_K, qdot_q6_k),
+    KIND(NVFP4, dec_nvfp4, matvec_generic, tile_generic, ACT_NONE, 0),
+    KIND(NVFP4_E2M1, dec_nvfp4_e2m1, matvec_nvfp4_e2m1, tile_nvfp4_e2m1, ACT_NONE, 0),
+    KIND(F16, dec_f16, matvec_f16, tile_generic, ACT_NONE, 0),
+    KIND(BF16, dec_bf16, matvec_bf16, tile_generic, ACT_NONE, 0),
 };
 
 const kind_t *kind_for(int type) {

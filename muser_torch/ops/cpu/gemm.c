@@ -8,7 +8,7 @@
  *    wide, zero-padded): panel p holds xp[k][j] = x[p*GT + j, k], so the inner
  *    loop streams it with vector loads.
  *  - threads take blocks of GRB weight rows; a block decodes GK columns of
- *    its rows at a time (gemm_decode) into a stack tile, then a
+ *    its rows at a time (the type table's tile_fn) into a stack tile, then a
  *    GR-rows x GT-tokens microkernel runs over every token panel, with
  *    accumulators in registers (GR*GNV vectors) and the weights broadcast.
  *  - each GK chunk's sum (float32, in k order, FMA) is added into a per-block
@@ -92,63 +92,75 @@ static __attribute__((noinline)) void gemm_micro_narrow(const float *w, int64_t 
     gemm_micro(w, ldw, xp, kn, 1, c, ldc);
 }
 
-/* Elements [c0, c0 + n) of one row into w. The hot types decode 8 at a time in
- * registers as the fused row kernels do (last bits may differ from the
- * reference: Q4_K/Q5_K fuse d*sc*q - dmin*m into one FMA, NVFP4_E2M1 computes
- * e2m1 * (e4m3 * s2)); the scalar reference decoders cost as much as the
- * multiply itself below 64 tokens (NVFP4_E2M1: 2x). */
-static void gemm_decode(const kind_t *k, const uint8_t *row, const uint8_t *crow, const float *lut,
-                        float s2, int64_t c0, int64_t n, float *w) {
+/* Elements [c0, c0 + n) of one row into w: each type's tile_fn in the type
+ * table. The hot types decode 8 at a time in registers as the fused row
+ * kernels do (last bits may differ from the reference: Q4_K/Q5_K fuse
+ * d*sc*q - dmin*m into one FMA, NVFP4_E2M1 computes e2m1 * (e4m3 * s2)); the
+ * scalar reference decoders cost as much as the multiply itself below 64
+ * tokens (NVFP4_E2M1: 2x). Without AVX2+FMA every type takes tile_generic. */
+#define TILE_ARGS const kind_t *k, const uint8_t *row, const uint8_t *crow, const float *lut, \
+                  float s2, int64_t c0, int64_t n, float *w
+
+void tile_generic(TILE_ARGS) { decode_span(k, row, crow, lut, s2, c0, n, w); }
+
 #ifdef HAVE_FUSED
-    if (k->type == MUSER_ID_NVFP4_E2M1) {
-        const __m256 table = _mm256_loadu_ps(E2M1);
-        for (int64_t b = c0 / NVFP4_GROUP; b < (c0 + n) / NVFP4_GROUP; b++, w += NVFP4_GROUP) {
-            v8f w0, w1;
-            nvfp4_e2m1_w16(table, row, lut[crow[b]] * s2, b, &w0, &w1);
-            memcpy(w, &w0, 32);
-            memcpy(w + 8, &w1, 32);
-        }
-        return;
+void tile_nvfp4_e2m1(TILE_ARGS) {
+    (void)k;
+    const __m256 table = _mm256_loadu_ps(E2M1);
+    for (int64_t b = c0 / NVFP4_GROUP; b < (c0 + n) / NVFP4_GROUP; b++, w += NVFP4_GROUP) {
+        v8f w0, w1;
+        nvfp4_e2m1_w16(table, row, lut[crow[b]] * s2, b, &w0, &w1);
+        memcpy(w, &w0, 32);
+        memcpy(w + 8, &w1, 32);
     }
-    if (k->type == MUSER_ID_Q4_K || k->type == MUSER_ID_Q5_K) {     /* as row_q45_k: w = fma(d*sc, q, -dmin*m) */
-        const int five = k->type == MUSER_ID_Q5_K;
-        for (int64_t b = c0 / QK_K; b < (c0 + n) / QK_K; b++, w += QK_K) {
-            const uint8_t *blk = row + b * k->bytes;
-            const uint8_t *qh = blk + MUSER_Q5_K_QH, *qs = blk + Q45_K(five, QS);
-            const float d = f16(blk + MUSER_Q4_K_D), dmin = f16(blk + MUSER_Q4_K_DMIN);
-            for (int g = 0; g < 4; g++) {
-                v8f a0, c0v, a1, c1v, w0, w1;
-                q45_k_group(blk, d, dmin, g, &a0, &c0v, &a1, &c1v);
-                for (int q = 0; q < 4; q++) {
-                    q45_k_w8(qs, qh, five, g, q, a0, c0v, a1, c1v, &w0, &w1);
-                    memcpy(w + 64 * g + 8 * q, &w0, 32);
-                    memcpy(w + 64 * g + 32 + 8 * q, &w1, 32);
-                }
-            }
-        }
-        return;
-    }
-    if (k->type == MUSER_ID_Q6_K) {                          /* as row_q6_k */
-        for (int64_t b = c0 / QK_K; b < (c0 + n) / QK_K; b++, w += QK_K) {
-            const uint8_t *blk = row + b * MUSER_Q6_K_BYTES;
-            const float d = f16(blk + MUSER_Q6_K_D);
-            for (int h = 0; h < 2; h++) {
-                float *o = w + 128 * h;
-                for (int q = 0; q < 4; q++) {
-                    v8f w4[4];
-                    q6_k_w8(blk, d, h, q, w4);
-                    memcpy(o + 8 * q, &w4[0], 32);
-                    memcpy(o + 32 + 8 * q, &w4[1], 32);
-                    memcpy(o + 64 + 8 * q, &w4[2], 32);
-                    memcpy(o + 96 + 8 * q, &w4[3], 32);
-                }
-            }
-        }
-        return;
-    }
-#endif
-    decode_span(k, row, crow, lut, s2, c0, n, w);
 }
+
+/* as row_q45_k: w = fma(d*sc, q, -dmin*m) */
+static inline __attribute__((always_inline)) void tile_q45_k(TILE_ARGS, const int five) {
+    (void)crow, (void)lut, (void)s2;
+    for (int64_t b = c0 / QK_K; b < (c0 + n) / QK_K; b++, w += QK_K) {
+        const uint8_t *blk = row + b * k->bytes;
+        const uint8_t *qh = blk + MUSER_Q5_K_QH, *qs = blk + Q45_K(five, QS);
+        const float d = f16(blk + MUSER_Q4_K_D), dmin = f16(blk + MUSER_Q4_K_DMIN);
+        for (int g = 0; g < 4; g++) {
+            v8f a0, c0v, a1, c1v, w0, w1;
+            q45_k_group(blk, d, dmin, g, &a0, &c0v, &a1, &c1v);
+            for (int q = 0; q < 4; q++) {
+                q45_k_w8(qs, qh, five, g, q, a0, c0v, a1, c1v, &w0, &w1);
+                memcpy(w + 64 * g + 8 * q, &w0, 32);
+                memcpy(w + 64 * g + 32 + 8 * q, &w1, 32);
+            }
+        }
+    }
+}
+void tile_q4_k(TILE_ARGS) { tile_q45_k(k, row, crow, lut, s2, c0, n, w, 0); }
+void tile_q5_k(TILE_ARGS) { tile_q45_k(k, row, crow, lut, s2, c0, n, w, 1); }
+
+/* as row_q6_k */
+void tile_q6_k(TILE_ARGS) {
+    (void)k, (void)crow, (void)lut, (void)s2;
+    for (int64_t b = c0 / QK_K; b < (c0 + n) / QK_K; b++, w += QK_K) {
+        const uint8_t *blk = row + b * MUSER_Q6_K_BYTES;
+        const float d = f16(blk + MUSER_Q6_K_D);
+        for (int h = 0; h < 2; h++) {
+            float *o = w + 128 * h;
+            for (int q = 0; q < 4; q++) {
+                v8f w4[4];
+                q6_k_w8(blk, d, h, q, w4);
+                memcpy(o + 8 * q, &w4[0], 32);
+                memcpy(o + 32 + 8 * q, &w4[1], 32);
+                memcpy(o + 64 + 8 * q, &w4[2], 32);
+                memcpy(o + 96 + 8 * q, &w4[3], 32);
+            }
+        }
+    }
+}
+#else
+void tile_nvfp4_e2m1(TILE_ARGS) { tile_generic(k, row, crow, lut, s2, c0, n, w); }
+void tile_q4_k(TILE_ARGS) { tile_generic(k, row, crow, lut, s2, c0, n, w); }
+void tile_q5_k(TILE_ARGS) { tile_generic(k, row, crow, lut, s2, c0, n, w); }
+void tile_q6_k(TILE_ARGS) { tile_generic(k, row, crow, lut, s2, c0, n, w); }
+#endif
 
 typedef struct {
     const kind_t *k;
@@ -201,7 +213,7 @@ static void gemm_task(const void *ctx, int64_t b0, int64_t b1) {
         for (int64_t k0 = 0; k0 < n_in; k0 += GK) {
             const int64_t kn = n_in - k0 < GK ? n_in - k0 : GK;
             for (int64_t r = 0; r < nr; r++)
-                gemm_decode(k, j->packed + (r0 + r) * j->row_bytes,
+                k->tile(k, j->packed + (r0 + r) * j->row_bytes,
                             j->scales ? j->scales + (r0 + r) * spr : 0, j->lut, j->s2, k0, kn,
                             wt + r * GK);
             for (int64_t r = nr; r < groups * GR; r++) memset(wt + r * GK, 0, sizeof(float) * kn);

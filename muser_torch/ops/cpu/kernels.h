@@ -70,8 +70,70 @@ static inline float hsum(v8f a) {
 typedef void (*decode_fn)(const uint8_t *b, const uint8_t *cmp, const float *lut, float s2,
                           int64_t nb, float *restrict w);
 
-/* One row of the type table (decoders.c). */
-typedef struct { int type, elems, bytes; decode_fn dec; } kind_t;
+/* ggml numerics (q8_act.c, qdot.c): an activation block quantized as ggml's
+ * Q8_0 / Q8_1 (32 codes; d and, for Q8_1, s = d * sum(q), each the float its
+ * f16 rounds to) or Q8_K (256 codes, a float d, the sums of each 16 codes). */
+typedef struct { float d, s; int8_t qs[QK_LEGACY]; } act32_t;
+typedef struct { float d; int16_t bsums[QK_K / 16]; int8_t qs[QK_K]; } actk_t;
+enum { ACT_NONE, ACT_Q8_0, ACT_Q8_1, ACT_Q8_K };   /* a weight type's activation blocks */
+#define QDOT_TOKENS 4   /* activation rows per qdot_fn call */
+
+/* out[t] = the dot of one weight row (nb blocks) with activation row t < T
+ * <= QDOT_TOKENS, whose blocks start at act + t * act_stride bytes. */
+typedef void (*qdot_fn)(const uint8_t *row, const uint8_t *act, int64_t act_stride, int64_t nb,
+                        int T, float *out);
+
+float f16_round(float f);
+void quantize_act_q8_0(const float *x, int64_t n, act32_t *a, int with_sum);
+void quantize_act_q8_k(const float *x, int64_t n, actk_t *a);
+void qdot_q4_0(const uint8_t *, const uint8_t *, int64_t, int64_t, int, float *);
+void qdot_q4_1(const uint8_t *, const uint8_t *, int64_t, int64_t, int, float *);
+void qdot_q5_0(const uint8_t *, const uint8_t *, int64_t, int64_t, int, float *);
+void qdot_q5_1(const uint8_t *, const uint8_t *, int64_t, int64_t, int, float *);
+void qdot_q8_0(const uint8_t *, const uint8_t *, int64_t, int64_t, int, float *);
+void qdot_q4_k(const uint8_t *, const uint8_t *, int64_t, int64_t, int, float *);
+void qdot_q5_k(const uint8_t *, const uint8_t *, int64_t, int64_t, int, float *);
+void qdot_q6_k(const uint8_t *, const uint8_t *, int64_t, int64_t, int, float *);
+
+struct kind;
+/* The fused matvec over rows [r0, r1) of one muser_matmul call (matvec.c). */
+typedef struct matmul_job matmul_job;
+typedef void (*matvec_fn)(const matmul_job *j, int64_t r0, int64_t r1);
+/* The GEMM's decode of elements [c0, c0 + n) of one row into w (gemm.c). */
+typedef void (*tile_fn)(const struct kind *k, const uint8_t *row, const uint8_t *crow,
+                        const float *lut, float s2, int64_t c0, int64_t n, float *w);
+
+/* One row of the type table (decoders.c), as ggml's type_traits_cpu: the
+ * block geometry and, per type, the kernels every op dispatches through:
+ * the float decoder (dequantize, the generic paths), the fused matvec row
+ * loop, the GEMM's tile decoder, and for the ggml numerics the activation
+ * blocks (`act`) and the integer dot product over them. */
+typedef struct kind {
+    int type, elems, bytes;
+    decode_fn dec;
+    matvec_fn matvec;
+    tile_fn tile;
+    int act;
+    qdot_fn qdot;
+} kind_t;
+
+void matvec_q4_0(const matmul_job *, int64_t, int64_t);
+void matvec_q4_1(const matmul_job *, int64_t, int64_t);
+void matvec_q5_0(const matmul_job *, int64_t, int64_t);
+void matvec_q5_1(const matmul_job *, int64_t, int64_t);
+void matvec_q8_0(const matmul_job *, int64_t, int64_t);
+void matvec_q4_k(const matmul_job *, int64_t, int64_t);
+void matvec_q5_k(const matmul_job *, int64_t, int64_t);
+void matvec_q6_k(const matmul_job *, int64_t, int64_t);
+void matvec_nvfp4_e2m1(const matmul_job *, int64_t, int64_t);
+void matvec_f16(const matmul_job *, int64_t, int64_t);
+void matvec_bf16(const matmul_job *, int64_t, int64_t);
+void matvec_generic(const matmul_job *, int64_t, int64_t);
+void tile_q4_k(const kind_t *, const uint8_t *, const uint8_t *, const float *, float, int64_t, int64_t, float *);
+void tile_q5_k(const kind_t *, const uint8_t *, const uint8_t *, const float *, float, int64_t, int64_t, float *);
+void tile_q6_k(const kind_t *, const uint8_t *, const uint8_t *, const float *, float, int64_t, int64_t, float *);
+void tile_nvfp4_e2m1(const kind_t *, const uint8_t *, const uint8_t *, const float *, float, int64_t, int64_t, float *);
+void tile_generic(const kind_t *, const uint8_t *, const uint8_t *, const float *, float, int64_t, int64_t, float *);
 
 const kind_t *kind_for(int type);
 

@@ -110,6 +110,40 @@ ROW_KERNEL void row_legacy(const uint8_t *row, const int type, const int bytes, 
     ACC_FINISH(T)
 }
 
+/* F16 and BF16: 8 halves converted in registers (F16C's vcvtph2ps, exact;
+ * BF16 a shift), 4 FMA chains with one token; a row's last n_in % 8
+ * elements summed apart. Measured against the L1-scratch path it replaced
+ * (bench ops --against ggml, 1 thread, 4096->14336, busy 2-core host): see
+ * docs/cpu.md. */
+ROW_KERNEL void row_half(const uint8_t *row, const int bf16, const float *x, int64_t n_in,
+                         const int T, float *out) {
+    ACC_DECLARE(T);
+    const int64_t n8 = n_in & ~(int64_t)7, n32 = n_in & ~(int64_t)31;
+#define HALF8(i)                                                                                   \
+    (bf16 ? (v8f)_mm256_castsi256_ps(_mm256_slli_epi32(                                            \
+                _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(row + 2 * (i)))), 16))     \
+          : (v8f)_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(row + 2 * (i)))))
+    for (int64_t i = 0; i < n32; i += 32) {     /* constant chain sites keep acc in registers */
+        FMA_TOKENS(HALF8(i), i, 0);
+        FMA_TOKENS(HALF8(i + 8), i + 8, 1);
+        FMA_TOKENS(HALF8(i + 16), i + 16, 2);
+        FMA_TOKENS(HALF8(i + 24), i + 24, 3);
+    }
+    for (int64_t i = n32; i < n8; i += 8) FMA_TOKENS(HALF8(i), i, 0);
+#undef HALF8
+    ACC_FINISH(T)
+    for (int64_t i = n8; i < n_in; i++) {
+        float w;
+        if (bf16) {
+            const uint32_t bits = (uint32_t)(row[2 * i] | (row[2 * i + 1] << 8)) << 16;
+            memcpy(&w, &bits, 4);
+        } else {
+            w = f16(row + 2 * i);
+        }
+        for (int t = 0; t < T; t++) out[t] += w * x[t * n_in + i];
+    }
+}
+
 #if defined(__AVX512F__)
 /* AVX-512: the same fused kernels 16 wide, over R = 1 or 2 weight rows at a
  * time. Each step widens 16 code bytes to int32 lanes (vpmovzxbd) and FMAs 16
@@ -273,20 +307,21 @@ ROW_KERNEL void row_nvfp4_e2m1_16(const uint8_t *const *rows, const uint8_t *con
     ACC16_FINISH(R, T)
 }
 
-/* R rows (1 or 2) of a fused type, T tokens. */
-ROW_KERNEL void rows_dot16(const kind_t *k, const uint8_t *const *rows, const uint8_t *const *crows,
+/* R rows (1 or 2) of a fused type, T tokens; `type` is a compile-time
+ * constant in every matvec_<type> (so this picks its row kernel statically). */
+ROW_KERNEL void rows_dot16(const int type, const uint8_t *const *rows, const uint8_t *const *crows,
                            const float *lut, float s2, const float *x, int64_t n_in, const int R,
                            const int T, float *const *out) {
-    switch (k->type) {
+    switch (type) {
     case MUSER_ID_Q4_K: row_q45_k_16(rows, 0, n_in / QK_K, x, n_in, R, T, out); return;
     case MUSER_ID_Q5_K: row_q45_k_16(rows, 1, n_in / QK_K, x, n_in, R, T, out); return;
     case MUSER_ID_Q6_K: row_q6_k_16(rows, n_in / QK_K, x, n_in, R, T, out); return;
     default: row_nvfp4_e2m1_16(rows, crows, lut, s2, n_in / NVFP4_GROUP, x, n_in, R, T, out);
     }
 }
-static int fused16(const kind_t *k) {
-    return k->type == MUSER_ID_Q4_K || k->type == MUSER_ID_Q5_K || k->type == MUSER_ID_Q6_K ||
-           k->type == MUSER_ID_NVFP4_E2M1;
+static inline int fused16(const int type) {
+    return type == MUSER_ID_Q4_K || type == MUSER_ID_Q5_K || type == MUSER_ID_Q6_K ||
+           type == MUSER_ID_NVFP4_E2M1;
 }
 #undef FMA16_TOKENS
 #undef ACC16_DECLARE
@@ -324,10 +359,11 @@ ROW_KERNEL void row_generic(const kind_t *k, const uint8_t *row, const uint8_t *
     for (int t = 0; t < T; t++) out[t] = n_in % 8 ? hsum(acc[t]) + tail[t] : hsum(acc[t]);
 }
 
-/* One row for a compile-time T (muser_matmul instantiates 1..TOKEN_GROUP). */
-ROW_KERNEL void row_dot(const kind_t *k, const uint8_t *row, const uint8_t *crow, const float *lut,
-                        float s2, const float *x, int64_t n_in, const int T, float *out) {
-    switch (k->type) {
+/* One row for a compile-time T (1..TOKEN_GROUP) and type (see rows_dot16). */
+ROW_KERNEL void row_dot(const kind_t *k, const int type, const uint8_t *row, const uint8_t *crow,
+                        const float *lut, float s2, const float *x, int64_t n_in, const int T,
+                        float *out) {
+    switch (type) {
 #ifdef HAVE_FUSED
     case MUSER_ID_Q4_K: row_q45_k(row, 0, n_in / QK_K, x, n_in, T, out); return;
     case MUSER_ID_Q5_K: row_q45_k(row, 1, n_in / QK_K, x, n_in, T, out); return;
@@ -341,12 +377,16 @@ ROW_KERNEL void row_dot(const kind_t *k, const uint8_t *row, const uint8_t *crow
         return
     LEGACY_CASE(Q4_0); LEGACY_CASE(Q4_1); LEGACY_CASE(Q5_0); LEGACY_CASE(Q5_1); LEGACY_CASE(Q8_0);
 #undef LEGACY_CASE
+#if defined(__F16C__)
+    case MUSER_ID_F16: row_half(row, 0, x, n_in, T, out); return;
+#endif
+    case MUSER_ID_BF16: row_half(row, 1, x, n_in, T, out); return;
 #endif
     default: row_generic(k, row, crow, lut, s2, x, n_in, T, out);
     }
 }
 
-typedef struct {
+struct matmul_job {
     const kind_t *k;
     const uint8_t *packed, *scales;
     const float *lut;
@@ -354,7 +394,7 @@ typedef struct {
     int64_t n_out, n_in, row_bytes, T;
     const float *x;
     float *y;
-} matmul_job;
+};
 
 #ifdef HAVE_FUSED16
 #ifndef PAIR_MIN_T
@@ -362,14 +402,13 @@ typedef struct {
 #endif
 #define ROWS16_CASE(n)                                                                     \
     case n:                                                                                \
-        if (R == 2 && n >= PAIR_MIN_T) rows_dot16(k, rows, crows, lut, s2, xg, n_in, 2, n, og); \
+        if (R == 2 && n >= PAIR_MIN_T) rows_dot16(type, rows, crows, lut, s2, xg, n_in, 2, n, og); \
         else                                                                               \
             for (int i = 0; i < R; i++)                                                    \
-                rows_dot16(k, rows + i, crows + i, lut, s2, xg, n_in, 1, n, og + i);       \
+                rows_dot16(type, rows + i, crows + i, lut, s2, xg, n_in, 1, n, og + i);       \
         break
 /* Rows r .. r+R-1 (R = 1, or 2 when the tokens come in groups of PAIR_MIN_T or more). */
-static void matmul_rows16(const matmul_job *j, int64_t r, int R) {
-    const kind_t *k = j->k;
+ROW_KERNEL void matmul_rows16(const matmul_job *j, const int type, int64_t r, int R) {
     const int64_t n_in = j->n_in, T = j->T, spr = n_in / NVFP4_GROUP;
     const float *lut = j->lut;
     const float s2 = j->s2;
@@ -396,18 +435,20 @@ static void matmul_rows16(const matmul_job *j, int64_t r, int R) {
 #undef ROWS16_CASE
 #endif
 
-static void matmul_task(const void *ctx, int64_t r0, int64_t r1) {
-    const matmul_job *j = ctx;
+/* Rows [r0, r1) of a matmul of `type` (a compile-time constant: each
+ * matvec_<type> below is this function specialized, and the type table
+ * points at them; matvec_generic takes the L1-scratch path). */
+ROW_KERNEL void matvec_rows(const matmul_job *j, int64_t r0, int64_t r1, const int type) {
     const kind_t *k = j->k;
     const int64_t n_in = j->n_in, T = j->T, spr = n_in / NVFP4_GROUP;
     const float *lut = j->lut;
     const float s2 = j->s2;
 #ifdef HAVE_FUSED16
-    if (fused16(k)) {
+    if (fused16(type)) {
         const int pair = (T < TOKEN_GROUP ? T : TOKEN_GROUP) >= PAIR_MIN_T;
         for (int64_t r = r0; r < r1;) {
             const int R = pair && r + 1 < r1 ? 2 : 1;
-            matmul_rows16(j, r, R);
+            matmul_rows16(j, type, r, R);
             r += R;
         }
         return;
@@ -421,18 +462,38 @@ static void matmul_task(const void *ctx, int64_t r0, int64_t r1) {
             const float *xg = j->x + t0 * n_in;
             float *og = out + t0;
             switch (T - t0 < TOKEN_GROUP ? T - t0 : TOKEN_GROUP) {
-            case 1: row_dot(k, row, crow, lut, s2, xg, n_in, 1, og); break;
-            case 2: row_dot(k, row, crow, lut, s2, xg, n_in, 2, og); break;
-            case 3: row_dot(k, row, crow, lut, s2, xg, n_in, 3, og); break;
-            case 4: row_dot(k, row, crow, lut, s2, xg, n_in, 4, og); break;
-            case 5: row_dot(k, row, crow, lut, s2, xg, n_in, 5, og); break;
-            case 6: row_dot(k, row, crow, lut, s2, xg, n_in, 6, og); break;
-            case 7: row_dot(k, row, crow, lut, s2, xg, n_in, 7, og); break;
-            default: row_dot(k, row, crow, lut, s2, xg, n_in, 8, og); break;
+            case 1: row_dot(k, type, row, crow, lut, s2, xg, n_in, 1, og); break;
+            case 2: row_dot(k, type, row, crow, lut, s2, xg, n_in, 2, og); break;
+            case 3: row_dot(k, type, row, crow, lut, s2, xg, n_in, 3, og); break;
+            case 4: row_dot(k, type, row, crow, lut, s2, xg, n_in, 4, og); break;
+            case 5: row_dot(k, type, row, crow, lut, s2, xg, n_in, 5, og); break;
+            case 6: row_dot(k, type, row, crow, lut, s2, xg, n_in, 6, og); break;
+            case 7: row_dot(k, type, row, crow, lut, s2, xg, n_in, 7, og); break;
+            default: row_dot(k, type, row, crow, lut, s2, xg, n_in, 8, og); break;
             }
         }
         for (int64_t t = 0; t < T; t++) j->y[t * j->n_out + r] = out[t];
     }
+}
+
+#define MATVEC(name, type_id)                                                  \
+    void name(const matmul_job *j, int64_t r0, int64_t r1) { matvec_rows(j, r0, r1, type_id); }
+MATVEC(matvec_q4_0, MUSER_ID_Q4_0)
+MATVEC(matvec_q4_1, MUSER_ID_Q4_1)
+MATVEC(matvec_q5_0, MUSER_ID_Q5_0)
+MATVEC(matvec_q5_1, MUSER_ID_Q5_1)
+MATVEC(matvec_q8_0, MUSER_ID_Q8_0)
+MATVEC(matvec_q4_k, MUSER_ID_Q4_K)
+MATVEC(matvec_q5_k, MUSER_ID_Q5_K)
+MATVEC(matvec_q6_k, MUSER_ID_Q6_K)
+MATVEC(matvec_nvfp4_e2m1, MUSER_ID_NVFP4_E2M1)
+MATVEC(matvec_f16, MUSER_ID_F16)
+MATVEC(matvec_bf16, MUSER_ID_BF16)
+MATVEC(matvec_generic, -1)
+
+static void matmul_task(const void *ctx, int64_t r0, int64_t r1) {
+    const matmul_job *j = ctx;
+    j->k->matvec(j, r0, r1);
 }
 
 int muser_matmul(int type, const uint8_t *packed, const uint8_t *scales, const float *lut,

@@ -1,0 +1,94 @@
+"""``muser-torch bench ops --device cpu --against ggml``: ``muser::qmatmul_ggml``
+(and ``muser::qmatmul``, the exact mode) against ggml's own ``mul_mat`` on the
+same bytes, the same activations and the same thread count, interleaved.
+
+For every type llama.cpp's files use and each token count it prints the
+median time of each contender over rounds that call them in turn (so a slow
+spell on a shared machine hits both), the ratio muser / ggml (<= 1.0: muser is
+as fast or faster), and at one token muser's GB/s of packed bytes and its
+fraction of the read bandwidth measured in the same run. It says which ggml
+build it ran (libggml-python's AVX2 build unless ``--ggml-lib`` names another
+folder holding ``libggml-base.so`` and ``libggml-cpu.so``). Nothing is asserted.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from ..formats import random_weight
+from ..formats.types import GGMLType
+
+# One large shape per type (llama.cpp's 7-8B FFN: 4096 x 14336) and the
+# K-quants also at the three shapes of issue 22's table.
+@dataclass(frozen=True)
+class Case:
+    qtype: GGMLType
+    n_in: int
+    n_out: int
+
+
+LEGACY_AND_FLOAT = (GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0,
+                    GGMLType.F16, GGMLType.BF16)
+K_QUANTS = (GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K)
+CASES = tuple(Case(t, 4096, 14336) for t in LEGACY_AND_FLOAT) + tuple(
+    Case(t, n_in, n_out) for t in K_QUANTS for n_in, n_out in ((6656, 4096), (6656, 19968), (19968, 6656)))
+TOKENS = (1, 2, 4, 8, 128)
+
+
+def _interleaved(fns: dict, rounds: int, min_s: float) -> dict:
+    """Median seconds per call of each fn, called in turn for ``rounds`` rounds
+    (more while the total is under ``min_s``), after one warm-up call each."""
+    for fn in fns.values():
+        fn()
+    times = {k: [] for k in fns}
+    start = time.perf_counter()
+    n = 0
+    while n < rounds or (time.perf_counter() - start < min_s and n < 20 * rounds):
+        for k, fn in fns.items():
+            t = time.perf_counter()
+            fn()
+            times[k].append(time.perf_counter() - t)
+        n += 1
+    return {k: sorted(v)[len(v) // 2] for k, v in times.items()}
+
+
+def run(threads: int, tokens: tuple[int, ...], types: tuple[str, ...] | None, lib_dir: str | None,
+        rounds: int, seed: int) -> int:
+    from .. import ops
+    from . import ggml_mulmat
+    from .ops import read_bandwidth
+
+    dll = ggml_mulmat.load(lib_dir)
+    if dll is None:
+        raise ValueError("bench ops --against ggml: no ggml library (pip install libggml-python, "
+                         "or --ggml-lib DIR with libggml-base.so and libggml-cpu.so)")
+    torch.set_num_threads(threads)
+    cases = CASES if not types else tuple(c for c in CASES if c.qtype.name in types)
+    bw = read_bandwidth(torch.device("cpu"))
+    print(f"ggml: {ggml_mulmat.describe(dll)}; {threads} threads each; read bandwidth "
+          f"{bw / 1e9:.1f} GB/s (sum over 512 MiB); median of >= {rounds} interleaved rounds")
+    print(f"{'type':<5} {'n_in->n_out':>12} {'tok':>4} {'MB':>6} {'ggml ms':>9} {'muser ms':>9} "
+          f"{'ratio':>6} {'exact ms':>9} {'ratio':>6} {'GB/s':>6} {'of bw':>6}")
+    gen = torch.Generator().manual_seed(seed)
+    for c in cases:
+        w = random_weight(c.qtype, c.n_out, c.n_in, generator=gen)
+        mb = w.packed.numel() / 1e6
+        for t in tokens:
+            x = torch.randn(t, c.n_in, generator=gen)
+            mm = ggml_mulmat.MulMat(dll, w.packed, c.qtype, c.n_out, c.n_in, t, threads)
+            mm.set_x(x)
+            args = (w.packed, c.qtype, c.n_out, c.n_in)
+            med = _interleaved({"ggml": mm.compute,
+                                "muser": lambda: ops.qmatmul_ggml(x, *args),
+                                "exact": lambda: ops.qmatmul(x, *args)},
+                               rounds, min_s=0.5)
+            mm.close()
+            gbps = w.packed.numel() / med["muser"] / 1e9
+            print(f"{c.qtype.name:<5} {f'{c.n_in}->{c.n_out}':>12} {t:>4} {mb:>6.1f} "
+                  f"{med['ggml'] * 1e3:>9.3f} {med['muser'] * 1e3:>9.3f} "
+                  f"{med['muser'] / med['ggml']:>6.2f} {med['exact'] * 1e3:>9.3f} "
+                  f"{med['exact'] / med['ggml']:>6.2f} {gbps:>6.1f} {gbps * 1e9 / bw:>6.1%}",
+                  flush=True)
+    return 0

@@ -1,0 +1,423 @@
+/* ggml numerics, part 2: integer dot products and muser_matmul_q8.
+ *
+ * y[t, r] = dot(W[r], q8(x[t])): each activation row is quantized once per
+ * call (q8_act.c) to the blocks ggml pairs with the weight type, and every
+ * weight block meets every activation block in an exact integer sum, scaled
+ * in float as ggml scales it:
+ *   Q4_0, Q5_0, Q8_0:  (d_w * d_x) * sum(q_w * q_x)
+ *   Q4_1, Q5_1:        (d_w * d_x) * sum(q_w * q_x) + m_w * s_x
+ *   Q4_K, Q5_K:        (d_x * d_w) * sum_j sc_j sum(q_w * q_x) - (d_x * dmin_w) * sum_j m_j bsum_j
+ *   Q6_K:              (d_w * d_x) * sum_j sc_j sum((q_w - 32) * q_x)
+ * Every integer sum is exact; the x86 builds keep 8 float lanes per token,
+ * as ggml's AVX2 code does (Q6_K: one exact int32 per block, scaled in
+ * scalar float, as its offset of 32 cancels most of the block's sum), and
+ * the plain-C build sums one float per block, so builds differ only in the
+ * order of the float additions.
+ *
+ * Each qdot_* takes one weight row and up to QDOT_TOKENS activation rows, so
+ * a weight block is unpacked once for all of them. The x86 versions use
+ * vpmaddubsw (u8 x s8 pairs; no pair here can saturate: |q_w| <= 63 or the
+ * weight's sign is moved onto the activation) or, with AVX-512 VNNI,
+ * vpdpbusd for the 32-element types.
+ */
+#include <stdlib.h>
+
+#include "kernels.h"
+#include "simd.h"
+
+/* The 8 6-bit scales and 8 mins of a Q4_K / Q5_K block's 12-byte strip as
+ * bytes (sc[j], m[j] of sub-block j; see scale_min_k4 in kernels.h), four at
+ * a time: bytes 0-3 hold sc 0-3, 4-7 m 0-3, 8-11 the low bits of sc/m 4-7,
+ * whose top two bits sit in bits 6-7 of bytes 0-3 (sc) and 4-7 (m). */
+static inline void k4_scales(const uint8_t *s, uint8_t sc[8], uint8_t m[8]) {
+    uint32_t u[3], w[4];
+    memcpy(u, s, 12);
+    w[0] = u[0] & 0x3F3F3F3Fu;
+    w[1] = (u[2] & 0x0F0F0F0Fu) | (((u[0] >> 6) & 0x03030303u) << 4);
+    w[2] = u[1] & 0x3F3F3F3Fu;
+    w[3] = ((u[2] >> 4) & 0x0F0F0F0Fu) | (((u[1] >> 6) & 0x03030303u) << 4);
+    memcpy(sc, w, 8);
+    memcpy(m, w + 2, 8);
+}
+
+#define ACT32(t, b) ((const act32_t *)(act + (t) * act_stride) + (b))
+#define ACTK(t, b) ((const actk_t *)(act + (t) * act_stride) + (b))
+
+/* ---- the 32-element types ------------------------------------------------------------ */
+
+#if defined(__AVX2__) && defined(__FMA__)
+/* 8 int32 lanes, each the sum of 4 adjacent u8 x s8 products. */
+static inline __m256i dot_u8s8(__m256i u, __m256i s) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
+#else
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+#endif
+}
+static inline float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+
+/* A block's 32 codes as bytes in element order: signed (offset applied) for
+ * Q4_0, Q5_0, Q8_0, unsigned for Q4_1, Q5_1; `type` is a constant. */
+static inline __attribute__((always_inline)) __m256i legacy_codes(const uint8_t *blk, int type) {
+    switch (type) {
+    case MUSER_ID_Q4_0:
+        return _mm256_sub_epi8(legacy_nibbles32(blk + MUSER_Q4_0_QS), _mm256_set1_epi8(8));
+    case MUSER_ID_Q4_1: return legacy_nibbles32(blk + MUSER_Q4_1_QS);
+    case MUSER_ID_Q5_0:
+        return _mm256_sub_epi8(_mm256_or_si256(legacy_nibbles32(blk + MUSER_Q5_0_QS),
+                                               legacy_fifth32(blk + MUSER_Q5_0_QH)),
+                               _mm256_set1_epi8(16));
+    case MUSER_ID_Q5_1:
+        return _mm256_or_si256(legacy_nibbles32(blk + MUSER_Q5_1_QS), legacy_fifth32(blk + MUSER_Q5_1_QH));
+    default: return _mm256_loadu_si256((const __m256i *)(blk + MUSER_Q8_0_QS));
+    }
+}
+
+ROW_KERNEL void qdot_legacy(const uint8_t *row, const int type, const int bytes, const int offset_m,
+                            const uint8_t *act, int64_t act_stride, int64_t nb, const int T,
+                            float *out) {
+    __m256 acc[QDOT_TOKENS];
+    float summ[QDOT_TOKENS];
+    for (int t = 0; t < T; t++) acc[t] = _mm256_setzero_ps(), summ[t] = 0.0f;
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = row + b * bytes;
+        const float d = f16_scale(blk);                      /* d leads every legacy block */
+        const __m256i w = legacy_codes(blk, type);
+        const __m256i u = offset_m ? w : _mm256_sign_epi8(w, w);
+        for (int t = 0; t < T; t++) {
+            const act32_t *a = ACT32(t, b);
+            const __m256i y = _mm256_loadu_si256((const __m256i *)a->qs);
+            const __m256i p = dot_u8s8(u, offset_m ? y : _mm256_sign_epi8(y, w));
+            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * a->d), _mm256_cvtepi32_ps(p), acc[t]);
+            if (offset_m) summ[t] += f16_scale(blk + MUSER_Q4_1_M) * a->s;
+        }
+    }
+    for (int t = 0; t < T; t++) out[t] = hsum8(acc[t]) + summ[t];
+}
+#else
+/* A block's 32 codes (offset applied for Q4_0, Q5_0). */
+static inline __attribute__((always_inline)) void legacy_codes(const uint8_t *blk, int type,
+                                                               int q[QK_LEGACY]) {
+    if (type == MUSER_ID_Q8_0) {
+        for (int j = 0; j < QK_LEGACY; j++) q[j] = ((const int8_t *)(blk + MUSER_Q8_0_QS))[j];
+        return;
+    }
+    const int five = type == MUSER_ID_Q5_0 || type == MUSER_ID_Q5_1;
+    const int off = type == MUSER_ID_Q4_0 ? 8 : type == MUSER_ID_Q5_0 ? 16 : 0;
+    const uint8_t *qs = blk + (type == MUSER_ID_Q4_0 ? MUSER_Q4_0_QS : type == MUSER_ID_Q4_1 ? MUSER_Q4_1_QS
+                               : type == MUSER_ID_Q5_0 ? MUSER_Q5_0_QS : MUSER_Q5_1_QS);
+    uint32_t qh = 0;
+    if (five) memcpy(&qh, blk + (type == MUSER_ID_Q5_0 ? MUSER_Q5_0_QH : MUSER_Q5_1_QH), 4);
+    for (int j = 0; j < QK_LEGACY / 2; j++) {
+        q[j] = ((qs[j] & 0xF) | (five ? ((qh >> j) & 1) << 4 : 0)) - off;
+        q[j + 16] = ((qs[j] >> 4) | (five ? ((qh >> (j + 16)) & 1) << 4 : 0)) - off;
+    }
+}
+
+ROW_KERNEL void qdot_legacy(const uint8_t *row, const int type, const int bytes, const int offset_m,
+                            const uint8_t *act, int64_t act_stride, int64_t nb, const int T,
+                            float *out) {
+    float sum[QDOT_TOKENS];
+    for (int t = 0; t < T; t++) sum[t] = 0.0f;
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = row + b * bytes;
+        const float d = f16(blk);
+        int q[QK_LEGACY];
+        legacy_codes(blk, type, q);
+        for (int t = 0; t < T; t++) {
+            const act32_t *a = ACT32(t, b);
+            int isum = 0;
+            for (int j = 0; j < QK_LEGACY; j++) isum += q[j] * a->qs[j];
+            sum[t] += (d * a->d) * (float)isum;
+            if (offset_m) sum[t] += f16(blk + MUSER_Q4_1_M) * a->s;
+        }
+    }
+    for (int t = 0; t < T; t++) out[t] = sum[t];
+}
+#endif
+
+_Static_assert(MUSER_Q4_0_D == 0 && MUSER_Q4_1_D == 0 && MUSER_Q5_0_D == 0 && MUSER_Q5_1_D == 0 &&
+                   MUSER_Q8_0_D == 0 && MUSER_Q4_1_M == MUSER_Q5_1_M,
+               "qdot_legacy reads d at the block's start and Q4_1/Q5_1's m at one offset");
+
+/* Each type's qdot_fn: T (1 .. QDOT_TOKENS) becomes a compile-time count. */
+#define TOKEN_SWITCH(call)                                   \
+    switch (T) {                                             \
+    case 1: call(1); break;                                  \
+    case 2: call(2); break;                                  \
+    case 3: call(3); break;                                  \
+    default: call(4); break;                                 \
+    }
+#define QDOT_LEGACY(name, TYPE)                                                                 \
+    void name(const uint8_t *row, const uint8_t *act, int64_t act_stride, int64_t nb, int T,   \
+              float *out) {                                                                     \
+        TOKEN_SWITCH(CALL_LEGACY_##TYPE)                                                        \
+    }
+_Static_assert(QDOT_TOKENS == 4, "TOKEN_SWITCH covers 1 .. 4 tokens");
+#define LEGACY_CALL(TYPE, offset_m, n) \
+    qdot_legacy(row, MUSER_ID_##TYPE, MUSER_##TYPE##_BYTES, offset_m, act, act_stride, nb, n, out)
+#define CALL_LEGACY_Q4_0(n) LEGACY_CALL(Q4_0, 0, n)
+#define CALL_LEGACY_Q4_1(n) LEGACY_CALL(Q4_1, 1, n)
+#define CALL_LEGACY_Q5_0(n) LEGACY_CALL(Q5_0, 0, n)
+#define CALL_LEGACY_Q5_1(n) LEGACY_CALL(Q5_1, 1, n)
+#define CALL_LEGACY_Q8_0(n) LEGACY_CALL(Q8_0, 0, n)
+QDOT_LEGACY(qdot_q4_0, Q4_0)
+QDOT_LEGACY(qdot_q4_1, Q4_1)
+QDOT_LEGACY(qdot_q5_0, Q5_0)
+QDOT_LEGACY(qdot_q5_1, Q5_1)
+QDOT_LEGACY(qdot_q8_0, Q8_0)
+
+/* ---- the K-quants ---------------------------------------------------------------------- */
+
+#if defined(__AVX2__) && defined(__FMA__)
+static inline int hsum_i32(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+    return _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1)));
+}
+/* sum over 32 elements of q * y, times sc: 8 int32 lanes. */
+static inline __m256i scaled_dot(__m256i q, const int8_t *y, __m256i sc16) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(q, _mm256_loadu_si256((const __m256i *)y)), sc16);
+}
+#endif
+
+/* Block b of a Q4_K / Q5_K row: isum[t] = sum_j sc_j sum(q * y_t) exactly
+ * (AVX2: in 8 int32 lanes, each under 2^23, so exact as floats too). */
+#if defined(__AVX2__) && defined(__FMA__)
+typedef __m256i isum_t;
+#else
+typedef int isum_t;
+#endif
+ROW_KERNEL void q45_k_isums(const uint8_t *blk, const int five, const uint8_t *act,
+                            int64_t act_stride, int64_t b, const int T, const uint8_t sc[8],
+                            isum_t isum[QDOT_TOKENS]) {
+    const uint8_t *qs = blk + Q45_K(five, QS), *qh = blk + MUSER_Q5_K_QH;
+#if defined(__AVX2__) && defined(__FMA__)
+    __m256i acc[QDOT_TOKENS];
+    for (int t = 0; t < T; t++) acc[t] = _mm256_setzero_si256();
+    const __m256i m4 = _mm256_set1_epi8(0xF), one = _mm256_set1_epi8(1);
+    const __m256i h = five ? _mm256_loadu_si256((const __m256i *)qh) : _mm256_setzero_si256();
+    for (int g = 0; g < 4; g++) {
+        const __m256i raw = _mm256_loadu_si256((const __m256i *)(qs + 32 * g));
+        __m256i lo = _mm256_and_si256(raw, m4), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
+        if (five) {
+            lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2 * g), one), 4));
+            hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2 * g + 1), one), 4));
+        }
+        const __m256i s0 = _mm256_set1_epi16((short)sc[2 * g]), s1 = _mm256_set1_epi16((short)sc[2 * g + 1]);
+        for (int t = 0; t < T; t++) {
+            const int8_t *y = ACTK(t, b)->qs + 64 * g;
+            acc[t] = _mm256_add_epi32(acc[t], _mm256_add_epi32(scaled_dot(lo, y, s0), scaled_dot(hi, y + 32, s1)));
+        }
+    }
+    for (int t = 0; t < T; t++) isum[t] = acc[t];
+#else
+    for (int t = 0; t < T; t++) isum[t] = 0;
+    for (int g = 0; g < 4; g++)
+        for (int l = 0; l < 32; l++) {
+            int lo = qs[32 * g + l] & 0xF, hi = qs[32 * g + l] >> 4;
+            if (five) {
+                lo |= ((qh[l] >> (2 * g)) & 1) << 4;
+                hi |= ((qh[l] >> (2 * g + 1)) & 1) << 4;
+            }
+            for (int t = 0; t < T; t++) {
+                const int8_t *y = ACTK(t, b)->qs + 64 * g;
+                isum[t] += sc[2 * g] * lo * y[l] + sc[2 * g + 1] * hi * y[32 + l];
+            }
+        }
+#endif
+}
+
+ROW_KERNEL void qdot_q45_k(const uint8_t *row, const int five, const uint8_t *act, int64_t act_stride,
+                           int64_t nb, const int T, float *out) {
+    const int bytes = Q45_K(five, BYTES);
+#if defined(__AVX2__) && defined(__FMA__)
+    /* ggml's AVX2 order: 8 float lanes of d * isum and 8 of dmin * msum per token */
+    __m256 acc[QDOT_TOKENS], accm[QDOT_TOKENS];
+    for (int t = 0; t < T; t++) acc[t] = accm[t] = _mm256_setzero_ps();
+#else
+    float sum[QDOT_TOKENS];
+    for (int t = 0; t < T; t++) sum[t] = 0.0f;
+#endif
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = row + b * bytes;
+        uint8_t sc[8], m[8];
+        isum_t isum[QDOT_TOKENS];
+        k4_scales(blk + MUSER_Q4_K_SCALES, sc, m);
+        q45_k_isums(blk, five, act, act_stride, b, T, sc, isum);
+        const float dw = f16(blk + MUSER_Q4_K_D), mw = f16(blk + MUSER_Q4_K_DMIN);
+#if defined(__AVX2__) && defined(__FMA__)
+        /* m_j in 16-bit lanes 2j and 2j+1 */
+        const __m128i m8 = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)m));
+        const __m256i m16 = _mm256_set_m128i(_mm_unpackhi_epi16(m8, m8), _mm_unpacklo_epi16(m8, m8));
+        for (int t = 0; t < T; t++) {
+            const actk_t *a = ACTK(t, b);
+            /* sum_j m_j (bsum_2j + bsum_2j+1), in 8 lanes */
+            const __m256i ms = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)a->bsums), m16);
+            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(a->d * dw), _mm256_cvtepi32_ps(isum[t]), acc[t]);
+            accm[t] = _mm256_fmadd_ps(_mm256_set1_ps(a->d * mw), _mm256_cvtepi32_ps(ms), accm[t]);
+        }
+#else
+        for (int t = 0; t < T; t++) {
+            const actk_t *a = ACTK(t, b);
+            int msum = 0;
+            for (int j = 0; j < 8; j++) msum += m[j] * (a->bsums[2 * j] + a->bsums[2 * j + 1]);
+            sum[t] += (a->d * dw) * (float)isum[t];
+            sum[t] -= (a->d * mw) * (float)msum;
+        }
+#endif
+    }
+#if defined(__AVX2__) && defined(__FMA__)
+    for (int t = 0; t < T; t++) out[t] = hsum8(acc[t]) - hsum8(accm[t]);
+#else
+    for (int t = 0; t < T; t++) out[t] = sum[t];
+#endif
+}
+
+/* Block b of a Q6_K row: isum[t] = sum_j sc_j sum(q * y_t) (q unsigned, 0 .. 63). */
+ROW_KERNEL void q6_k_isums(const uint8_t *blk, const uint8_t *act, int64_t act_stride, int64_t b,
+                           const int T, int isum[QDOT_TOKENS]) {
+    const int8_t *sc = (const int8_t *)(blk + MUSER_Q6_K_SCALES);
+#if defined(__AVX2__) && defined(__FMA__)
+    __m256i acc[QDOT_TOKENS];
+    for (int t = 0; t < T; t++) acc[t] = _mm256_setzero_si256();
+    const __m256i m4 = _mm256_set1_epi8(0xF), m3 = _mm256_set1_epi8(3);
+    for (int h = 0; h < 2; h++) {
+        const uint8_t *ql = blk + MUSER_Q6_K_QL + 64 * h, *qh = blk + MUSER_Q6_K_QH + 32 * h;
+        const __m256i l0 = _mm256_loadu_si256((const __m256i *)ql);
+        const __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
+        const __m256i hb = _mm256_loadu_si256((const __m256i *)qh);
+        __m256i q[4];
+        q[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_slli_epi16(_mm256_and_si256(hb, m3), 4));
+        q[1] = _mm256_or_si256(_mm256_and_si256(l1, m4),
+                               _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2), m3), 4));
+        q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                               _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 4), m3), 4));
+        q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                               _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 6), m3), 4));
+        for (int k = 0; k < 4; k++) {       /* elements 128h + 32k .. : sub-blocks 8h+2k, 8h+2k+1 */
+            const int j = 8 * h + 2 * k;
+            const __m256i s16 = _mm256_set_m128i(_mm_set1_epi16(sc[j + 1]), _mm_set1_epi16(sc[j]));
+            for (int t = 0; t < T; t++)
+                acc[t] = _mm256_add_epi32(acc[t], scaled_dot(q[k], ACTK(t, b)->qs + 128 * h + 32 * k, s16));
+        }
+    }
+    for (int t = 0; t < T; t++) isum[t] = hsum_i32(acc[t]);
+#else
+    for (int t = 0; t < T; t++) isum[t] = 0;
+    for (int h = 0; h < 2; h++) {
+        const uint8_t *ql = blk + MUSER_Q6_K_QL + 64 * h, *qh = blk + MUSER_Q6_K_QH + 32 * h;
+        for (int l = 0; l < 32; l++) {
+            const int q[4] = {(ql[l] & 0xF) | ((qh[l] & 3) << 4),
+                              (ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4),
+                              (ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4),
+                              (ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)};
+            for (int k = 0; k < 4; k++) {
+                const int e = 128 * h + 32 * k + l;
+                for (int t = 0; t < T; t++) isum[t] += sc[e / 16] * q[k] * ACTK(t, b)->qs[e];
+            }
+        }
+    }
+#endif
+}
+
+ROW_KERNEL void qdot_q6_k_rows(const uint8_t *row, const uint8_t *act, int64_t act_stride,
+                               int64_t nb, const int T, float *out) {
+    float sum[QDOT_TOKENS];
+    for (int t = 0; t < T; t++) sum[t] = 0.0f;
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = row + b * MUSER_Q6_K_BYTES;
+        const int8_t *sc = (const int8_t *)(blk + MUSER_Q6_K_SCALES);
+        int isum[QDOT_TOKENS];
+        q6_k_isums(blk, act, act_stride, b, T, isum);
+        const float dw = f16(blk + MUSER_Q6_K_D);
+#if defined(__AVX2__) && defined(__FMA__)
+        const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sc));
+#endif
+        for (int t = 0; t < T; t++) {
+            const actk_t *a = ACTK(t, b);
+            /* the codes' offset of 32: sum_j sc_j * 32 * bsum_j */
+#if defined(__AVX2__) && defined(__FMA__)
+            const int off = hsum_i32(_mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)a->bsums), sc16));
+#else
+            int off = 0;
+            for (int j = 0; j < QK_K / 16; j++) off += sc[j] * a->bsums[j];
+#endif
+            sum[t] += (dw * a->d) * (float)(isum[t] - 32 * off);
+        }
+    }
+    for (int t = 0; t < T; t++) out[t] = sum[t];
+}
+
+#define KQ_FN(name, call)                                                                      \
+    void name(const uint8_t *row, const uint8_t *act, int64_t act_stride, int64_t nb, int T,   \
+              float *out) {                                                                     \
+        TOKEN_SWITCH(call)                                                                      \
+    }
+#define CALL_Q4_K(n) qdot_q45_k(row, 0, act, act_stride, nb, n, out)
+#define CALL_Q5_K(n) qdot_q45_k(row, 1, act, act_stride, nb, n, out)
+#define CALL_Q6_K(n) qdot_q6_k_rows(row, act, act_stride, nb, n, out)
+KQ_FN(qdot_q4_k, CALL_Q4_K)
+KQ_FN(qdot_q5_k, CALL_Q5_K)
+KQ_FN(qdot_q6_k, CALL_Q6_K)
+
+/* ---- the matmul ------------------------------------------------------------------------- */
+
+#define Q8_ROW_BLOCK 16   /* weight rows dotted with one group of activation rows at a time */
+
+typedef struct {
+    const kind_t *k;
+    const uint8_t *packed, *act;
+    int64_t n_out, nb, row_bytes, T, act_stride;
+    float *y;
+} q8_job;
+
+static void q8_task(const void *ctx, int64_t r0, int64_t r1) {
+    const q8_job *j = ctx;
+    for (int64_t rb = r0; rb < r1; rb += Q8_ROW_BLOCK) {
+        const int64_t re = rb + Q8_ROW_BLOCK < r1 ? rb + Q8_ROW_BLOCK : r1;
+        for (int64_t t0 = 0; t0 < j->T; t0 += QDOT_TOKENS) {
+            const int T = j->T - t0 < QDOT_TOKENS ? (int)(j->T - t0) : QDOT_TOKENS;
+            for (int64_t r = rb; r < re; r++) {
+                float out[QDOT_TOKENS];
+                j->k->qdot(j->packed + r * j->row_bytes, j->act + t0 * j->act_stride, j->act_stride,
+                           j->nb, T, out);
+                for (int t = 0; t < T; t++) j->y[(t0 + t) * j->n_out + r] = out[t];
+            }
+        }
+    }
+}
+
+typedef struct { const kind_t *k; const float *x; int64_t n_in, act_stride; uint8_t *act; } quant_job;
+
+static void quant_task(const void *ctx, int64_t t0, int64_t t1) {
+    const quant_job *j = ctx;
+    for (int64_t t = t0; t < t1; t++) {
+        uint8_t *a = j->act + t * j->act_stride;
+        if (j->k->act == ACT_Q8_K) quantize_act_q8_k(j->x + t * j->n_in, j->n_in, (actk_t *)a);
+        else quantize_act_q8_0(j->x + t * j->n_in, j->n_in, (act32_t *)a, j->k->act == ACT_Q8_1);
+    }
+}
+
+/* y[T, n_out] = x[T, n_in] @ W.T in ggml's numerics: -1 for a type without
+ * them or a bad width, -2 when the activation blocks cannot be allocated. */
+int muser_matmul_q8(int type, const uint8_t *packed, int64_t n_out, int64_t n_in, const float *x,
+                    int64_t T, float *y, int nthreads) {
+    const kind_t *k = kind_for(type);
+    if (!k || !k->qdot || n_in % k->elems || T < 1) return -1;
+    const int64_t act_stride = k->act == ACT_Q8_K ? n_in / QK_K * (int64_t)sizeof(actk_t)
+                                                  : n_in / QK_LEGACY * (int64_t)sizeof(act32_t);
+    uint8_t *act = malloc((size_t)(T * act_stride));
+    if (!act) return -2;
+    const quant_job qj = {k, x, n_in, act_stride, act};
+    parallel_for(quant_task, &qj, T, T >= 16 ? nthreads : 1);
+    const q8_job j = {k, packed, act, n_out, n_in / k->elems, n_in / k->elems * k->bytes, T,
+                      act_stride, y};
+    parallel_for(q8_task, &j, n_out, nthreads);
+    free(act);
+    return 0;
+}
