@@ -55,10 +55,11 @@ def _interleaved(fns: dict, rounds: int, min_s: float) -> dict:
 
 
 def run(threads: int, tokens: tuple[int, ...], types: tuple[str, ...] | None, lib_dir: str | None,
-        rounds: int, seed: int) -> int:
+        rounds: int, seed: int, read_bandwidth) -> int:
+    """``read_bandwidth(device)`` is bench/ops's measurement, passed in by its
+    one caller (bench/ops imports this module, so this module does not import it)."""
     from .. import ops
     from . import ggml_mulmat
-    from .ops import read_bandwidth
 
     dll = ggml_mulmat.load(lib_dir)
     if dll is None:

@@ -173,7 +173,7 @@ def main(args: argparse.Namespace) -> int:
             raise ValueError(f"bench ops: --threads must be >= 1, got {args.threads}")
         from .against_ggml import TOKENS, run
         return run(args.threads or torch.get_num_threads(), tuple(args.tokens_against or TOKENS),
-                   tuple(args.types or ()), args.ggml_lib, args.rounds, args.seed)
+                   tuple(args.types or ()), args.ggml_lib, args.rounds, args.seed, read_bandwidth)
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError("bench ops: --device cuda, but CUDA is not available")
