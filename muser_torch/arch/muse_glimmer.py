@@ -97,7 +97,7 @@ class GlimmerConfig(DecoderConfig):
     rope_base_swa: float | None = None     # None: rope_base
     logit_scale: float = 1.0
     final_softcap: float = LLAMA_CPP_SOFTCAP
-    weight_precision: str | None = None
+    weight_precision: str | None = "q4_k_xl"   # None: a llama.cpp file (no lane key)
 
     @property
     def swa_layers(self) -> tuple[bool, ...]:
@@ -110,6 +110,13 @@ class GlimmerConfig(DecoderConfig):
 
     def is_global(self, layer: int) -> bool:
         return not self.swa_layers[layer]
+
+    def check(self) -> None:
+        super().check()
+        p = self.sliding_window_pattern
+        if isinstance(p, tuple) and len(p) != self.n_layers:
+            raise ValueError(f"{ARCH}.{PATTERN_KEY} has {len(p)} entries, expected one per "
+                             f"layer ({ARCH}.block_count = {self.n_layers})")
 
     @classmethod
     def from_metadata(cls, md: dict[str, Any]) -> "GlimmerConfig":
@@ -268,8 +275,8 @@ def check_lane_tensors(gguf: Any, cfg: GlimmerConfig) -> None:
         if t.qtype not in allowed:
             raise DtypeFenceError(
                 f"tensor {name!r}: type {t.type_name} (id {t.type_id}) is not admitted for a "
-                f"{spec.role.value} in the {lane!r} lane; expected one of "
-                f"{', '.join(sorted(q.name for q in allowed))}")
+                f"{spec.role.value}; expected one of {', '.join(sorted(q.name for q in allowed))} "
+                f"({LANE_KEY} is {lane!r}; a file without the key admits llama.cpp's types)")
     if lane == "nvfp4":
         if not nvfp4:
             raise LaneError(f"{where}: {LANE_KEY} is 'nvfp4' but no tensor is NVFP4_E2M1")

@@ -58,6 +58,7 @@ class TransformerBlock(nn.Module):
 
 class Glimmer(Decoder):
     ARCH = MUSE_GLIMMER
+    DEFAULT_DTYPE = torch.float16   # Glimmer.from_gguf's default (muser_torch.from_gguf: float32 on CPU)
 
     def __init__(self, config: GlimmerConfig):
         super().__init__(config, [TransformerBlock(config, il) for il in range(config.n_layers)],
@@ -74,10 +75,10 @@ class Glimmer(Decoder):
         return x.to(self.activation_dtype)
 
     def head(self, x: torch.Tensor) -> torch.Tensor:
-        # scale and cap in float32: a float16 tanh would round logits near the cap
-        logits = self.output(x).float() * self.config.logit_scale
+        # scale and cap in float32, returned in the activation dtype as every model's logits
+        logits = self.output(x)
         cap = self.config.final_softcap
-        return torch.tanh(logits / cap) * cap
+        return (torch.tanh(logits.float() * (self.config.logit_scale / cap)) * cap).to(logits.dtype)
 
     @classmethod
     def build(cls, config: GlimmerConfig, groups: frozenset[str]) -> "Glimmer":
