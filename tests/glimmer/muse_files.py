@@ -78,6 +78,10 @@ def random_checkpoint(cfg, seed: int) -> dict[str, torch.Tensor]:
             w = 8.0 * z / math.sqrt(shape[1])
         else:
             w = z / math.sqrt(shape[1])
+        if name in ("layers.1.self_attn.o_proj.weight", "layers.1.mlp.down_proj.weight"):
+            # outputs of mean square ~1e-6 going into the post-norms, so that
+            # their eps (1e-8, not the model's) shows in the logits
+            w = w * 1e-3
         out[name] = w.contiguous()
     return out
 
