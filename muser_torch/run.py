@@ -137,7 +137,8 @@ def main(args: argparse.Namespace) -> int:
                       progress=path.stat().st_size > 256 << 20)
     tok = model.tokenizer
     if tok is None:
-        raise ValueError(f"{path} carries no tokenizer.ggml.* keys; run needs a tokenizer")
+        raise ValueError(f"{path} carries no tokenizer (no tokenizer.ggml.* keys, or "
+                         f"tokenizer.ggml.model 'none'); run needs a tokenizer")
     with ops.use_backend(args.backend):
         if args.chat:
             return _chat(model, tok, path, device, args)
