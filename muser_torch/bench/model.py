@@ -53,7 +53,9 @@ def build(args: argparse.Namespace, device: torch.device, dtype: torch.dtype):
     from ..tiny import SEED_CONFIG
 
     if args.model == "seed":
-        config = replace(SEED_CONFIG, n_layers=args.layers, weight_precision=args.lane)
+        from ..arch.muse_glimmer import reference_pattern
+        config = replace(SEED_CONFIG, n_layers=args.layers, weight_precision=args.lane,
+                         sliding_window_pattern=reference_pattern(args.layers))
         return Glimmer.random(config, device=device, dtype=dtype, seed=0), f"seed geometry x{args.layers} layers ({args.lane})"
     path = model_path(None if args.model == "demo" else Path(args.model), args.lane)
     return from_gguf(path, device=device, dtype=dtype), path.name
