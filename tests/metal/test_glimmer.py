@@ -25,7 +25,7 @@ def _compare(model: Glimmer, vocab: int, seed: int, monkeypatch) -> None:
         used.add(name.split("_")[1])
         return kernel(device, name, op)
 
-    monkeypatch.setattr(mps, "_kernel", spy)
+    monkeypatch.setattr(metal, "_kernel", spy)
     g = torch.Generator().manual_seed(seed)
     for T in (1, 5, 12):
         tokens = torch.randint(0, vocab, (1, T), generator=g)

@@ -26,7 +26,7 @@ def _compare(model, vocab: int, monkeypatch) -> None:
         used.add(name.split("_")[1])      # muser_<rung>_<type>
         return kernel(device, name, op)
 
-    monkeypatch.setattr(mps, "_kernel", spy)
+    monkeypatch.setattr(metal, "_kernel", spy)
     ids = tokens(vocab, 12, salt=11)
     with torch.no_grad():
         want = model(ids)
