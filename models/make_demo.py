@@ -69,8 +69,9 @@ def export(model: Glimmer, lane: str, path: Path, imatrix: dict[str, torch.Tenso
         else:
             tensors[name] = (qtype, quantize(w, qtype, imatrix=imatrix.get(name)))
     md = gguf_metadata(config, f"glimmer-demo-{lane}")
-    md["general.description"] = ("byte-level Glimmer trained on the Python standard library's "
-                                 "source (models/train_demo.py)")
+    md["general.description"] = ("byte-level Muse Glimmer (the released architecture at toy size) "
+                                 "trained on the Python standard library's source "
+                                 "(models/train_demo.py)")
     save_gguf(path, md, tensors)
 
 

@@ -1,4 +1,4 @@
-"""Train the bundled demo Glimmer on the Python standard library's own source.
+"""Train the bundled demo Muse Glimmer on the Python standard library's own source.
 
 Every machine with Python has this text, so the demo is reproducible
 anywhere. Files are split by path (every 50th sorted file is held out), each
@@ -23,15 +23,19 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from muser_torch.config import GlimmerConfig  # noqa: E402
+from muser_torch.arch.glimmer_recipe import QK_SCALE  # noqa: E402
+from muser_torch.arch.muse_glimmer import GlimmerConfig, reference_pattern  # noqa: E402
 from muser_torch.glimmer import Glimmer  # noqa: E402
 from muser_torch.text.byte_tokenizer import ByteTokenizer  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
+# The released architecture at toy size; logit_scale is the release's rule
+# 1/sqrt(hidden / 256) (1 here), the softcap the release's 20.
 DEMO_CONFIG = GlimmerConfig(
     context_length=512, hidden=256, ffn=768, n_layers=4, n_heads=2, n_kv_heads=1,
-    head_dim=128, rms_eps=1e-6, sliding_window=64, sliding_window_pattern=4,
-    rope_base=10000.0, vocab_size=ByteTokenizer.VOCAB_SIZE)
+    head_dim=128, rms_eps=1e-6, sliding_window=64, sliding_window_pattern=reference_pattern(4),
+    rope_base=10000.0, vocab_size=ByteTokenizer.VOCAB_SIZE, logit_scale=1.0, final_softcap=20.0,
+    weight_precision="q4_k_xl")
 
 
 def stdlib_files() -> tuple[list[Path], list[Path]]:
@@ -59,6 +63,7 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=HERE / "build" / "demo_float.pt")
+    ap.add_argument("--max-steps", type=int, default=None, help="stop after this many steps")
     args = ap.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(args.seed)
@@ -73,12 +78,14 @@ def main() -> None:
     for name, p in model.named_parameters():  # small init; norms stay at one
         if p.dim() == 2:
             torch.nn.init.normal_(p, std=0.02 if "tok_embeddings" in name else 1 / math.sqrt(p.shape[1]))
+        elif name.endswith("q_norm.weight"):   # the release's qk_scale_factor, as the converter writes it
+            torch.nn.init.constant_(p, QK_SCALE)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1)
     budget = args.minutes * 60
     warmup = 50
     args.out.parent.mkdir(parents=True, exist_ok=True)
     start, step, last_save = time.time(), 0, time.time()
-    while (elapsed := time.time() - start) < budget:
+    while (elapsed := time.time() - start) < budget and step != args.max_steps:
         # cosine decay on wall time, so the schedule ends when the budget does
         frac = min(elapsed / budget, 1.0)
         lr = args.lr * min(1.0, (step + 1) / warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))

@@ -1,5 +1,5 @@
 """Glimmer's configuration (GLIMMER.md). It lives with the rest of Glimmer's
-facts in ``arch/glimmer.py``; this module keeps the old import path."""
-from .arch.glimmer import ARCH, KEYS, LANE_KEY, LANES, GlimmerConfig
+facts in ``arch/muse_glimmer.py``; this module keeps the old import path."""
+from .arch.muse_glimmer import ARCH, KEYS, LANE_KEY, LANES, GlimmerConfig
 
 __all__ = ["ARCH", "KEYS", "LANE_KEY", "LANES", "GlimmerConfig"]

@@ -1,9 +1,9 @@
 """Glimmer's public names in one place: the model (``models/glimmer.py``), its
-config and tensor table (``arch/glimmer.py``), and the shared KV cache and
+config and tensor table (``arch/muse_glimmer.py``), and the shared KV cache and
 sampler (``models/parts.py``, ``models/generation.py``)."""
 from __future__ import annotations
 
-from .arch.glimmer import GLIMMER, GlimmerConfig
+from .arch.muse_glimmer import MUSE_GLIMMER, GlimmerConfig
 from .arch.spec import expand
 from .models.generation import sample
 from .models.glimmer import Glimmer, TransformerBlock
@@ -13,11 +13,11 @@ __all__ = ["Glimmer", "GlimmerConfig", "KVCache", "TransformerBlock", "gguf_name
            "module_name", "sample"]
 
 
-def gguf_names(config: GlimmerConfig, qk_norm: bool = False) -> dict[str, tuple[int, int]]:
+def gguf_names(config: GlimmerConfig) -> dict[str, tuple[int, int]]:
     """Every GGUF tensor of a Glimmer with this config -> its (n_out, n_in), a
     norm as (1, n): Glimmer's table in torch order."""
     out = {}
-    for name, (spec, _) in expand(GLIMMER, config, {"qk_norm"} if qk_norm else ()).items():
+    for name, (spec, _) in expand(MUSE_GLIMMER, config).items():
         ne = spec.shape(config)
         out[name] = (ne[1], ne[0]) if len(ne) == 2 else (1, ne[0])
     return out
@@ -25,7 +25,7 @@ def gguf_names(config: GlimmerConfig, qk_norm: bool = False) -> dict[str, tuple[
 
 def module_name(gguf_name: str) -> str:
     """``blk.3.attn_q.weight`` -> ``layers.3.attention.wq.weight`` (Glimmer's table)."""
-    for spec in GLIMMER.tensors:
+    for spec in MUSE_GLIMMER.tensors:
         if not spec.per_layer and spec.name == gguf_name:
             return spec.module + ".weight"
         if spec.per_layer:

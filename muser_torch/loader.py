@@ -7,7 +7,7 @@ refusal is an ``AdmissionError`` subclass whose message names the tensor (or
 key), what was found and what was expected. The checks, in order:
 
 1. architecture: ``general.architecture`` is one muser-torch runs;
-2. the architecture's own metadata checks (Glimmer: its lane key);
+2. the architecture's own metadata checks (Muse Glimmer: its lane key);
 3. metadata: the config's keys are present, each within its range, and
    usable together;
 4. counts: the claimed layers fit in the tensors the file holds, before
@@ -15,7 +15,7 @@ key), what was found and what was expected. The checks, in order:
 5. tensor set: exactly the tensors the config implies (an optional group on
    every layer or on none; NVFP4 companions only beside NVFP4 tensors);
 6. per tensor, in file order: the dtype fence of its role, then its shape;
-7. companions, then the architecture's own tensor checks (Glimmer: the lane
+7. companions, then the architecture's own tensor checks (Muse Glimmer: the lane
    against the tensors).
 
 Nothing is converted: a tensor of a type outside its fence is refused, not
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .arch import Architecture, Role, architecture_of
-from .arch.glimmer import GLIMMER, GlimmerConfig
+from .arch.muse_glimmer import MUSE_GLIMMER, GlimmerConfig
 from .arch.spec import describe, expand
 from .errors import CompanionError, DtypeFenceError, MetadataError, ShapeMismatchError, TensorSetError
 from .formats import GGMLType, PackedWeight
@@ -104,11 +104,10 @@ def check(gguf: GGUFFile, arch: Architecture | None = None) -> Admitted:
     return Admitted(arch, cfg, frozenset(groups))
 
 
-def expected_tensors(cfg: GlimmerConfig, qk_norm: bool = False
-                     ) -> dict[str, tuple[Role, tuple[int, ...]]]:
-    """Every tensor a Glimmer of this config has -> (role, GGUF ``ne``), from
-    Glimmer's table (``arch/glimmer.py``)."""
-    rows = expand(GLIMMER, cfg, {"qk_norm"} if qk_norm else ())
+def expected_tensors(cfg: GlimmerConfig) -> dict[str, tuple[Role, tuple[int, ...]]]:
+    """Every tensor a Muse Glimmer of this config has -> (role, GGUF ``ne``),
+    from its table (``arch/muse_glimmer.py``)."""
+    rows = expand(MUSE_GLIMMER, cfg)
     return {name: (spec.role, spec.shape(cfg)) for name, (spec, _) in rows.items()}
 
 

@@ -157,7 +157,8 @@ def main(args: argparse.Namespace) -> int:
                       numerics=resolve_numerics(args.numerics, device))
     tok = model.tokenizer
     if tok is None:
-        raise ValueError(f"{path} carries no tokenizer.ggml.* keys; run needs a tokenizer")
+        raise ValueError(f"{path} carries no tokenizer (no tokenizer.ggml.* keys, or "
+                         f"tokenizer.ggml.model 'none'); run needs a tokenizer")
     with ops.use_backend(args.backend):
         if args.chat:
             return _chat(model, tok, path, device, args)

@@ -11,14 +11,14 @@ from typing import Any
 
 from ..errors import MetadataError
 from .gemma3 import GEMMA3
-from .glimmer import GLIMMER
+from .muse_glimmer import MUSE_GLIMMER
 from .llama import LLAMA
 from .qwen import QWEN2, QWEN3
 from .spec import Architecture, Role, TensorSpec
 
 __all__ = ["ARCHITECTURES", "architecture_of", "Architecture", "Role", "TensorSpec"]
 
-ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (GEMMA3, GLIMMER, LLAMA, QWEN2, QWEN3)}
+ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (GEMMA3, LLAMA, MUSE_GLIMMER, QWEN2, QWEN3)}
 
 
 def architecture_of(md: dict[str, Any], where: str) -> Architecture:

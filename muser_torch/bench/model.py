@@ -56,7 +56,9 @@ def build(args: argparse.Namespace, device: torch.device, dtype: torch.dtype):
 
     numerics = resolve_numerics(args.numerics, device)
     if args.model == "seed":
-        config = replace(SEED_CONFIG, n_layers=args.layers, weight_precision=args.lane)
+        from ..arch.muse_glimmer import reference_pattern
+        config = replace(SEED_CONFIG, n_layers=args.layers, weight_precision=args.lane,
+                         sliding_window_pattern=reference_pattern(args.layers))
         model = Glimmer.random(config, device=device, dtype=dtype, seed=0)
         return set_numerics(model, numerics), f"seed geometry x{args.layers} layers ({args.lane})"
     path = model_path(None if args.model == "demo" else Path(args.model), args.lane)

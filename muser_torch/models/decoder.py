@@ -134,10 +134,7 @@ class Decoder(nn.Module, Generation):
         # one mask per window (None: global), shared by the layers with that window
         kinds = {layer.attention.window: layer.attention for layer in self.layers}
         masks = {window: att.make_mask(positions, lengths) for window, att in kinds.items()}
-        x = self.tok_embeddings(tokens)
-        if self.embed_scale != 1.0:
-            x = x * self.embed_scale
-        x = x.to(self.activation_dtype)
+        x = self.embed(tokens)
         for layer in self.layers:
             att = layer.attention
             x = layer(x, positions, rots[att.rope_slot], masks[att.window], slots)
@@ -147,7 +144,19 @@ class Decoder(nn.Module, Generation):
             x = x[:, -1:]
         if order is not None:  # back to the caller's row order
             x = x.index_select(0, order)
-        logits = self.output(self.norm(x))
+        return self.head(self.norm(x))
+
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The first layer's input for token ids ``[B, T]`` (an architecture may
+        add to it: Muse Glimmer normalizes it)."""
+        x = self.tok_embeddings(tokens)
+        if self.embed_scale != 1.0:
+            x = x * self.embed_scale
+        return x.to(self.activation_dtype)
+
+    def head(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits of the final-normed hidden states: the lm_head, then the soft-cap."""
+        logits = self.output(x)
         if self.final_softcap is not None:
             logits = torch.tanh(logits / self.final_softcap) * self.final_softcap
         return logits

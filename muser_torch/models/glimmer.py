@@ -1,6 +1,15 @@
-"""Glimmer (GLIMMER.md): pre-norm blocks of gated attention (optional per-head
-q/k norms, NeoX RoPE, GQA, a sliding window on all but every
-``sliding_window_pattern``-th layer) and a SwiGLU MLP; untied lm_head.
+"""Muse Glimmer (``arch/muse_glimmer.py`` holds the facts), as llama.cpp's
+``muse-glimmer.cpp`` computes it and transformers' ``MuseGlimmerTextModel``
+defines it:
+
+* the embedding passes a weightless RMSNorm (the model's eps);
+* sandwich blocks: ``x + post_norm(attn(pre_norm(x)))`` and the same around
+  the SwiGLU MLP; the post-norms use eps 1e-8;
+* attention: per-head RMSNorm of q and k with the file's weights (q's holds
+  ``qk_scale_factor``), RoPE in ggml's "normal" pair layout on sliding-window
+  layers only (NoPE on global ones), scale 1/sqrt(head_dim), GQA, the output
+  times ``sigmoid(attn_gate(x))`` before ``attn_output``;
+* logits: the untied lm_head times ``logit_scale``, then ``c * tanh(l / c)``.
 
 Projections are plain ``nn.Linear`` when the model is built from a config
 (that is how the demo is trained); ``from_gguf`` and ``random`` put
@@ -9,46 +18,75 @@ code is the same for float and packed weights."""
 from __future__ import annotations
 
 import torch
+import torch.nn as nn
 import torch.nn.functional as F
 
-from ..arch.glimmer import GLIMMER, GlimmerConfig
 from ..arch.glimmer_recipe import recipe_weight
+from ..arch.muse_glimmer import MUSE_GLIMMER, POST_NORM_EPS, GlimmerConfig
 from .assembly import assemble
 from .decoder import Decoder
-from .parts import Attention, GatedMLP, PreNormBlock, rope_inv_freq
+from .parts import Attention, GatedMLP, RMSNorm, rope_inv_freq, rope_normal
 
-__all__ = ["Glimmer", "TransformerBlock"]
+__all__ = ["Glimmer", "TransformerBlock", "no_rope"]
 
 
-class TransformerBlock(PreNormBlock):
-    def __init__(self, config: GlimmerConfig, layer: int, qk_norm: bool = False):
+def no_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """NoPE: a global layer's q and k are not rotated."""
+    return x
+
+
+class TransformerBlock(nn.Module):
+    def __init__(self, config: GlimmerConfig, layer: int):
+        super().__init__()
         c = config
-        super().__init__(c.hidden, c.rms_eps,
-                         Attention(c.hidden, c.n_heads, c.n_kv_heads, c.head_dim,
-                                   window=None if c.is_global(layer) else c.sliding_window,
-                                   qk_norm_eps=c.rms_eps if qk_norm else None, gate=True),
-                         GatedMLP(c.hidden, c.ffn, F.silu))
+        sliding = not c.is_global(layer)
+        self.attention_norm = RMSNorm(c.hidden, c.rms_eps)
+        self.attention = Attention(c.hidden, c.n_heads, c.n_kv_heads, c.head_dim,
+                                   window=c.sliding_window if sliding else None,
+                                   rope=rope_normal if sliding else no_rope,
+                                   qk_norm_eps=c.rms_eps, gate=True)
+        self.post_attention_norm = RMSNorm(c.hidden, POST_NORM_EPS)
+        self.ffn_norm = RMSNorm(c.hidden, c.rms_eps)
+        self.feed_forward = GatedMLP(c.hidden, c.ffn, F.silu)
+        self.post_ffw_norm = RMSNorm(c.hidden, POST_NORM_EPS)
+
+    def forward(self, x, positions, rot, mask, slots):
+        h = x + self.post_attention_norm(self.attention(self.attention_norm(x), positions, rot,
+                                                        mask, slots))
+        return h + self.post_ffw_norm(self.feed_forward(self.ffn_norm(h)))
 
 
 class Glimmer(Decoder):
-    ARCH = GLIMMER
-    DEFAULT_DTYPE = torch.float16
+    ARCH = MUSE_GLIMMER
+    DEFAULT_DTYPE = torch.float16   # Glimmer.from_gguf's default (muser_torch.from_gguf: float32 on CPU)
 
-    def __init__(self, config: GlimmerConfig, qk_norm: bool = False):
-        super().__init__(config, [TransformerBlock(config, il, qk_norm)
-                                  for il in range(config.n_layers)])
+    def __init__(self, config: GlimmerConfig):
+        super().__init__(config, [TransformerBlock(config, il) for il in range(config.n_layers)],
+                         final_softcap=config.final_softcap)
 
     def rope_tables(self) -> list[torch.Tensor]:
-        return [rope_inv_freq(self.config.head_dim, self.config.rope_base)]
+        # Only the sliding layers rotate, with their own base, never scaled.
+        return [rope_inv_freq(self.config.head_dim, self.config.swa_base)]
+
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        # weightless RMSNorm in float32 (llama.cpp's build_norm with no weight)
+        x = self.tok_embeddings(tokens).float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.config.rms_eps)
+        return x.to(self.activation_dtype)
+
+    def head(self, x: torch.Tensor) -> torch.Tensor:
+        # scale and cap in float32, returned in the activation dtype as every model's logits
+        logits = self.output(x)
+        cap = self.config.final_softcap
+        return (torch.tanh(logits.float() * (self.config.logit_scale / cap)) * cap).to(logits.dtype)
 
     @classmethod
     def build(cls, config: GlimmerConfig, groups: frozenset[str]) -> "Glimmer":
-        return cls(config, qk_norm="qk_norm" in groups)
+        return cls(config)
 
     @classmethod
     def random(cls, config: GlimmerConfig, device: torch.device | str | None = None,
-               dtype: torch.dtype = torch.float16, seed: int = 0,
-               qk_norm: bool = False) -> "Glimmer":
+               dtype: torch.dtype = torch.float16, seed: int = 0) -> "Glimmer":
         """Random packed weights made directly on ``device`` in the seed's recipe
         (``config.weight_precision`` picks the lane; ``arch/glimmer_recipe.py``), at any
         shape including the full 52-layer geometry: random bytes with sane
@@ -59,5 +97,4 @@ class Glimmer(Decoder):
         def get(name, n_out, n_in):
             return recipe_weight(config, name, n_out, n_in, gen, device)
 
-        groups = frozenset({"qk_norm"} if qk_norm else ())
-        return assemble(cls, config, groups, get, device, dtype, None)
+        return assemble(cls, config, frozenset(), get, device, dtype, None)

@@ -16,20 +16,23 @@ from .metadata import MODEL_KEY
 from .byte_tokenizer import MODEL_NAME as BYTE_MODEL
 from .byte_tokenizer import ByteTokenizer
 SUPPORTED_MODELS = (BYTE_MODEL,) + MODELS
+NO_VOCAB = ("none", "no_vocab")   # llama.cpp's LLAMA_VOCAB_TYPE_NONE
 
 
 def tokenizer_from_metadata(metadata: Mapping[str, Any]) -> "ByteTokenizer | GGUFTokenizer | None":
     """The tokenizer a file's metadata describes; None when it has no
-    ``tokenizer.ggml.model``. Bad keys raise ``MetadataError`` naming the key."""
+    ``tokenizer.ggml.model`` or names none ("none" / "no_vocab", llama.cpp's
+    words for a file without a vocabulary). Bad keys raise ``MetadataError``
+    naming the key."""
     name = metadata.get(MODEL_KEY)
-    if name is None:
+    if name is None or name in NO_VOCAB:
         return None
     if name == BYTE_MODEL:
         return ByteTokenizer.from_metadata(metadata)
     if name in MODELS:
         return GGUFTokenizer.from_metadata(metadata)
     raise MetadataError(f"{MODEL_KEY} is {name!r}; the tokenizer models supported are "
-                        f"{list(SUPPORTED_MODELS)}")
+                        f"{list(SUPPORTED_MODELS)} (or {' / '.join(NO_VOCAB)}: no tokenizer)")
 
 
-__all__ = ["SUPPORTED_MODELS", "ByteTokenizer", "GGUFTokenizer", "tokenizer_from_metadata"]
+__all__ = ["NO_VOCAB", "SUPPORTED_MODELS", "ByteTokenizer", "GGUFTokenizer", "tokenizer_from_metadata"]

@@ -41,6 +41,9 @@ END_ID_KEYS = (PREFIX + "eot_token_id", PREFIX + "eom_token_id")
 END_OF_TURN_TEXTS = frozenset({
     "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<end_of_turn>",
     "<|endoftext|>", "<|eom_id|>", "<EOT>", "_<EOT>", "<|end_of_text|>", "<end_of_utterance>",
+    # Muse Glimmer's turn ends: its converter writes eot_token_id for <|eot|>
+    # only, but both end a turn in the release's chat template.
+    "<|eot|>", "<|eom|>",
 })
 
 # ``tokenizer.ggml.pre`` values of BPE files for which llama.cpp adds BOS by

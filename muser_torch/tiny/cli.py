@@ -1,4 +1,5 @@
-"""``muser-torch make-tiny``: write a deterministic synthetic Glimmer GGUF."""
+"""``muser-torch make-tiny``: write a deterministic synthetic Muse Glimmer GGUF
+(``general.architecture = "muse-glimmer"``) in one of the seed's lanes."""
 from __future__ import annotations
 
 import argparse
@@ -6,7 +7,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from ..arch.glimmer import GlimmerConfig
+from ..arch.muse_glimmer import GlimmerConfig, reference_pattern
 from ..formats.types import QK_K
 from ..text.byte_tokenizer import ByteTokenizer
 from ..arch.glimmer_recipe import SEED_CONFIG, planned_bytes
@@ -16,7 +17,7 @@ __all__ = ["register", "main", "config_from_args", "check_config"]
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("make-tiny", help="write a deterministic synthetic Glimmer GGUF")
+    p = subparsers.add_parser("make-tiny", help="write a deterministic synthetic Muse Glimmer GGUF")
     p.add_argument("output", type=Path)
     p.add_argument("--shapes", choices=("tiny", "seed"), default="tiny",
                    help="'seed' writes the full 52-layer release geometry (~16.7 GB)")
@@ -30,8 +31,9 @@ def register(subparsers) -> None:
     p.add_argument("--vocab", type=int, default=ByteTokenizer.VOCAB_SIZE)
     p.add_argument("--context", type=int, default=512)
     p.add_argument("--window", type=int, default=64)
-    p.add_argument("--pattern", type=int, default=4)
-    p.add_argument("--qk-norm", action="store_true", help="add per-head q/k norms")
+    p.add_argument("--pattern", type=int, default=4,
+                   help="global attention every N-th layer counted back from the last (written "
+                        "as a bool per layer, as llama.cpp's converter does)")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=main)
 
@@ -39,19 +41,22 @@ def register(subparsers) -> None:
 def config_from_args(args: argparse.Namespace) -> GlimmerConfig:
     if args.shapes == "seed":
         return replace(SEED_CONFIG, weight_precision=args.lane)
+    if args.pattern < 1 or args.layers < 1:
+        raise ValueError(f"make-tiny: pattern={args.pattern} and layers={args.layers} must be >= 1")
     return GlimmerConfig(
         context_length=args.context, hidden=args.hidden, ffn=args.ffn, n_layers=args.layers,
         n_heads=args.heads, n_kv_heads=args.kv_heads, head_dim=args.head_dim, rms_eps=1e-6,
-        sliding_window=args.window, sliding_window_pattern=args.pattern, rope_base=10000.0,
-        vocab_size=args.vocab, weight_precision=args.lane)
+        sliding_window=args.window, sliding_window_pattern=reference_pattern(args.layers, args.pattern),
+        rope_base=10000.0, vocab_size=args.vocab, weight_precision=args.lane,
+        logit_scale=SEED_CONFIG.logit_scale, final_softcap=SEED_CONFIG.final_softcap)
 
 
 def main(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     check_config(config)
-    size, params = planned_bytes(config, args.qk_norm)
+    size, params = planned_bytes(config)
     t0 = time.time()
-    write_tiny(args.output, config, args.seed, args.qk_norm, progress=size > 256 << 20)
+    write_tiny(args.output, config, args.seed, progress=size > 256 << 20)
     print(f"wrote {args.output}: {config.n_layers} layers, {params:,} parameters, "
           f"{size:,} bytes of tensor data ({size * 8 / params:.2f} bits/weight) "
           f"in {time.time() - t0:.1f} s")
@@ -69,7 +74,7 @@ def check_config(c: GlimmerConfig) -> None:
     if c.head_dim % 2:
         raise ValueError(f"make-tiny: head-dim={c.head_dim} must be even (RoPE pairs)")
     for what, v in (("layers", c.n_layers), ("vocab", c.vocab_size), ("context", c.context_length),
-                    ("window", c.sliding_window), ("pattern", c.sliding_window_pattern)):
+                    ("window", c.sliding_window)):
         if v < 1:
             raise ValueError(f"make-tiny: {what}={v} must be >= 1")
     if c.sliding_window > c.context_length:

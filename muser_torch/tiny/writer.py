@@ -1,4 +1,4 @@
-"""Writing a synthetic Glimmer GGUF in the seed's recipe (``recipe.py``)."""
+"""Writing a synthetic Muse Glimmer GGUF in the seed's recipe (``arch/glimmer_recipe.py``)."""
 from __future__ import annotations
 
 import os
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-from ..arch.glimmer import GlimmerConfig
+from ..arch.muse_glimmer import GlimmerConfig
 from ..formats import GGMLType
 from ..formats.types import NVFP4_GROUP
 from ..gguf_io import SCALE2_SUFFIX, SCALE_SUFFIX, load_gguf, save_gguf
@@ -18,23 +18,27 @@ __all__ = ["gguf_metadata", "write_tiny"]
 
 def gguf_metadata(config: GlimmerConfig, name: str) -> dict:
     """A synthetic or demo file's metadata: the config, the byte tokenizer when
-    the vocabulary is bytes, and ``general.name``."""
+    the vocabulary is bytes (else ``tokenizer.ggml.model = "none"``, llama.cpp's
+    word for a file without a vocabulary, so that llama.cpp runs it too), and
+    ``general.name``."""
     metadata = config.to_metadata()
     if config.vocab_size == ByteTokenizer.VOCAB_SIZE:
         metadata |= ByteTokenizer().to_metadata()
+    else:
+        metadata["tokenizer.ggml.model"] = "none"
     metadata["general.name"] = name
     return metadata
 
 
 def write_tiny(path: str | os.PathLike, config: GlimmerConfig, seed: int = 0,
-               qk_norm: bool = False, progress: bool = False, chunk_bytes: int = 64 << 20) -> None:
+               progress: bool = False, chunk_bytes: int = 64 << 20) -> None:
     """Write a deterministic synthetic Glimmer GGUF without ever holding a whole
     tensor: ``save_gguf`` lays out the header with every tensor left as a hole
     (a sparse file), then each tensor is drawn in row chunks of about
     ``chunk_bytes`` and written at its offset. The file appears under ``path``
     only once complete."""
     path = Path(path)
-    tensors = plan(config, qk_norm)
+    tensors = plan(config)
     layout: dict = {}
     for name, qtype, n_out, n_in in tensors:
         ne = (n_in,) if n_out == 1 else (n_in, n_out)
@@ -43,13 +47,13 @@ def write_tiny(path: str | os.PathLike, config: GlimmerConfig, seed: int = 0,
             layout[name + SCALE_SUFFIX] = (GGMLType.F8_E4M3FN, None, (n_in // NVFP4_GROUP, n_out))
             layout[name + SCALE2_SUFFIX] = (GGMLType.F32, None, (1,))
     tmp = path.with_name(path.name + ".filling")
-    save_gguf(tmp, gguf_metadata(config, f"glimmer-tiny-seed{seed}"), layout, progress=False)
+    save_gguf(tmp, gguf_metadata(config, f"muse-glimmer-tiny-seed{seed}"), layout, progress=False)
     try:
         offsets = {n: t.offset for n, t in load_gguf(tmp).tensors.items()}
         bar = None
         if progress:
             from tqdm import tqdm
-            bar = tqdm(total=planned_bytes(config, qk_norm)[0], unit="B", unit_scale=True,
+            bar = tqdm(total=planned_bytes(config)[0], unit="B", unit_scale=True,
                        desc=f"writing {path.name}")
         gen = torch.Generator().manual_seed(seed)
         with open(tmp, "r+b") as f:

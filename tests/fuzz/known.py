@@ -22,14 +22,14 @@ class Known:
 
 
 LOADER_REGRESSIONS: tuple[Known, ...] = (
-    Known("block_count_huge", ("glimmer.block_count",), ("model",),
+    Known("block_count_huge", ("muse-glimmer.block_count",), ("model",),
           "the expected-tensor list is built for every claimed layer before it is compared "
           "with the tensors in the file: u32 max never returns / runs out of memory",
-          ("glimmer.block_count", "u32 max")),
-    Known("sliding_window_huge_float", ("glimmer.attention.sliding_window",), ("generate",),
+          ("muse-glimmer.block_count", "u32 max")),
+    Known("sliding_window_huge_float", ("muse-glimmer.attention.sliding_window",), ("generate",),
           "an integral FLOAT64 like 1e308 is admitted as the window, then the mask code "
           "raises OverflowError in generate",
-          ("glimmer.attention.sliding_window", "1e308 FLOAT64")),
+          ("muse-glimmer.attention.sliding_window", "1e308 FLOAT64")),
     Known("tokenizer_inf", ("tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id",
                             "tokenizer.ggml.tokens", "tokenizer.ggml.token_type"),
           ("model",),

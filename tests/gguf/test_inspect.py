@@ -3,10 +3,12 @@ sparse file with the release shapes, and the CLI on a small file.
 
 The seed gives 27,853,389,824 parameters and 4.81 bits/weight, and calls the
 artifact 16,756,681,056 bytes. The projections, embedding and lm_head of
-GLIMMER.md sum to 16,737,949,696 bytes; the 105 F32 norms add 2,795,520
-(698,880 parameters), giving 16,740,745,216 tensor bytes. The remaining
-15,935,840 bytes of the seed's figure are not tensor data: it is the file
-size, whose header carries the 202,048-token tokenizer. 4.81 holds both ways.
+GLIMMER.md sum to 16,737,949,696 bytes; the released architecture's F32
+norms (4 per layer and output_norm, 209 x 6656, plus the 104 q/k norms of
+128) add 5,617,664 (1,404,416 parameters), giving 16,743,567,360 tensor
+bytes. The remaining 13,113,696 bytes of the seed's figure are not tensor
+data: it is the file size, whose header carries the 202,048-token
+tokenizer. 4.81 holds both ways.
 """
 from __future__ import annotations
 
@@ -63,7 +65,7 @@ def test_seed_artifact_totals(seed_file):
     assert admit(f) == SEED
 
     h, v, L = SEED.hidden, SEED.vocab_size, SEED.n_layers
-    norms = (2 * L + 1) * h
+    norms = (4 * L + 1) * h + 2 * L * SEED.head_dim
     assert s.parameters == SEED_PARAMS + norms
     weights = (_bytes(GGMLType.Q4_K, h, v) + _bytes(GGMLType.Q5_K, h, v)
                + L * (2 * _bytes(GGMLType.Q4_K, h, 4096) + _bytes(GGMLType.Q4_K, h, 256)
@@ -71,7 +73,7 @@ def test_seed_artifact_totals(seed_file):
                + 26 * (_bytes(GGMLType.Q4_K, h, 256) + _bytes(GGMLType.Q6_K, h, 256))
                + 26 * (_bytes(GGMLType.Q4_K, 19968, h) + _bytes(GGMLType.Q6_K, 19968, h)))
     assert weights == 16_737_949_696
-    assert s.tensor_bytes == weights + 4 * norms == 16_740_745_216
+    assert s.tensor_bytes == weights + 4 * norms == 16_743_567_360
     assert round(s.bits_per_weight, 2) == 4.81
     assert round(SEED_ARTIFACT_BYTES * 8 / SEED_PARAMS, 2) == 4.81
     emb = _bytes(GGMLType.Q4_K, h, v)
@@ -91,19 +93,20 @@ def test_seed_artifact_totals(seed_file):
     assert counts[("ffn_down.weight", "Q4_K", "19968→6656")] == 26
     assert counts[("ffn_down.weight", "Q6_K", "19968→6656")] == 26
     assert counts[("token_embd.weight", "Q4_K", "6656→202048")] == 1
-    assert sum(counts.values()) == len(f.tensors) == 3 + L * 10
+    assert sum(counts.values()) == len(f.tensors) == 3 + L * 14
 
 
 def test_cli_table_and_json(seed_file, capsys):
     assert cli_main(["inspect", str(seed_file)]) == 0
     out = capsys.readouterr().out
     assert "bits per weight  4.81" in out and "lane             q4_k_xl" in out
-    assert "16,740,745,216" in out and "27,854,088,704" in out
-    assert "ffn_down.weight     Q6_K   19968→6656" in out
+    assert "16,743,567,360" in out and "27,854,794,240" in out
+    # (the label column is as wide as the longest label, post_attention_norm.weight)
+    assert "ffn_down.weight             Q6_K   19968→6656" in out
 
     assert cli_main(["inspect", str(seed_file), "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
-    assert d["tensor_bytes"] == 16_740_745_216 and d["lane"] == "q4_k_xl"
+    assert d["tensor_bytes"] == 16_743_567_360 and d["lane"] == "q4_k_xl"
     assert {"label": "output.weight", "dtype": "Q5_K", "ne": [6656, 202048], "count": 1,
             "params": 6656 * 202048, "bytes": SEED_LM_HEAD_BYTES, "shape": "6656→202048"} in d["classes"]
 

@@ -14,7 +14,7 @@ from gguf.quants import dequantize as gguf_dequantize
 
 from muser_torch import GGUFError, load_gguf
 from muser_torch.inspect import summarize
-from muser_torch.arch.glimmer import GLIMMER
+from muser_torch.arch.muse_glimmer import MUSE_GLIMMER
 from muser_torch.loader import check
 
 from .ggml_gguf import padded_ne, read_header
@@ -86,8 +86,8 @@ def test_inspect_totals_equal_the_file(gemma_path):
 
 
 def test_not_admitted_as_glimmer(gemma_path):
-    with pytest.raises(GGUFError, match="general.architecture is 'gemma3', expected 'glimmer'"):
-        check(load_gguf(gemma_path), GLIMMER)
+    with pytest.raises(GGUFError, match="general.architecture is 'gemma3', expected 'muse-glimmer'"):
+        check(load_gguf(gemma_path), MUSE_GLIMMER)
 
 
 def test_views_are_zero_copy(gemma_path):

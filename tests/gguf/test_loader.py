@@ -1,4 +1,4 @@
-"""Fail-closed admission (GLIMMER.md) and weight binding, on tiny Glimmer files."""
+"""Fail-closed admission (GLIMMER.md) and weight binding, on tiny Muse Glimmer files."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -23,13 +23,12 @@ CFG = GlimmerConfig(context_length=128, hidden=256, ffn=512, n_layers=2, n_heads
 NVFP4_PROJECTIONS = ("attn_q", "attn_k", "attn_v", "attn_gate", "ffn_up", "ffn_down")
 
 
-def glimmer_tensors(cfg: GlimmerConfig, rng: np.random.Generator | None, *, lane="q4_k_xl",
-                    qk_norm=False) -> dict:
+def glimmer_tensors(cfg: GlimmerConfig, rng: np.random.Generator | None, *, lane="q4_k_xl") -> dict:
     """Every tensor of ``cfg`` in the seed's recipe: Q4_K, Q6_K on odd-layer attn_v
     and ffn_down, Q5_K lm_head, F32 norms; the nvfp4 lane swaps most projections
     to NVFP4_E2M1 with companions. ``rng`` None gives zero bytes (sparse)."""
     out = {}
-    for name, (role, ne) in expected_tensors(cfg, qk_norm).items():
+    for name, (role, ne) in expected_tensors(cfg).items():
         part = name.split(".")[-2]
         layer = int(name.split(".")[1]) if name.startswith("blk.") else 0
         n_in, n_out = ne[0], (ne[1] if len(ne) > 1 else 1)
@@ -56,7 +55,7 @@ def write(tmp_path, tensors, md=None, cfg=CFG, lane=None):
     md = dict(cfg.to_metadata() if md is None else md)
     if lane is not None:
         md["muser.weight_precision"] = lane
-    path = tmp_path / "glimmer.gguf"
+    path = tmp_path / "muse-glimmer.gguf"
     save_gguf(path, md, tensors)
     return load_gguf(path)
 
@@ -80,7 +79,7 @@ def test_q4_k_xl_file_is_admitted_and_binds(tmp_path):
 def test_nvfp4_file_is_admitted_and_binds_companions(tmp_path):
     seed = fresh_seed()
     rng = np.random.default_rng(seed)
-    tensors = glimmer_tensors(CFG, rng, lane="nvfp4", qk_norm=True)
+    tensors = glimmer_tensors(CFG, rng, lane="nvfp4")
     f = write(tmp_path, tensors, lane="nvfp4")
     assert admit(f) == replace(CFG, weight_precision="nvfp4")
     weights = bind_weights(f)
@@ -135,19 +134,20 @@ def _both(*edits):
 
 Q = "blk.1.attn_q.weight"
 CASES = {
-    "no lane": (_drop("muser.weight_precision"), LaneError, "'muser.weight_precision' is missing"),
+    "no lane, NVFP4 tensors": (_both(_drop("muser.weight_precision"), _to_nvfp4(Q)), LaneError,
+                               "NVFP4_E2M1 .* but muser.weight_precision is missing"),
     "unknown lane": (_md("muser.weight_precision", "fp8"), LaneError, "'fp8', expected one of"),
     "other architecture": (_md("general.architecture", "llama"), MetadataError, "'llama'"),
-    "missing key": (_drop("glimmer.block_count"), MetadataError, "'glimmer.block_count' is missing"),
-    "bad heads": (_md("glimmer.attention.head_count_kv", 3), MetadataError,
+    "missing key": (_drop("muse-glimmer.block_count"), MetadataError, "'muse-glimmer.block_count' is missing"),
+    "bad heads": (_md("muse-glimmer.attention.head_count_kv", 3), MetadataError,
                   "head_count 2 is not a multiple of head_count_kv 3"),
-    "infinite layers": (_md("glimmer.block_count", float("inf")), MetadataError,
-                        "glimmer.block_count is inf, expected an integer"),
-    "text for a number": (_md("glimmer.embedding_length", "big"), MetadataError,
-                          "glimmer.embedding_length is 'big', expected an integer"),
-    "list for a number": (_md("glimmer.rope.freq_base", [1.0]), MetadataError,
-                          r"glimmer.rope.freq_base is \[1.0\], expected a number"),
-    "zero vocab": (_md("glimmer.vocab_size", 0), MetadataError, "vocab_size is 0"),
+    "infinite layers": (_md("muse-glimmer.block_count", float("inf")), MetadataError,
+                        "muse-glimmer.block_count is inf, expected an integer"),
+    "text for a number": (_md("muse-glimmer.embedding_length", "big"), MetadataError,
+                          "muse-glimmer.embedding_length is 'big', expected an integer"),
+    "list for a number": (_md("muse-glimmer.rope.freq_base", [1.0]), MetadataError,
+                          r"muse-glimmer.rope.freq_base is \[1.0\], expected a number"),
+    "zero vocab": (_md("muse-glimmer.vocab_size", 0), MetadataError, "vocab_size is 0"),
     "missing tensor": (_drop("blk.1.ffn_up.weight"), TensorSetError, "missing tensor 'blk.1.ffn_up.weight'"),
     "extra tensor": (_set("rope_freqs.weight", (GGMLType.F32, None, (64,))), TensorSetError,
                      "unexpected tensor 'rope_freqs.weight'"),
@@ -180,8 +180,8 @@ CASES = {
                    CompanionError, "found F16"),
     "orphan companion": (_set(Q + "_scale", (GGMLType.F8_E4M3FN, None, (16, 256))), CompanionError,
                          "'blk.1.attn_q.weight' is Q4_K, expected NVFP4_E2M1"),
-    "partial qk norm": (_set("blk.0.attn_q_norm.weight", (GGMLType.F32, None, (128,))), TensorSetError,
-                        "'blk.0.attn_k_norm.weight' is missing"),
+    "missing k norm": (_drop("blk.0.attn_k_norm.weight"), TensorSetError,
+                       "missing tensor 'blk.0.attn_k_norm.weight'"),
 }
 
 

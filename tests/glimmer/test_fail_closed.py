@@ -16,19 +16,27 @@ from muser_torch.gguf_io import load_gguf, save_gguf
 from .conftest import SEED
 
 CASES = {  # key -> (value, its GGUF type)
-    "u32-max layers": ("glimmer.block_count", 4294967295, V.UINT32),
-    "a million layers": ("glimmer.block_count", 1_000_000, V.UINT32),
-    "1e308 window": ("glimmer.attention.sliding_window", 1e308, V.FLOAT64),
-    "window past the context": ("glimmer.attention.sliding_window", 97, V.UINT32),
-    "2^40 context": ("glimmer.context_length", 1 << 40, V.UINT64),
-    "zero epsilon": ("glimmer.attention.layer_norm_rms_epsilon", 0.0, V.FLOAT32),
-    "epsilon 1": ("glimmer.attention.layer_norm_rms_epsilon", 1.0, V.FLOAT32),
-    "NaN epsilon": ("glimmer.attention.layer_norm_rms_epsilon", float("nan"), V.FLOAT32),
-    "infinite rope base": ("glimmer.rope.freq_base", float("inf"), V.FLOAT32),
-    "negative rope base": ("glimmer.rope.freq_base", -1e4, V.FLOAT32),
-    "u64-max heads": ("glimmer.attention.head_count", (1 << 64) - 1, V.UINT64),
+    "u32-max layers": ("muse-glimmer.block_count", 4294967295, V.UINT32),
+    "a million layers": ("muse-glimmer.block_count", 1_000_000, V.UINT32),
+    "1e308 window": ("muse-glimmer.attention.sliding_window", 1e308, V.FLOAT64),
+    "window past the context": ("muse-glimmer.attention.sliding_window", 97, V.UINT32),
+    "2^40 context": ("muse-glimmer.context_length", 1 << 40, V.UINT64),
+    "zero epsilon": ("muse-glimmer.attention.layer_norm_rms_epsilon", 0.0, V.FLOAT32),
+    "epsilon 1": ("muse-glimmer.attention.layer_norm_rms_epsilon", 1.0, V.FLOAT32),
+    "NaN epsilon": ("muse-glimmer.attention.layer_norm_rms_epsilon", float("nan"), V.FLOAT32),
+    "infinite rope base": ("muse-glimmer.rope.freq_base", float("inf"), V.FLOAT32),
+    "negative rope base": ("muse-glimmer.rope.freq_base", -1e4, V.FLOAT32),
+    "u64-max heads": ("muse-glimmer.attention.head_count", (1 << 64) - 1, V.UINT64),
     "infinite bos id": ("tokenizer.ggml.bos_token_id", float("inf"), V.FLOAT32),
     "infinite eos id": ("tokenizer.ggml.eos_token_id", float("-inf"), V.FLOAT32),
+    # Muse Glimmer's own keys (issue 21)
+    "zero softcap": ("muse-glimmer.final_logit_softcapping", 0.0, V.FLOAT32),
+    "negative softcap": ("muse-glimmer.final_logit_softcapping", -20.0, V.FLOAT32),
+    "NaN logit scale": ("muse-glimmer.logit_scale", float("nan"), V.FLOAT32),
+    "zero logit scale": ("muse-glimmer.logit_scale", 0.0, V.FLOAT32),
+    "infinite SWA rope base": ("muse-glimmer.rope.freq_base_swa", float("inf"), V.FLOAT32),
+    "negative pattern period": ("muse-glimmer.attention.sliding_window_pattern", -4, V.INT32),
+    "string pattern": ("muse-glimmer.attention.sliding_window_pattern", "4", V.STRING),
 }
 
 

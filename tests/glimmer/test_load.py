@@ -38,13 +38,29 @@ def _random_bytes(qtype: GGMLType, n_out: int, n_in: int):
 
 
 CASES = {
-    "missing lane key": (dict(metadata={"muser.weight_precision": None}), LaneError,
-                         "muser.weight_precision"),
     "unknown lane": (dict(metadata={"muser.weight_precision": "q8_0"}), LaneError, "q8_0"),
     "wrong architecture": (dict(metadata={"general.architecture": "llama"}), MetadataError, "llama"),
-    "missing metadata key": (dict(metadata={"glimmer.rope.freq_base": None}), MetadataError,
-                             "glimmer.rope.freq_base"),
-    "shape vs config": (dict(metadata={"glimmer.feed_forward_length": 768}), ShapeMismatchError,
+    "missing metadata key": (dict(metadata={"muse-glimmer.logit_scale": None}), MetadataError,
+                             "muse-glimmer.logit_scale"),
+    "pattern shorter than block_count": (
+        dict(metadata={"muse-glimmer.attention.sliding_window_pattern": [True, False, True]}),
+        MetadataError, "sliding_window_pattern has 3 entries"),
+    "pattern of integers": (
+        dict(metadata={"muse-glimmer.attention.sliding_window_pattern": [1, 0, 1, 0]}),
+        MetadataError, "sliding_window_pattern[0]"),
+    "q_norm of the wrong width": (dict(replace={"blk.2.attn_q_norm.weight": (GGMLType.F32, torch.ones(32))}),
+                                  ShapeMismatchError, "blk.2.attn_q_norm.weight"),
+    "vocab_size against the tokens": (dict(metadata={"muse-glimmer.vocab_size": 300}), MetadataError,
+                                      "muse-glimmer.vocab_size"),
+    "value_length against key_length": (dict(metadata={"muse-glimmer.attention.value_length": 32}),
+                                        MetadataError, "value_length"),
+    "partial rotation": (dict(metadata={"muse-glimmer.rope.dimension_count": 32}), MetadataError,
+                         "rope.dimension_count"),
+    "YaRN scaling": (dict(metadata={"muse-glimmer.rope.scaling.type": "yarn"}), MetadataError,
+                     "rope.scaling.type"),
+    "retired glimmer architecture": (dict(metadata={"general.architecture": "glimmer"}),
+                                     MetadataError, "'glimmer'"),
+    "shape vs config": (dict(metadata={"muse-glimmer.feed_forward_length": 768}), ShapeMismatchError,
                         "ffn_gate"),
     "missing tensor": (dict(drop=("blk.2.ffn_up.weight",)), TensorSetError, "blk.2.ffn_up.weight"),
     "extra tensor": (dict(add={"blk.0.attn_bias.weight": (GGMLType.F32, torch.ones(256))}),
@@ -63,6 +79,8 @@ CASES = {
                            "bos_token_id"),
 }
 NVFP4_CASES = {
+    "NVFP4 tensors without a lane key": (dict(metadata={"muser.weight_precision": None}), LaneError,
+                                         "muser.weight_precision"),
     "nvfp4 tensors in the q4_k_xl lane": (dict(metadata={"muser.weight_precision": "q4_k_xl"}),
                                           LaneError, "NVFP4"),
     "missing scale companion": (dict(drop=("blk.1.attn_v.weight_scale",)), CompanionError,
@@ -98,6 +116,17 @@ def test_unchanged_copy_loads(tiny_files, tmp_path):
         model = Glimmer.from_gguf(path, dtype=torch.float32)
         assert model.config.weight_precision == lane
         assert model.tokenizer is not None
+
+
+def test_kquant_file_without_lane_key_is_a_llama_cpp_file(tiny_files, tmp_path):
+    """Without ``muser.weight_precision`` the file is llama.cpp's: it loads,
+    and then admits llama.cpp's types beyond the lane's (a Q8_0 projection)."""
+    path = _variant(tiny_files["q4_k_xl"], tmp_path / "plain.gguf",
+                    metadata={"muser.weight_precision": None},
+                    replace={"blk.1.attn_q.weight": _random_bytes(GGMLType.Q8_0, 256, 256)})
+    model = Glimmer.from_gguf(path, dtype=torch.float32)
+    assert model.config.weight_precision is None
+    assert model.layers[1].attention.wq.qtype == GGMLType.Q8_0
 
 
 def test_cpu_weights_view_the_memory_map(tiny_files):

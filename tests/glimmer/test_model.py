@@ -1,4 +1,4 @@
-"""Glimmer's forward, KV cache, batching, generation and compilation, on small
+"""Muse Glimmer's forward, KV cache, batching, generation and compilation, on small
 synthetic GGUFs of both lanes."""
 from __future__ import annotations
 
@@ -29,7 +29,8 @@ def test_logits_match_float64_reference(tiny_files, lane):
     weights = {n: gguf.dequantize(n).double() for n in gguf.tensors if "_scale" not in n}
     tokens = _tokens(29)
     got = model(tokens[None])[0]
-    want = reference_logits(weights, model.config, tokens)
+    sliding = gguf.metadata["muse-glimmer.attention.sliding_window_pattern"]   # the file's own bools
+    want = reference_logits(weights, model.config, tokens, sliding)
     err = rel_err(got, want)
     assert err < 1e-4, f"{lane}: relative error {err:.2e} vs float64 reference (seed {SEED})"
     assert float(want.std()) > 0.1, f"degenerate reference logits (seed {SEED})"
@@ -234,9 +235,10 @@ def test_random_model_has_sane_packed_weights(lane):
     from muser_torch import dequantize
     from muser_torch.tiny import recipe_type
     from .conftest import TINY
-    cfg = replace(TINY, weight_precision=lane, n_layers=2)
-    model = Glimmer.random(cfg, dtype=torch.float32, seed=SEED, qk_norm=(lane == "nvfp4"))
-    assert (model.layers[1].attention.k_norm is not None) == (lane == "nvfp4")
+    from muser_torch.arch.muse_glimmer import reference_pattern
+    cfg = replace(TINY, weight_precision=lane, n_layers=2, sliding_window_pattern=reference_pattern(2, 2))
+    model = Glimmer.random(cfg, dtype=torch.float32, seed=SEED)
+    assert model.layers[1].attention.k_norm is not None
     assert not any(p.is_floating_point() and p.numel() > cfg.hidden * 4
                    for n, p in model.named_parameters()), "random() made float weights"
     wd = model.layers[0].feed_forward.w_down

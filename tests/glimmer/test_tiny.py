@@ -22,10 +22,12 @@ def test_seed_geometry_matches_the_seed_numbers():
     """Figure 6.6 / GLIMMER.md: 27,853,389,824 parameters; the recipe's tensor
     bytes are the artifact's 16,756,681,056 less its header (tokenizer
     strings etc., which this count leaves out): 16,737,949,696 bytes of
-    projections and embedding plus 2,795,520 bytes of F32 norms."""
+    projections and embedding plus the F32 norms of the released
+    architecture: 4 per layer and output_norm, (4 * 52 + 1) * 6656 * 4 =
+    5,564,416 bytes, and the q/k norms, 2 * 52 * 128 * 4 = 53,248 bytes."""
     data, params = planned_bytes(SEED_CONFIG)
     assert params == 27_853_389_824
-    assert data == 16_737_949_696 + 2_795_520
+    assert data == 16_737_949_696 + 5_564_416 + 53_248
     assert 0 < 16_756_681_056 - data < 16_000_000
     counts = Counter((name.split(".")[-2], qtype) for name, qtype, _, _ in plan(SEED_CONFIG))
     assert counts[("attn_v", GGMLType.Q6_K)] == 26 and counts[("attn_v", GGMLType.Q4_K)] == 26
@@ -71,3 +73,34 @@ def test_random_rows_have_the_asked_std(qtype):
     assert torch.isfinite(w).all(), f"{qtype.name}: non-finite values (seed {SEED})"
     assert abs(float(w.std()) / std - 1) < 0.15, f"{qtype.name}: std {float(w.std()):.4f} (seed {SEED})"
     assert abs(float(w.mean())) < 0.2 * std, f"{qtype.name}: mean {float(w.mean()):.4f} (seed {SEED})"
+
+
+def test_make_tiny_writes_muse_glimmer_files(tmp_path):
+    """The file is llama.cpp's architecture: the pattern as a bool per layer
+    counted back from the last layer (5 layers, period 4: layers 0 and 4
+    global), the release's logit scale and softcap, and with a vocabulary
+    other than bytes llama.cpp's "none" tokenizer (loads with no tokenizer)."""
+    from muser_torch import from_gguf
+    path = tmp_path / "t.gguf"
+    assert cli(["make-tiny", str(path), "--layers", "5", "--vocab", "300", "--seed", str(SEED)]) == 0
+    md = load_gguf(path).metadata
+    assert md["general.architecture"] == "muse-glimmer"
+    assert md["muse-glimmer.attention.sliding_window_pattern"] == [False, True, True, True, False]
+    assert md["muse-glimmer.logit_scale"] == pytest.approx(SEED_CONFIG.logit_scale)
+    assert md["tokenizer.ggml.model"] == "none" and md["muse-glimmer.vocab_size"] == 300
+    model = from_gguf(path)
+    assert model.tokenizer is None and model.config.vocab_size == 300
+    assert [layer.attention.window for layer in model.layers] == [None, 64, 64, 64, None]
+
+
+def test_make_tiny_seed_shapes_are_the_release():
+    """``--shapes seed`` is the release's geometry with its pattern array and constants."""
+    import argparse
+    from muser_torch.tiny.cli import config_from_args
+    cfg = config_from_args(argparse.Namespace(shapes="seed", lane="nvfp4"))
+    assert cfg.weight_precision == "nvfp4" and cfg.n_layers == 52
+    globals_ = [i for i in range(52) if cfg.is_global(i)]
+    assert globals_ == list(range(3, 52, 4))
+    md = cfg.to_metadata()
+    assert md["muse-glimmer.final_logit_softcapping"] == 20.0
+    assert md["muse-glimmer.attention.value_length"] == 128
