@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from typing import Any, Sequence
 
-from ..arch.glimmer import LANE_KEY
+from ..arch.muse_glimmer import LANE_KEY
 from .checkpoint import Checkpoint
 from .imatrix import ImportanceMatrix
 from .recipes import FILE_TYPES, LANES, PlannedTensor
