@@ -8,7 +8,7 @@ from typing import Any
 from ..errors import LaneError
 from ..formats import GGMLType
 from .names import optional, tensor_table
-from .spec import DECODER_KEYS, Architecture, DecoderConfig, Key, Role, read_keys
+from .spec import DECODER_KEYS, Architecture, DecoderConfig, Key, Role, key_names, read_keys
 
 ARCH = "glimmer"
 LANES = ("q4_k_xl", "nvfp4")
@@ -98,4 +98,5 @@ def check_lane_tensors(gguf: Any, cfg: GlimmerConfig) -> None:
 
 GLIMMER = Architecture(ARCH, "Glimmer", GlimmerConfig, TENSORS, FENCES,
                        groups={"qk_norm": "per-head q/k norms"},
-                       check_metadata=check_lane_key, check_tensors=check_lane_tensors)
+                       check_metadata=check_lane_key, check_tensors=check_lane_tensors,
+                       understood=key_names(KEYS))
