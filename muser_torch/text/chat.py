@@ -63,9 +63,9 @@ class ChatTemplate:
         except jinja2.TemplateSyntaxError as e:
             raise ChatTemplateError(f"{CHAT_TEMPLATE_KEY} does not compile: line {e.lineno}: "
                                     f"{e.message}") from None
-        except (cb.BoundExceeded, RecursionError, MemoryError) as e:
+        except Exception as e:  # noqa: BLE001  (a recursion too deep for the parser, ...)
             raise ChatTemplateError(f"{CHAT_TEMPLATE_KEY} does not compile: "
-                                    f"{type(e).__name__}: {e}") from None
+                                    f"{type(e).__name__}: {_one_line(e)}") from None
 
     def render(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True,
                limits: ChatLimits | None = None, **variables: Any) -> str:

@@ -187,3 +187,11 @@ def test_a_constant_folded_while_compiling_is_bounded_too():
     # too, and the refusal then comes from the render
     with pytest.raises(ChatTemplateError, match="size bound"):
         ChatTemplate("{{ 'x'|center(3000000000) }}{{ messages }}", {}).render(HI)
+
+
+@pytest.mark.parametrize("source", ["{{ " + "(" * 5000 + "1" + ")" * 5000 + " }}",
+                                    "{% if x %}" * 3000, "{{ x|no_such_filter }}"],
+                         ids=["deep-parens", "deep-ifs", "unknown-filter"])
+def test_templates_that_do_not_compile_are_chat_template_errors(source):
+    with pytest.raises(ChatTemplateError, match=f"{KEY} does not compile"):
+        ChatTemplate(source, {})
