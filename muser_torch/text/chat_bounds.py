@@ -221,8 +221,18 @@ def _bounded_filter(name: str, f: Any) -> Any:
     return run
 
 
+# Filters that turn a whole value into text: their input is measured first.
+_TEXT_OF_VALUE = frozenset({"string", "pprint", "tojson", "join", "urlize", "xmlattr", "sum",
+                            "format", "wordwrap", "indent", "center", "replace"})
+
+
 def _check_filter(b: Budget, name: str, value: Any, rest: tuple, kw: dict) -> None:
-    size = text_size(value, stop=b.chars)
+    if isinstance(value, (str, bytes)):
+        size = len(value)
+    elif name in _TEXT_OF_VALUE:
+        size = text_size(value, stop=b.chars)
+    else:
+        return      # |length, |selectattr, ... make nothing larger than their input
     b.fits(size, f"the input of |{name}")
     if name == "center":
         width = _arg(rest, kw, 0, "width", 80)
