@@ -232,7 +232,7 @@ def _check_filter(b: Budget, name: str, value: Any, rest: tuple, kw: dict) -> No
     elif name in _TEXT_OF_VALUE:
         size = text_size(value, stop=b.chars)
     else:
-        return      # |length, |selectattr, ... make nothing larger than their input
+        size = 0    # |length, |selectattr, ...: nothing larger than their input
     b.fits(size, f"the input of |{name}")
     if name == "center":
         width = _arg(rest, kw, 0, "width", 80)
