@@ -7,7 +7,9 @@ refusal is an ``AdmissionError`` subclass whose message names the tensor (or
 key), what was found and what was expected. The checks, in order:
 
 1. architecture: ``general.architecture`` is one muser-torch runs;
-2. the architecture's own metadata checks (Muse Glimmer: its lane key);
+2. the architecture's own metadata checks (Muse Glimmer: its lane key), and no
+   ``<arch>.*`` key the graph does not follow (one it ignored could change
+   the math: a RoPE scaling, an attention scale, experts, ...);
 3. metadata: the config's keys are present, each within its range, and
    usable together;
 4. counts: the claimed layers fit in the tensors the file holds, before
@@ -63,6 +65,7 @@ def check(gguf: GGUFFile, arch: Architecture | None = None) -> Admitted:
     arch = found
     if arch.check_metadata is not None:
         arch.check_metadata(md, where)
+    arch.check_keys(md, where)
     cfg = _config(arch, md, where)
     _bound_layers(arch, cfg, gguf)
     groups = _groups(arch, cfg, gguf)

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import torch
 
+from .text.chat_limits import DEFAULT_MAX_CHARS, DEFAULT_SECONDS, MESSAGES_FACTOR, ChatLimits
+
 MODELS_DIR = Path(__file__).resolve().parents[1] / "models"
 DEMO = {"q4_k_xl": MODELS_DIR / "glimmer-demo-q4_k_xl.gguf",
         "nvfp4": MODELS_DIR / "glimmer-demo-nvfp4.gguf"}
@@ -33,6 +35,13 @@ def register(subparsers) -> None:
                         "(without it, --chat reads messages from standard input until EOF)")
     p.add_argument("--chat", action="store_true",
                    help="render the file's chat template around the prompt and answer as the assistant")
+    p.add_argument("--chat-template-seconds", type=float, default=DEFAULT_SECONDS, metavar="S",
+                   help="CPU seconds one render of the file's chat template may take "
+                        f"(default {DEFAULT_SECONDS:g})")
+    p.add_argument("--chat-template-max-chars", type=int, default=DEFAULT_MAX_CHARS, metavar="N",
+                   help="characters the rendered prompt, or any value the template makes, may "
+                        f"have (default {DEFAULT_MAX_CHARS:,}, or {MESSAGES_FACTOR} times the "
+                        "messages' own size when that is larger)")
     p.add_argument("--backend", choices=("native", "metal-emulator"), default="native",
                    help="CPU tensors: the native kernels, or the .metal kernels through the emulator")
     p.add_argument("--max-new-tokens", type=int, default=200)
@@ -130,6 +139,16 @@ def check_sampling_args(args: argparse.Namespace) -> None:
         raise ValueError(f"--top-k must be >= 1, got {args.top_k}")
     if args.top_p is not None and not 0 < args.top_p <= 1:
         raise ValueError(f"--top-p must be in (0, 1], got {args.top_p}")
+    if getattr(args, "chat", False):
+        chat_limits(args)
+
+
+def chat_limits(args: argparse.Namespace) -> ChatLimits:
+    """The chat-template bounds of ``--chat-template-seconds`` / ``-max-chars``."""
+    try:
+        return ChatLimits(seconds=args.chat_template_seconds, max_chars=args.chat_template_max_chars)
+    except ValueError as e:
+        raise ValueError(f"--chat-template-*: {e}") from None
 
 
 def check_room(n_prompt: int, max_new_tokens: int, context_length: int) -> None:
@@ -176,6 +195,7 @@ def _chat(model, tok, path: Path, device: torch.device, args: argparse.Namespace
         from .errors import ChatTemplateError
         raise ChatTemplateError(f"{path.name}: --chat needs tokenizer.chat_template; the file has none")
     messages: list[dict] = []
+    limits = chat_limits(args)
     turns = [args.prompt] if args.prompt is not None else None
     while True:
         if turns is not None:
@@ -190,7 +210,7 @@ def _chat(model, tok, path: Path, device: torch.device, args: argparse.Namespace
                 return 0
             user = user.rstrip("\n")
         messages.append({"role": "user", "content": user})
-        ids = tok.encode_chat(messages)     # renders and checks the template (ChatTemplateError)
+        ids = tok.encode_chat(messages, limits=limits)   # renders within limits (ChatTemplateError)
         check_room(len(ids), args.max_new_tokens, model.config.context_length)
         answer = _generate(model, tok, ids, path, device, args)
         messages.append({"role": "assistant", "content": answer})

@@ -24,7 +24,7 @@ from typing import Any
 from ..formats import GGMLType
 from .names import optional, tensor_table
 from .spec import (DECODER_KEYS, LLAMA_CPP_TYPES, MAX_SIZE, Architecture, DecoderConfig, Key, Role,
-                   number, read_keys)
+                   key_names, number, read_keys)
 
 ARCH = "gemma3"
 
@@ -106,4 +106,6 @@ FENCES = {Role.PROJECTION: LLAMA_CPP_TYPES, Role.EMBEDDING: LLAMA_CPP_TYPES,
           Role.NORM: frozenset({GGMLType.F32})}
 
 GEMMA3 = Architecture(ARCH, "Gemma 3", Gemma3Config, TENSORS, FENCES,
-                      groups={"output": "an untied lm_head"})
+                      groups={"output": "an untied lm_head"},
+                      understood=key_names(KEYS, extra=("rope.scaling.type",
+                                                        "attention.value_length", "vocab_size")))

@@ -29,7 +29,7 @@ from ..formats import GGMLType
 from .names import optional, tensor_table
 from .rope import RopeArgs, rope_args
 from .spec import (DECODER_KEYS, LLAMA_CPP_TYPES, MAX_CONTEXT, MAX_SIZE, Architecture, DecoderConfig,
-                   Key, Role, number, read_keys)
+                   Key, Role, key_names, number, read_keys)
 
 # The shared decoder keys, less two: the head size is optional here (read by
 # _head_dim) and these graphs have no sliding window (llama.cpp's n_swa = 0).
@@ -138,6 +138,11 @@ FENCES = {P: LLAMA_CPP_TYPES, E: LLAMA_CPP_TYPES, N: frozenset({GGMLType.F32}),
           B: frozenset({GGMLType.F32})}
 GROUPS = {"output": "an untied lm_head", "rope_freqs": "Llama 3 RoPE frequency factors"}
 
+# Every key from_metadata reads (the refused ones too: they get their own message).
+UNDERSTOOD = key_names(KEYS, ROPE_KEYS, extra=(
+    "attention.key_length", "attention.value_length", "rope.dimension_count", "vocab_size",
+    "rope.scaling.type", *_REFUSED_KEYS))
+
 # rope_freqs: llama.cpp's TENSOR_NOT_REQUIRED for llama (Llama 3 scaling)
 LLAMA = Architecture("llama", "Llama", LlamaFamilyConfig, family_table(rope_freqs=True), FENCES,
-                     groups=GROUPS)
+                     groups=GROUPS, understood=UNDERSTOOD)

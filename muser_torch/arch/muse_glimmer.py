@@ -44,7 +44,7 @@ from ..formats import GGMLType
 from .llama import _one
 from .names import tensor_table
 from .spec import (DECODER_KEYS, LLAMA_CPP_TYPES, MAX_SIZE, Architecture, DecoderConfig, Key,
-                   Role, number, read_keys)
+                   Role, key_names, number, read_keys)
 
 __all__ = ["ARCH", "LANES", "LANE_KEY", "KEYS", "GlimmerConfig", "TENSORS", "FENCES",
            "LANE_FENCES", "MUSE_GLIMMER", "POST_NORM_EPS", "DEFAULT_PERIOD",
@@ -326,5 +326,13 @@ HF_KEYS = {
 }
 
 
+# Every <arch>.* key the graph follows: the tables' keys and those read above;
+# any other is refused by the loader (it could change the math).
+UNDERSTOOD = key_names(DECODER_KEYS, _OWN_KEYS, extra=(
+    "attention.key_length", "attention.value_length", "attention.key_length_swa",
+    "attention.value_length_swa", "rope.dimension_count", "rope.dimension_count_swa",
+    "rope.freq_base_swa", "rope.scaling.type", "rope.scaling.attn_factor", PATTERN_KEY, "vocab_size"))
+
 MUSE_GLIMMER = Architecture(ARCH, "Muse Glimmer", GlimmerConfig, TENSORS, FENCES,
-                            check_metadata=check_lane_key, check_tensors=check_lane_tensors)
+                            check_metadata=check_lane_key, check_tensors=check_lane_tensors,
+                            understood=UNDERSTOOD)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .llama import FENCES, GROUPS, LlamaFamilyConfig, family_table
+from .llama import FENCES, GROUPS, UNDERSTOOD, LlamaFamilyConfig, family_table
 from .spec import Architecture
 
 
@@ -25,6 +25,7 @@ class Qwen3Config(LlamaFamilyConfig):
 
 _GROUPS = {"output": GROUPS["output"]}
 QWEN2 = Architecture("qwen2", "Qwen2", Qwen2Config,
-                     family_table("attn_q_bias", "attn_k_bias", "attn_v_bias"), FENCES, groups=_GROUPS)
+                     family_table("attn_q_bias", "attn_k_bias", "attn_v_bias"), FENCES, groups=_GROUPS,
+                     understood=UNDERSTOOD)
 QWEN3 = Architecture("qwen3", "Qwen3", Qwen3Config, family_table("attn_q_norm", "attn_k_norm"),
-                     FENCES, groups=_GROUPS)
+                     FENCES, groups=_GROUPS, understood=UNDERSTOOD)

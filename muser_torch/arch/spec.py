@@ -19,9 +19,11 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Callable, Iterable
 
+from ..errors import MetadataError
 from ..formats import GGMLType
 
-__all__ = ["Role", "TensorSpec", "Key", "Architecture", "read_keys", "number", "expand",
+__all__ = ["Role", "TensorSpec", "Key", "Architecture", "read_keys", "number", "expand", "key_names",
+           "INFORMATIONAL_KEYS",
            "describe", "DecoderConfig", "DECODER_KEYS", "LLAMA_CPP_TYPES", "MAX_CONTEXT",
            "MAX_SIZE"]
 
@@ -90,9 +92,35 @@ class Architecture:
     groups: dict[str, str] = field(default_factory=dict)   # group -> what it is, for messages
     check_metadata: Callable[[dict, str], None] | None = None
     check_tensors: Callable[[Any, Any], None] | None = None
+    # Every ``<name>.*`` key the config reads (names after the prefix): any
+    # other key under the prefix may change the math, so it is refused.
+    understood: frozenset[str] = frozenset()
+
+    def check_keys(self, md: dict, where: str) -> None:
+        """MetadataError for a ``<name>.*`` key this graph does not follow."""
+        prefix = self.name + "."
+        unknown = sorted(k for k in md if k.startswith(prefix)
+                         and k[len(prefix):] not in self.understood | INFORMATIONAL_KEYS)
+        if unknown:
+            more = f" (and {len(unknown) - 1} more)" if len(unknown) > 1 else ""
+            raise MetadataError(
+                f"{where}: {unknown[0]} is set{more}, but muser-torch's {self.title} graph does "
+                f"not follow it, and a key it ignored could change the model's math; the "
+                f"{prefix}* keys it reads are {', '.join(sorted(self.understood))}")
 
     def per_layer_required(self) -> int:
         return sum(1 for s in self.tensors if s.per_layer and s.group is None)
+
+
+# ``<arch>.*`` keys llama.cpp writes that change no computation of a decoder
+# generating text: the original checkpoint's layout note, and a flag saying
+# the model was fine-tuned with its RoPE scaling (llama.cpp reads, never uses it).
+INFORMATIONAL_KEYS = frozenset({"tensor_data_layout", "rope.scaling.finetuned"})
+
+
+def key_names(*tables: Iterable[Key], extra: Iterable[str] = ()) -> frozenset[str]:
+    """The key names (after ``<arch>.``) of these tables, and ``extra``."""
+    return frozenset(k.name for t in tables for k in t) | frozenset(extra)
 
 
 # The keys every decoder here reads the same way (llama.cpp's names), in order.

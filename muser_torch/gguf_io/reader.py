@@ -27,11 +27,12 @@ from typing import Any, Mapping
 import numpy as np
 from tqdm import tqdm
 
-from ..errors import GGUFError, GGUFFormatError, GGUFTruncatedError, UnsupportedVersionError
+from ..errors import (GGUFError, GGUFFormatError, GGUFTruncatedError, MetadataError,
+                      UnsupportedVersionError)
 from .records import GGUFFile, GGUFTensor
-from .types import (_INT64_MAX, _INTS, _SCALARS, _U32, _U64, DEFAULT_ALIGNMENT, MAGIC, MAX_DIMS,
-                    MAX_KEY_BYTES, MAX_TENSOR_NAME_BYTES, VERSIONS, V, GGUFValueType, _align,
-                    block_geometry, type_name)
+from .types import (_INT64_MAX, _INTS, _SCALARS, _U32, _U64, DEFAULT_ALIGNMENT, MAGIC,
+                    MAX_ARRAY_ITEMS, MAX_DIMS, MAX_KEY_BYTES, MAX_TENSOR_NAME_BYTES, VERSIONS, V,
+                    GGUFValueType, _align, block_geometry, type_name)
 
 # Smallest encodings, used to bound counts by the bytes left in the file.
 _MIN_KV_BYTES = 8 + 4 + 1           # empty key, type, one u8
@@ -149,15 +150,25 @@ class _Cursor:
             # every value either a scalar or a flat list.
             raise GGUFFormatError(f"{what} is an array of arrays, which GGUF readers do not support")
         if itype == V.STRING:
-            n = self.count(f"the length of array {what}", _MIN_STRING_BYTES)
+            n = self._items(what, _MIN_STRING_BYTES)
             start = self.pos
             self.skip_strings(n, what)
             return itype, _Deferred(itype, start, n, what)
         dt = _SCALARS[itype]
-        n = self.count(f"the length of array {what}", dt.itemsize)
+        n = self._items(what, dt.itemsize)
         start = self.pos
         self.pos += n * dt.itemsize
         return itype, _Deferred(itype, start, n, what)
+
+    def _items(self, what: str, min_item_bytes: int) -> int:
+        """An array's length: it must fit in the file, and be at most
+        MAX_ARRAY_ITEMS, checked before any item is looked at."""
+        n = self.count(f"the length of array {what}", min_item_bytes)
+        if n > MAX_ARRAY_ITEMS:
+            raise MetadataError(f"{what} is an array of {n:,} items; at most {MAX_ARRAY_ITEMS:,} "
+                                f"are read (the largest published vocabularies have a few "
+                                f"hundred thousand tokens)")
+        return n
 
     def materialize(self, d: "_Deferred") -> "str | list":
         """The value located by ``value`` or ``array``: a str, or a list."""

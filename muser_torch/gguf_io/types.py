@@ -37,6 +37,11 @@ MAX_NAME_BYTES = 63           # llama.cpp refuses tensor names of GGML_MAX_NAME 
 MAX_KEY_BYTES = 2**16 - 1
 MAX_TENSOR_NAME_BYTES = 64
 _INT64_MAX = 2**63 - 1
+# Items of one metadata array the reader turns into Python values. The GGUF
+# spec sets no limit, but the largest arrays in published files are
+# vocabularies of a few hundred thousand tokens; 300 million tokens of
+# empty strings fit in a 2.4 GB file and would become 2.4 GB of list.
+MAX_ARRAY_ITEMS = 1 << 24
 
 _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")

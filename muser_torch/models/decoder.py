@@ -19,6 +19,7 @@ import torch
 import torch.nn as nn
 
 from ..arch import Architecture
+from ..errors import MetadataError
 from ..gguf_io import GGUFFile, load_gguf
 from ..loader import check, packed_weight
 from .assembly import assemble, tokenizer_for
@@ -220,6 +221,12 @@ class Decoder(nn.Module, Generation):
         """``from_gguf`` of an already parsed file."""
         admitted = check(gguf, cls.ARCH)   # raises a GGUFError subclass naming what is wrong
         tokenizer = tokenizer_for(gguf)
+        rows = admitted.config.vocab_size
+        if tokenizer is not None and tokenizer.vocab_size > rows:
+            # ids past the embedding's rows would index outside it in generate
+            raise MetadataError(f"{gguf.path.name}: the tokenizer has {tokenizer.vocab_size:,} "
+                                f"tokens but the model's vocabulary ({cls.ARCH.name}.vocab_size, "
+                                f"the embedding's rows) is {rows:,}")
         device = torch.device(device if device is not None else "cpu")
         dtype = dtype or cls.DEFAULT_DTYPE or cls.default_dtype(device)
 

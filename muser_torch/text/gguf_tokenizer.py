@@ -23,6 +23,7 @@ from __future__ import annotations
 from typing import Any, Iterable, Mapping, Sequence
 
 from ..errors import ChatTemplateError, MetadataError
+from .chat_limits import ChatLimits
 from .metadata import (CHAT_TEMPLATE_KEY, LLAMA3_FAMILY_PRE, MODEL_KEY, PREFIX, VocabMetadata,
                        read_vocab_metadata)
 from .requirements import require
@@ -87,21 +88,25 @@ class GGUFTokenizer:
         return self.backend.decode(checked, skip_special_tokens=True)
 
     def apply_chat_template(self, messages: Sequence[Mapping[str, Any]],
-                            add_generation_prompt: bool = True) -> str:
+                            add_generation_prompt: bool = True,
+                            limits: "ChatLimits | None" = None) -> str:
         """The prompt the file's ``tokenizer.chat_template`` makes of ``messages``
-        (dicts with "role" and "content"). Encode it with ``bos=False``: the
+        (dicts with "role" and "content"), rendered within ``limits`` (default
+        ``ChatLimits()``: 2 s of CPU, 1 MB). Encode it with ``bos=False``: the
         template writes BOS itself where the model wants one (``encode_chat``)."""
         if self._compiled is None:
             if self.chat_template is None:
                 raise ChatTemplateError(f"this file has no {CHAT_TEMPLATE_KEY}, so it cannot chat")
             from .chat import ChatTemplate
-            self._compiled = ChatTemplate(self.chat_template, self.special_tokens)
-        return self._compiled.render(messages, add_generation_prompt=add_generation_prompt)
+            self._compiled = ChatTemplate(self.chat_template, self.special_tokens, limits)
+        return self._compiled.render(messages, add_generation_prompt=add_generation_prompt,
+                                     limits=limits)
 
     def encode_chat(self, messages: Sequence[Mapping[str, Any]],
-                    add_generation_prompt: bool = True) -> list[int]:
+                    add_generation_prompt: bool = True,
+                    limits: "ChatLimits | None" = None) -> list[int]:
         """``encode(apply_chat_template(messages), bos=False, eos=False)``."""
-        return self.encode(self.apply_chat_template(messages, add_generation_prompt),
+        return self.encode(self.apply_chat_template(messages, add_generation_prompt, limits),
                            bos=False, eos=False)
 
     def _special(self, wanted: bool, which: str) -> list[int]:

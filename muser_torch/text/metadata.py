@@ -53,6 +53,11 @@ LLAMA3_FAMILY_PRE = frozenset({"llama3", "llama-v3", "llama-bpe", "falcon3", "fa
 
 FLAG_KEYS = ("add_bos_token", "add_eos_token", "add_space_prefix")
 
+# The largest vocabulary (and merge list) read: published vocabularies have at
+# most a few hundred thousand tokens (Gemma 3: 262,144); a count past this is
+# refused before any per-token work (a set, a dict, the tokenizer build).
+MAX_VOCAB = 1 << 24
+
 
 @dataclass(frozen=True)
 class VocabMetadata:
@@ -105,7 +110,7 @@ def token_id(md: Mapping[str, Any], key: str, vocab_size: int) -> int | None:
 
 def read_vocab_metadata(md: Mapping[str, Any], model: str) -> VocabMetadata:
     """Check every key the ``model`` ("llama" or "gpt2") tokenizer reads."""
-    tokens = _string_list(md, PREFIX + "tokens", required=True)
+    tokens = _string_list(md, PREFIX + "tokens", required=True, max_items=MAX_VOCAB)
     if not tokens:
         raise MetadataError(f"{PREFIX}tokens is empty, expected the vocabulary")
     n = len(tokens)
@@ -153,19 +158,29 @@ def _show(v: Any) -> str:
     return f"{text} ({type(v).__name__})"
 
 
-def _as_list(md: Mapping[str, Any], key: str) -> list | None:
+def _as_list(md: Mapping[str, Any], key: str, max_items: int = MAX_VOCAB) -> list | None:
     v = md.get(key)
     if v is None:
         return None
     if hasattr(v, "tolist") and not isinstance(v, (str, bytes)):
+        if getattr(v, "size", 0) > max_items:
+            _too_many(key, v.size, max_items)
         v = v.tolist()      # a numpy array from a caller's own dict
     if not isinstance(v, (list, tuple)):
         raise MetadataError(f"{key} is {_show(v)}, expected an array")
+    if len(v) > max_items:
+        _too_many(key, len(v), max_items)
     return list(v)
 
 
-def _string_list(md: Mapping[str, Any], key: str, required: bool) -> list[str] | None:
-    items = _as_list(md, key)
+def _too_many(key: str, n: int, most: int) -> None:
+    raise MetadataError(f"{key} has {n:,} entries; at most {most:,} are read (the largest "
+                        f"published vocabularies have a few hundred thousand tokens)")
+
+
+def _string_list(md: Mapping[str, Any], key: str, required: bool,
+                 max_items: int = MAX_VOCAB) -> list[str] | None:
+    items = _as_list(md, key, max_items)
     if items is None:
         if required:
             raise MetadataError(f"{key} is missing")

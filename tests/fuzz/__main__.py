@@ -1,5 +1,6 @@
 """``python -m tests.fuzz``: mutate real GGUF files and run the reader, the
-model loader and a 4-token generate on every mutant (see tests/fuzz/__init__.py).
+model loader (and the file's tokenizer), the chat template and a 4-token
+generate on every mutant (see tests/fuzz/__init__.py).
 
     python -m tests.fuzz --mutants 10000 --sweep              # all three files
     python -m tests.fuzz --file demo-nvfp4:500 --file gemma3-270m:50 --seed 7
@@ -65,8 +66,8 @@ def fuzz_seed(arg: int | None) -> int:
 
 def run_file(path: Path, seed: int, n: int, with_sweep: bool, pool: Pool, *,
              only: int | None = None, keep: Path | None = None,
-             replays: tuple[tuple[str, str], ...] = (), replay_timeout: float | None = None
-             ) -> tuple[list[Result], int]:
+             replays: tuple[tuple[str, str], ...] = (), replay_timeout: float | None = None,
+             sweep_kinds: frozenset[str] | None = None) -> tuple[list[Result], int]:
     """The control, every mutant of ``path`` (the sweep first when
     ``with_sweep``, then ``n`` random ones; or just mutant ``only``), then the
     sweep items named by ``replays`` (key, label). Returns the results, sorted
@@ -74,6 +75,9 @@ def run_file(path: Path, seed: int, n: int, with_sweep: bool, pool: Pool, *,
     lay = scan(path)
     data = read_base(path, lay)
     items = sweep(lay)
+    if sweep_kinds is not None:   # a part of the sweep, renumbered
+        items = [replace(m, index=i) for i, m in
+                 enumerate(m for m in items if m.kind in sweep_kinds)]
     lay.sweep_cache = items
     n_sweep = len(items) if with_sweep else 0
 
@@ -83,8 +87,11 @@ def run_file(path: Path, seed: int, n: int, with_sweep: bool, pool: Pool, *,
             yield mutant(seed, lay, i, with_sweep), None
         for j, (key, label) in enumerate(replays):
             for m in items:
-                if m.kind == "key" and m.touches == (key,) and f":= {label} [" in m.detail:
-                    yield replace(m, index=CONTROL - 1 - j), replay_timeout
+                if m.touches == (key,) and (f":= {label} [" in m.detail
+                                            or f":= {label} (" in m.detail):
+                    # a template replay renders for up to its 2 s bound: the full timeout
+                    yield replace(m, index=CONTROL - 1 - j), \
+                        None if key == "tokenizer.chat_template" else replay_timeout
 
     for m, timeout in todo():
         if keep is not None:
@@ -140,6 +147,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mutants", type=int, default=1000, help="random mutants per file (default 1000)")
     p.add_argument("--sweep", action="store_true",
                    help="also run every boundary truncation and key x hostile value once")
+    p.add_argument("--sweep-kinds", default=None, metavar="KIND,...",
+                   help="only these kinds of sweep items (truncate, key, vocab, template); "
+                        "give the same to --only to replay one")
     p.add_argument("--seed", type=int, default=None, help="default: $MUSER_FUZZ_SEED or random")
     p.add_argument("--workers", type=int, default=2, help="attempts at a time (default 2)")
     p.add_argument("--timeout", type=float, default=20.0, help="seconds per attempt (default 20)")
@@ -148,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--only", type=int, default=None, help="run just this mutant index")
     p.add_argument("--keep", type=Path, default=None, help="also write the mutants here")
     p.add_argument("--known", action="store_true",
-                   help="also run the replay mutant of each known loader failure")
+                   help="also replay the mutant of each fixed loader failure and chat template")
     p.add_argument("--known-timeout", type=float, default=5.0,
                    help="seconds per known-failure replay (default 5)")
     p.add_argument("--json", type=Path, default=None, help="write every result here")
@@ -158,12 +168,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.mutants < 0 or args.workers < 1 or args.timeout <= 0 or args.cap_mb < 1:
         p.error("need --mutants >= 0, --workers >= 1, --timeout > 0 and --cap-mb >= 1")
 
+    kinds = frozenset(args.sweep_kinds.split(",")) if args.sweep_kinds else None
+    if kinds and not kinds <= {"truncate", "key", "vocab", "template"}:
+        p.error(f"--sweep-kinds: unknown kind in {args.sweep_kinds!r}")
     seed = fuzz_seed(args.seed)
     print(f"fuzz seed {seed} (replay: --seed {seed} or MUSER_FUZZ_SEED={seed})", flush=True)
     specs = args.files or ["demo-q4_k_xl", "demo-nvfp4", "gemma3-270m"]
     files = [resolve(s, args.mutants) for s in specs]
     warm_up(next((f for f, _ in files if f in NAMED.values()), NAMED["demo-q4_k_xl"]))
-    replays = tuple(k.replay for k in known.LOADER_REGRESSIONS) if args.known else ()
+    replays = tuple(k.replay for k in known.LOADER_REGRESSIONS + known.TEMPLATE_REGRESSIONS) \
+        if args.known else ()
     report, bad = {"seed": seed, "files": {}}, 0
     tmp_root = args.tmp or (Path("/dev/shm") if Path("/dev/shm").is_dir() else None)
     with tempfile.TemporaryDirectory(prefix="muser-fuzz-", dir=tmp_root) as tmp:
@@ -172,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
             t0 = time.monotonic()
             results, n_sweep = run_file(path, seed, n, args.sweep, pool, only=args.only,
                                         keep=args.keep, replays=replays,
-                                        replay_timeout=args.known_timeout)
+                                        replay_timeout=args.known_timeout, sweep_kinds=kinds)
             print(table(path, results, seed, n_sweep, args.cap_mb, time.monotonic() - t0),
                   flush=True)
             new_bad = [r for r in results if r.outcome in BAD and not r.known and r.index >= 0]

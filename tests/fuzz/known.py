@@ -39,6 +39,20 @@ LOADER_REGRESSIONS: tuple[Known, ...] = (
           ("tokenizer.ggml.bos_token_id", "+inf FLOAT32")),
 )
 
+# Issue 24: chat templates that hung or exhausted the machine before renders
+# were bounded. Replayed on every file (they render only where the file's
+# tokenizer has a chat template: the Gemma file, not the byte-level demos),
+# held to a typed ChatTemplateError in the chat stage where they render.
+TEMPLATE_REGRESSIONS: tuple[Known, ...] = tuple(
+    Known(f"template_{name}", ("tokenizer.chat_template",), ("chat",), reason,
+          ("tokenizer.chat_template", f"hostile: {label}"))
+    for name, label, reason in (
+        ("nested_ranges", "three nested range(99999)", "no end after 60 s"),
+        ("huge_repeat", "'x' * 3000000000", "no end after 60 s, gigabytes allocated"),
+        ("doubling", "a string doubled 40 times", "no end after 60 s"),
+        ("self_macro", "a macro calling itself", "a RecursionError after 10 s"),
+    ))
+
 KNOWN_LOADER_FAILURES: tuple[Known, ...] = ()
 
 

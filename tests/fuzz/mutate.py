@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from . import tokenizer_mutants as tm
 from .layout import ARRAY, SCALAR_FORMATS, STRING, TYPE_NAMES, KV, Layout
 
 EXTREMES = (0, 1, 2**31 - 1, 2**31, 2**32 - 1, 2**32, 2**40, 2**62, 2**63 - 1, 2**63, 2**64 - 1)
@@ -30,13 +31,14 @@ MEGA_STRING = "a" * (1 << 20)   # one shared object: mutants keep a reference, n
 @dataclass
 class Mutant:
     index: int
-    kind: str                      # flip | int | huge | past_eof | truncate | key | tensor_type | combo
+    kind: str                      # flip | int | huge | past_eof | truncate | key | tensor_type |
+    #                                vocab | template | combo
     detail: str                    # what was done, for the report and replay
     touches: tuple[str, ...] = ()  # metadata keys / field names it touches
     # (offset in the base file, bytes to write or None, bit mask to flip when None)
     edits: list[tuple[int, bytes | None, int]] = field(default_factory=list)
     # replace header bytes [a, b) with the entry (key, vtype, value, item_type), encoded
-    # only when the file is written
+    # only when the file is written (None: with nothing, deleting an entry)
     splice: tuple[int, int, tuple] | None = None
     length: int | None = None      # truncate the file to this many bytes
     value: Any = None              # the value written (key sweep and int mutations)
@@ -104,7 +106,8 @@ def _kv_mutant(index: int, lay: Layout, kv: KV, variant) -> Mutant:
 # ---- the deterministic sweep --------------------------------------------------------
 
 def sweep(lay: Layout) -> list[Mutant]:
-    """Every boundary truncation and every key x hostile value, in file order."""
+    """Every boundary truncation, every key x hostile value, in file order,
+    then every tokenizer edit and every chat template (put in or replaced)."""
     out: list[Mutant] = []
     for cut in lay.boundaries():
         out.append(Mutant(len(out), "truncate", f"truncate at {cut} ({lay.field_at(cut)})",
@@ -112,7 +115,29 @@ def sweep(lay: Layout) -> list[Mutant]:
     for kv in lay.kvs:
         for variant in key_variants(kv):
             out.append(_kv_mutant(len(out), lay, kv, variant))
+    for edit in _vocab_edits(lay):
+        out.append(_vocab_mutant(len(out), edit))
+    for label, text in tm.template_variants():
+        out.append(_template_mutant(len(out), lay, label, text))
     return out
+
+
+def _vocab_edits(lay: Layout) -> list:
+    cached = getattr(lay, "_vocab_edits", None)
+    if cached is None:
+        cached = lay._vocab_edits = tm.vocab_edits(lay)
+    return cached
+
+
+def _vocab_mutant(index: int, edit) -> Mutant:
+    label, key, edits, splice = edit
+    return Mutant(index, "vocab", f"tokenizer: {label}", (key,), edits=list(edits), splice=splice)
+
+
+def _template_mutant(index: int, lay: Layout, label: str, text: str) -> Mutant:
+    edits, splice = tm.set_key(lay, tm.TEMPLATE_KEY, STRING, text)
+    return Mutant(index, "template", f"{tm.TEMPLATE_KEY} := {label} ({len(text)} chars)",
+                  (tm.TEMPLATE_KEY,), edits=edits, splice=splice, value=text)
 
 
 # ---- random mutants -------------------------------------------------------------------
@@ -181,6 +206,22 @@ def _random_key(rng, lay: Layout, index: int) -> Mutant:
     return _kv_mutant(index, lay, kv, variants[int(rng.integers(len(variants)))])
 
 
+def _vocab(rng, lay: Layout, index: int) -> Mutant:
+    edits = _vocab_edits(lay)
+    if not edits:
+        return _random_key(rng, lay, index)
+    return _vocab_mutant(index, edits[int(rng.integers(len(edits)))])
+
+
+def _template(rng, lay: Layout, index: int) -> Mutant:
+    if rng.random() < 0.5:
+        label, text = tm.corrupt_template(rng)
+    else:
+        variants = tm.template_variants()
+        label, text = variants[int(rng.integers(len(variants)))]
+    return _template_mutant(index, lay, label, text)
+
+
 def _truncate(rng, lay: Layout, index: int) -> Mutant:
     cuts = lay.boundaries()
     cut = cuts[int(rng.integers(len(cuts)))] + int(rng.integers(-1, 2))
@@ -190,7 +231,8 @@ def _truncate(rng, lay: Layout, index: int) -> Mutant:
 
 
 _KINDS = ((_flip, 0.20), (_random_int, 0.18), (_huge, 0.10), (_past_eof, 0.07),
-          (_tensor_type, 0.07), (_random_key, 0.25), (_truncate, 0.08))
+          (_tensor_type, 0.07), (_random_key, 0.25), (_truncate, 0.08),
+          (_vocab, 0.07), (_template, 0.08))
 
 
 def random_mutant(seed: int, lay: Layout, index: int) -> Mutant:
@@ -245,8 +287,8 @@ def materialize(lay: Layout, m: Mutant, dest: Path, data: bytes) -> int:
         else:
             header[pos:pos + len(raw)] = raw[:lay.data_start - pos]
     if m.splice is not None:
-        a, b, (key, vtype, value, item_type) = m.splice
-        new = _s(key) + encode_value(vtype, value, item_type)
+        a, b, entry = m.splice     # entry None: the key-value pair is deleted
+        new = b"" if entry is None else _s(entry[0]) + encode_value(*entry[1:])
         infos = header[:a] + new + header[b:lay.infos_end]
         header = infos + bytes(-len(infos) % lay.alignment)   # the data keeps its alignment
     total = len(header) + lay.data_len

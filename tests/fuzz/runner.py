@@ -7,8 +7,11 @@ broken by fork), then forks one child per attempt. The child
 1. lowers its address-space limit (``RLIMIT_AS``) to what it has now plus
    twice the cap and twice the file (``load_gguf`` and the model loader each
    map it) and 256 MB: a backstop against one huge allocation;
-2. runs ``load_gguf``, the model loader and a 4-token greedy ``generate``,
-   reporting each stage to the parent over a pipe before entering it;
+2. runs ``load_gguf``, the model loader (which builds the file's tokenizer),
+   the chat stage (the file's ``tokenizer.chat_template`` compiled and
+   rendered, when it has one) and a 4-token greedy ``generate`` (of the chat
+   prompt when there is one), reporting each stage to the parent over a pipe
+   before entering it;
 3. reports the outcome: ok, or the exception's class, message and the
    innermost frame of its traceback.
 
@@ -17,7 +20,8 @@ resident set every few milliseconds against the cap (RSS growth over the
 fork point at most ``file size + cap_mb``), and reads the peak RSS from
 ``wait4``. A child that dies without a report crashed.
 
-Outcomes: ``ok``; ``typed`` (a ``GGUFError`` subclass, counted by class);
+Outcomes: ``ok``; ``typed`` (a ``GGUFError`` subclass, ``MetadataError`` and
+``ChatTemplateError`` included, counted by class);
 ``untyped`` (any other exception, counted by class); ``crash``; ``hang``;
 ``over-cap`` (killed by the RSS watch, or a ``MemoryError`` or allocator
 failure under the address-space limit).
@@ -35,7 +39,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-STAGES = ("load", "model", "generate")
+STAGES = ("load", "model", "chat", "generate")
+CHAT = [{"role": "user", "content": "Hi, what is 2 + 2?"}]
 BAD = ("untyped", "crash", "hang", "over-cap")
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 
@@ -77,6 +82,11 @@ def warm_up(path: Path) -> None:
     torch.set_num_threads(1)
     cpu.native_available()
     load_gguf(path)
+    try:   # the chat stage's modules, so a child does not import them
+        from muser_torch.text.chat import ChatTemplate
+        ChatTemplate("{% for m in messages %}{{ m['content'] ~ '!' }}{% endfor %}", {}).render(CHAT)
+    except ImportError:
+        pass
     try:
         model = model_loader()(path, dtype=torch.float32)
         _generate(model)
@@ -84,10 +94,19 @@ def warm_up(path: Path) -> None:
         pass
 
 
-def _generate(model):
+def _chat(model) -> list[int] | None:
+    """The chat prompt's ids when the file has a chat template, else None."""
+    tok = model.tokenizer
+    if tok is None or getattr(tok, "chat_template", None) is None:
+        return None
+    return tok.encode_chat(CHAT)
+
+
+def _generate(model, ids: list[int] | None = None):
     import torch
     tok = model.tokenizer
-    ids = tok.encode("def ", bos=True) if tok is not None else [0]
+    if ids is None:
+        ids = tok.encode("def ", bos=True) if tok is not None else [0]
     return model.generate(torch.tensor(ids), 4)
 
 
@@ -128,8 +147,10 @@ def run_stages(path: str, say: Callable[[dict], None]) -> None:
     del f
     say({"stage": "model"})
     model = model_loader()(path, dtype=torch.float32)
+    say({"stage": "chat"})
+    ids = _chat(model)
     say({"stage": "generate"})
-    _generate(model)
+    _generate(model, ids)
 
 
 def _child(path: str, file_size: int, cap: int, wfd: int, target: Callable) -> None:

@@ -129,3 +129,17 @@ def test_vocabulary_needs_a_size(tmp_path):
 def test_unsupported_architecture_lists_the_supported(tmp_path):
     refused(tmp_path, "llama", set_key("general.architecture", "mistral3"), MetadataError,
             "'mistral3'", "'llama'", "'qwen2'", "'qwen3'")
+
+
+def _more_tokens(md, tensors):
+    """Two tokens past the embedding's rows (llama.vocab_size still says the rows)."""
+    for key, extra in (("tokens", ["<extra_a>", "<extra_b>"]), ("scores", [0.0, 0.0]),
+                       ("token_type", [1, 1])):
+        if f"tokenizer.ggml.{key}" in md:
+            md[f"tokenizer.ggml.{key}"] = list(md[f"tokenizer.ggml.{key}"]) + extra
+
+
+def test_tokenizer_larger_than_the_embedding(tmp_path):
+    """Ids past the embedding's rows would index outside it: refused at load."""
+    refused(tmp_path, "llama", _more_tokens, MetadataError, "the tokenizer has",
+            "llama.vocab_size")

@@ -3,11 +3,14 @@ continuation, one chat turn through the file's chat template, and the
 errors a user meets."""
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
 import muser_torch
 from muser_torch.cli import main as cli
+from muser_torch.gguf_io import load_gguf, save_gguf
 
 from ..printed import numbers
 from .family_files import hf_file  # noqa: F401  (fixture)
@@ -92,3 +95,32 @@ def test_run_numerics_ggml_is_the_ggml_model(hf_file, capsys):  # noqa: F811
     assert exit_.value.code == 2 and "--numerics" in capsys.readouterr().err
     with pytest.raises(ValueError, match="numerics must be one of"):
         muser_torch.from_gguf(path, numerics="int8")
+
+
+def _with_template(path: str, template: str, dest) -> str:
+    f = load_gguf(path)
+    save_gguf(dest, f.metadata | {"tokenizer.chat_template": template}, f.tensors)
+    return str(dest)
+
+
+@pytest.mark.parametrize("template,flags,bound", [
+    ("{{ 'x' * 3000000000 }}", [], "size bound.*over the bound of 1,000,000"),
+    ("{% for a in range(99999) %}{% for b in range(99999) %}{% for c in range(99999) %}"
+     "{% endfor %}{% endfor %}{% endfor %}", ["--chat-template-seconds", "0.3"],
+     r"time bound: more than 0.3 s of CPU"),
+    # 16 x the size of the message (and special tokens) is the larger bound here
+    ("{% for m in messages %}{{ m['content'] * 100000 }}{% endfor %}",
+     ["--chat-template-max-chars", "1"], r"size bound: .* 200,000 characters .*over the bound of [\d,]+ "),
+])
+def test_run_chat_with_a_hostile_template_is_one_line(hf_file, tmp_path, capsys,  # noqa: F811
+                                                      template, flags, bound):
+    path = _with_template(hf_file("qwen2"), template, tmp_path / "hostile.gguf")
+    rc = cli(["run", path, "--chat", "--prompt", "hi", "--max-new-tokens", "1", *flags])
+    err = capsys.readouterr().err
+    assert rc == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert re.search(f"tokenizer.chat_template stopped at its {bound}", err), err
+
+
+def test_run_chat_refuses_bad_bounds(capsys):
+    assert cli(["run", "--chat", "--prompt", "hi", "--chat-template-seconds", "0"]) == 2
+    assert "--chat-template-*: chat template seconds must be" in capsys.readouterr().err
