@@ -149,13 +149,9 @@ _qmatmul.register_autograd(_qmatmul_backward, setup_context=_save_weight)
 
 # ---- qmatmul_ggml (ggml's 8-bit activations) -------------------------------------------------
 
-@torch.library.custom_op("muser::qmatmul_ggml", mutates_args=(),
-                         schema=f"(Tensor x, {_WEIGHT}) -> Tensor")
-def _qmatmul_ggml(x: Tensor, packed: Tensor, qtype: int, n_out: int, n_in: int,
-                  scales: Tensor | None = None, scale_2: Tensor | None = None) -> Tensor:
+def _default_qmatmul_ggml(x: Tensor, packed: Tensor, qtype: int, n_out: int, n_in: int,
+                          scales: Tensor | None = None, scale_2: Tensor | None = None) -> Tensor:
     """``x[..., n_in] @ W.T`` in ggml's numerics; CPU only."""
-    check_args("qmatmul_ggml", packed, qtype, n_out, n_in, scales, scale_2, x=x, x_width=n_in)
-    scales = scale_bytes(scales)
     if x.device.type != "cpu":
         raise ValueError(f"muser.qmatmul_ggml: ggml numerics run on the CPU, got a "
                          f"{x.device.type} tensor (use numerics='exact' there)")
@@ -163,9 +159,12 @@ def _qmatmul_ggml(x: Tensor, packed: Tensor, qtype: int, n_out: int, n_in: int,
     return cpu.qmatmul_ggml(x, packed, qtype, n_out, n_in, scales, scale_2)
 
 
+_qmatmul_ggml = _define("qmatmul_ggml", "x", _default_qmatmul_ggml)
+
+
 @_qmatmul_ggml.register_fake
 def _(x, packed, qtype, n_out, n_in, scales=None, scale_2=None):
-    check_args("qmatmul_ggml", packed, qtype, n_out, n_in, scales, scale_2, x=x, x_width=n_in)
+    check_call("qmatmul_ggml", x, packed, qtype, n_out, n_in, scales, scale_2)
     return x.new_empty(*x.shape[:-1], n_out)
 
 

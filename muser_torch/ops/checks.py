@@ -149,6 +149,10 @@ def _check_qmatmul(x, packed, qtype, n_out, n_in, scales, scale_2) -> GGMLType:
     return check_args("qmatmul", packed, qtype, n_out, n_in, scales, scale_2, x=x, x_width=n_in)
 
 
+def _check_qmatmul_ggml(x, packed, qtype, n_out, n_in, scales, scale_2) -> GGMLType:
+    return check_args("qmatmul_ggml", packed, qtype, n_out, n_in, scales, scale_2, x=x, x_width=n_in)
+
+
 def _check_qmatmul_t(g, packed, qtype, n_out, n_in, scales, scale_2) -> GGMLType:
     return check_args("qmatmul_t", packed, qtype, n_out, n_in, scales, scale_2, x=g, x_name="g",
                       x_width=n_out)
@@ -164,7 +168,7 @@ def _check_embedding(ids, packed, qtype, n_out, n_in, scales, scale_2) -> GGMLTy
 
 # op -> its check; also the list of ops (each takes a leading operand but dequantize)
 OPS: dict[str, Callable[..., GGMLType]] = {
-    "qmatmul": _check_qmatmul, "qmatmul_t": _check_qmatmul_t,
+    "qmatmul": _check_qmatmul, "qmatmul_ggml": _check_qmatmul_ggml, "qmatmul_t": _check_qmatmul_t,
     "dequantize": _check_dequantize, "embedding": _check_embedding,
 }
 

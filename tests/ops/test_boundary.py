@@ -30,6 +30,7 @@ def _weight():
 def _good(op: str, w: Case) -> tuple:
     """Valid arguments of ``muser.<op>`` in schema order (fresh random data)."""
     lead = {"qmatmul": torch.randn(3, w.n_in, generator=w.gen),
+            "qmatmul_ggml": torch.randn(3, w.n_in, generator=w.gen),
             "qmatmul_t": torch.randn(3, w.n_out, generator=w.gen),
             "embedding": torch.randint(0, w.n_out, (4,), generator=w.gen),
             "dequantize": None}[op]
@@ -50,7 +51,7 @@ def _bad_calls(op: str, w: Case):
         a = list(args)
         a[i] = value
         bad.append((match, a))
-    if op in ("qmatmul", "qmatmul_t"):
+    if op in ("qmatmul", "qmatmul_ggml", "qmatmul_t"):
         bad.append(("must be float32, float16 or bfloat16", [args[0].double(), *args[1:]]))
     if op == "embedding":
         bad.append(("ids must be an integer tensor", [args[0].float(), *args[1:]]))
