@@ -7,36 +7,26 @@ logit soft-cap when the file sets one."""
 from __future__ import annotations
 
 import torch
-import torch.nn as nn
 
 from ..arch.gemma3 import GEMMA3, Gemma3Config
 from .decoder import Decoder
-from .parts import Attention, GatedMLP, RMSNorm, gelu_tanh, rope_inv_freq
+from .parts import Attention, GatedMLP, SandwichBlock, gelu_tanh, rope_inv_freq
 
 __all__ = ["Gemma3", "Gemma3Block"]
 
 GLOBAL_ROPE, LOCAL_ROPE = 0, 1   # rope_slot of global and sliding-window layers
 
 
-class Gemma3Block(nn.Module):
+class Gemma3Block(SandwichBlock):
     def __init__(self, config: Gemma3Config, layer: int):
-        super().__init__()
         c = config
         is_global = c.is_global(layer)
-        self.attention_norm = RMSNorm(c.hidden, c.rms_eps)
-        self.attention = Attention(c.hidden, c.n_heads, c.n_kv_heads, c.head_dim,
-                                   window=None if is_global else c.sliding_window,
-                                   rope_slot=GLOBAL_ROPE if is_global else LOCAL_ROPE,
-                                   qk_norm_eps=c.rms_eps, scale=c.query_scale)
-        self.post_attention_norm = RMSNorm(c.hidden, c.rms_eps)
-        self.ffn_norm = RMSNorm(c.hidden, c.rms_eps)
-        self.feed_forward = GatedMLP(c.hidden, c.ffn, gelu_tanh)
-        self.post_ffw_norm = RMSNorm(c.hidden, c.rms_eps)
-
-    def forward(self, x, positions, rot, mask, slots):
-        h = x + self.post_attention_norm(self.attention(self.attention_norm(x), positions, rot,
-                                                        mask, slots))
-        return h + self.post_ffw_norm(self.feed_forward(self.ffn_norm(h)))
+        attention = Attention(c.hidden, c.n_heads, c.n_kv_heads, c.head_dim,
+                              window=None if is_global else c.sliding_window,
+                              rope_slot=GLOBAL_ROPE if is_global else LOCAL_ROPE,
+                              qk_norm_eps=c.rms_eps, scale=c.query_scale)
+        super().__init__(c.hidden, c.rms_eps, c.rms_eps, attention,
+                         GatedMLP(c.hidden, c.ffn, gelu_tanh))
 
 
 class Gemma3(Decoder):

@@ -18,14 +18,13 @@ code is the same for float and packed weights."""
 from __future__ import annotations
 
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
 
 from ..arch.glimmer_recipe import recipe_weight
 from ..arch.muse_glimmer import MUSE_GLIMMER, POST_NORM_EPS, GlimmerConfig
 from .assembly import assemble
 from .decoder import Decoder
-from .parts import Attention, GatedMLP, RMSNorm, rope_inv_freq, rope_normal
+from .parts import Attention, GatedMLP, SandwichBlock, rope_inv_freq, rope_normal
 
 __all__ = ["Glimmer", "TransformerBlock", "no_rope"]
 
@@ -35,25 +34,16 @@ def no_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return x
 
 
-class TransformerBlock(nn.Module):
+class TransformerBlock(SandwichBlock):
     def __init__(self, config: GlimmerConfig, layer: int):
-        super().__init__()
         c = config
         sliding = not c.is_global(layer)
-        self.attention_norm = RMSNorm(c.hidden, c.rms_eps)
-        self.attention = Attention(c.hidden, c.n_heads, c.n_kv_heads, c.head_dim,
-                                   window=c.sliding_window if sliding else None,
-                                   rope=rope_normal if sliding else no_rope,
-                                   qk_norm_eps=c.rms_eps, gate=True)
-        self.post_attention_norm = RMSNorm(c.hidden, POST_NORM_EPS)
-        self.ffn_norm = RMSNorm(c.hidden, c.rms_eps)
-        self.feed_forward = GatedMLP(c.hidden, c.ffn, F.silu)
-        self.post_ffw_norm = RMSNorm(c.hidden, POST_NORM_EPS)
-
-    def forward(self, x, positions, rot, mask, slots):
-        h = x + self.post_attention_norm(self.attention(self.attention_norm(x), positions, rot,
-                                                        mask, slots))
-        return h + self.post_ffw_norm(self.feed_forward(self.ffn_norm(h)))
+        attention = Attention(c.hidden, c.n_heads, c.n_kv_heads, c.head_dim,
+                              window=c.sliding_window if sliding else None,
+                              rope=rope_normal if sliding else no_rope,
+                              qk_norm_eps=c.rms_eps, gate=True)
+        super().__init__(c.hidden, c.rms_eps, POST_NORM_EPS, attention,
+                         GatedMLP(c.hidden, c.ffn, F.silu))
 
 
 class Glimmer(Decoder):

@@ -234,7 +234,7 @@ class GatedMLP(nn.Module):
 
 class PreNormBlock(nn.Module):
     """``h = x + attention(norm(x))``, then ``h + mlp(norm(h))``: the block of
-    Glimmer and the llama family (Gemma 3 adds post-norms of its own)."""
+    the llama family (Gemma 3 and Muse Glimmer use ``SandwichBlock``)."""
 
     def __init__(self, hidden: int, eps: float, attention: nn.Module, feed_forward: nn.Module):
         super().__init__()
@@ -246,3 +246,23 @@ class PreNormBlock(nn.Module):
     def forward(self, x, positions, rot, mask, slots):
         h = x + self.attention(self.attention_norm(x), positions, rot, mask, slots)
         return h + self.feed_forward(self.ffn_norm(h))
+
+
+class SandwichBlock(nn.Module):
+    """``h = x + post_norm(attention(norm(x)))``, then the same around the MLP:
+    the block of Gemma 3 and Muse Glimmer (``post_eps``: the post-norms' eps)."""
+
+    def __init__(self, hidden: int, eps: float, post_eps: float, attention: nn.Module,
+                 feed_forward: nn.Module):
+        super().__init__()
+        self.attention_norm = RMSNorm(hidden, eps)
+        self.attention = attention
+        self.post_attention_norm = RMSNorm(hidden, post_eps)
+        self.ffn_norm = RMSNorm(hidden, eps)
+        self.feed_forward = feed_forward
+        self.post_ffw_norm = RMSNorm(hidden, post_eps)
+
+    def forward(self, x, positions, rot, mask, slots):
+        h = x + self.post_attention_norm(self.attention(self.attention_norm(x), positions, rot,
+                                                        mask, slots))
+        return h + self.post_ffw_norm(self.feed_forward(self.ffn_norm(h)))

@@ -78,26 +78,27 @@ def _no_config(d):
     (d / "config.json").unlink()
 
 
-def _int_weight(d):
+def _rewrite_weights(d, change) -> None:
+    """Load every part of the checkpoint, let ``change`` edit the tensors, and
+    save them back as one unsharded file."""
     from safetensors.torch import load_file
     w = {}
     for p in sorted(d.glob("model-*.safetensors")):
         w.update(load_file(str(p)))
         p.unlink()
     (d / "model.safetensors.index.json").unlink()
-    w["model.norm.weight"] = torch.arange(w["model.norm.weight"].numel(), dtype=torch.int32)
+    change(w)
     save_weights(d, w)
+
+
+def _int_weight(d):
+    def change(w):
+        w["model.norm.weight"] = torch.arange(w["model.norm.weight"].numel(), dtype=torch.int32)
+    _rewrite_weights(d, change)
 
 
 def _nan_weight(d):
-    from safetensors.torch import load_file
-    w = {}
-    for p in sorted(d.glob("model-*.safetensors")):
-        w.update(load_file(str(p)))
-        p.unlink()
-    (d / "model.safetensors.index.json").unlink()
-    w["model.layers.1.mlp.down_proj.weight"][3, 5] = float("nan")
-    save_weights(d, w)
+    _rewrite_weights(d, lambda w: w["model.layers.1.mlp.down_proj.weight"].__setitem__((3, 5), float("nan")))
 
 
 CASES = [

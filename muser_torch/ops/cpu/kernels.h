@@ -117,23 +117,16 @@ typedef struct kind {
     qdot_fn qdot;
 } kind_t;
 
-void matvec_q4_0(const matmul_job *, int64_t, int64_t);
-void matvec_q4_1(const matmul_job *, int64_t, int64_t);
-void matvec_q5_0(const matmul_job *, int64_t, int64_t);
-void matvec_q5_1(const matmul_job *, int64_t, int64_t);
-void matvec_q8_0(const matmul_job *, int64_t, int64_t);
-void matvec_q4_k(const matmul_job *, int64_t, int64_t);
-void matvec_q5_k(const matmul_job *, int64_t, int64_t);
-void matvec_q6_k(const matmul_job *, int64_t, int64_t);
-void matvec_nvfp4_e2m1(const matmul_job *, int64_t, int64_t);
-void matvec_f16(const matmul_job *, int64_t, int64_t);
-void matvec_bf16(const matmul_job *, int64_t, int64_t);
-void matvec_generic(const matmul_job *, int64_t, int64_t);
-void tile_q4_k(const kind_t *, const uint8_t *, const uint8_t *, const float *, float, int64_t, int64_t, float *);
-void tile_q5_k(const kind_t *, const uint8_t *, const uint8_t *, const float *, float, int64_t, int64_t, float *);
-void tile_q6_k(const kind_t *, const uint8_t *, const uint8_t *, const float *, float, int64_t, int64_t, float *);
-void tile_nvfp4_e2m1(const kind_t *, const uint8_t *, const uint8_t *, const float *, float, int64_t, int64_t, float *);
-void tile_generic(const kind_t *, const uint8_t *, const uint8_t *, const float *, float, int64_t, int64_t, float *);
+/* Each type's fused matvec row loop (matvec.c) and GEMM tile decoder (gemm.c). */
+#define MUSER_MATVEC(name) void matvec_##name(const matmul_job *, int64_t, int64_t);
+#define MUSER_TILE(name) void tile_##name(const kind_t *, const uint8_t *, const uint8_t *, \
+                                          const float *, float, int64_t, int64_t, float *);
+MUSER_MATVEC(q4_0) MUSER_MATVEC(q4_1) MUSER_MATVEC(q5_0) MUSER_MATVEC(q5_1) MUSER_MATVEC(q8_0)
+MUSER_MATVEC(q4_k) MUSER_MATVEC(q5_k) MUSER_MATVEC(q6_k) MUSER_MATVEC(nvfp4_e2m1)
+MUSER_MATVEC(f16) MUSER_MATVEC(bf16) MUSER_MATVEC(generic)
+MUSER_TILE(q4_k) MUSER_TILE(q5_k) MUSER_TILE(q6_k) MUSER_TILE(nvfp4_e2m1) MUSER_TILE(generic)
+#undef MUSER_MATVEC
+#undef MUSER_TILE
 
 const kind_t *kind_for(int type);
 
