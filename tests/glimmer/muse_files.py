@@ -21,7 +21,6 @@ undone, loaded into ``MuseGlimmerTextModel`` plus an lm_head.
 """
 from __future__ import annotations
 
-import math
 import os
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -32,7 +31,7 @@ import torch
 from muser_torch.arch.muse_glimmer import (ARCH, HF_NAMES, NORM_SHIFTED, SYNTHESIZED, UNPERMUTED)
 from muser_torch.gguf_io import load_gguf, save_gguf
 
-from ..models.hf_files import _quantized, permute_qk, unpermute_qk
+from ..models.hf_files import _quantized, permute_qk, random_tensor, unpermute_qk
 
 TEXT_PREFIX = "model.language_model."
 MIX = ("Q4_K", "Q5_K", "Q6_K", "Q8_0", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1")
@@ -67,17 +66,7 @@ def random_checkpoint(cfg, seed: int) -> dict[str, torch.Tensor]:
     shapes["lm_head.weight"] = (cfg.vocab_size, cfg.hidden_size)
     out = {}
     for name, shape in shapes.items():
-        z = torch.randn(shape, generator=gen)
-        if name.endswith("layernorm.weight"):   # centered: the model uses 1 + w
-            w = 0.2 * z
-        elif name.endswith("norm.weight"):
-            w = 1.0 + 0.2 * z
-        elif name == "embed_tokens.weight":
-            w = z
-        elif name == "lm_head.weight":
-            w = 8.0 * z / math.sqrt(shape[1])
-        else:
-            w = z / math.sqrt(shape[1])
+        w = random_tensor(name, shape, gen, head_gain=8.0, centered_norms=True)
         if name in ("layers.1.self_attn.o_proj.weight", "layers.1.mlp.down_proj.weight"):
             # outputs of mean square ~1e-6 going into the post-norms, so that
             # their eps (1e-8, not the model's) shows in the logits

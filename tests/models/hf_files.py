@@ -95,20 +95,30 @@ def random_hf_weights(config, seed: int) -> dict[str, torch.Tensor]:
     for name, meta in model.state_dict().items():
         if name == "lm_head.weight" and config.tie_word_embeddings:
             continue
-        shape = tuple(meta.shape)
-        z = torch.randn(shape, generator=gen)
-        if name.endswith("norm.weight"):
-            w = 1.0 + 0.2 * z
-        elif name.endswith(".bias"):
-            w = 0.1 * z
-        elif name == "model.embed_tokens.weight":
-            w = z
-        elif name == "lm_head.weight":
-            w = 4.0 * z / math.sqrt(shape[1])
-        else:
-            w = z / math.sqrt(shape[1])
-        out[name] = w.contiguous()
+        out[name] = random_tensor(name, tuple(meta.shape), gen)
     return out
+
+
+def random_tensor(name: str, shape: tuple, gen: torch.Generator, *, head_gain: float = 4.0,
+                  centered_norms: bool = False) -> torch.Tensor:
+    """A fresh random tensor for checkpoint tensor ``name``, scaled so a random
+    model's activations stay O(1): norms near 1 (near 0 for ``centered_norms``'
+    ``*layernorm.weight``, which the model uses as 1 + w), small biases, unit
+    embeddings, projections over sqrt(fan-in), the lm_head ``head_gain`` times that."""
+    z = torch.randn(shape, generator=gen)
+    if centered_norms and name.endswith("layernorm.weight"):
+        w = 0.2 * z
+    elif name.endswith("norm.weight"):
+        w = 1.0 + 0.2 * z
+    elif name.endswith(".bias"):
+        w = 0.1 * z
+    elif name.endswith("embed_tokens.weight"):
+        w = z
+    elif name == "lm_head.weight":
+        w = head_gain * z / math.sqrt(shape[1])
+    else:
+        w = z / math.sqrt(shape[1])
+    return w.contiguous()
 
 
 # llama.cpp's converter permutation of q or k rows, per head [x0..x(d/2-1),
