@@ -44,9 +44,9 @@ def test_the_real_gemma_file_has_no_key_outside_the_table():
     assert any(k.startswith("gemma3.attention.") for k in md)
 
 
-@pytest.mark.parametrize("key,refused", [("glimmer.rope.scaling.type", True),
-                                         ("glimmer.attention.scale", True),
-                                         ("glimmer.rope.scaling.finetuned", False),
+@pytest.mark.parametrize("key,refused", [("muse-glimmer.rope.scaling.factor", True),
+                                         ("muse-glimmer.attention.scale", True),
+                                         ("muse-glimmer.rope.scaling.finetuned", False),
                                          ("other.rope.scaling.type", False)])
 def test_a_file_with_an_unknown_key_is_refused_at_load(tmp_path, key, refused):
     from muser_torch.run import DEMO
@@ -54,7 +54,7 @@ def test_a_file_with_an_unknown_key_is_refused_at_load(tmp_path, key, refused):
     path = tmp_path / "extra.gguf"
     save_gguf(path, f.metadata | {key: "yarn" if key.endswith("type") else 2.0}, f.tensors)
     if refused:
-        with pytest.raises(MetadataError, match=f"{key} is set, but muser-torch's Glimmer graph"):
+        with pytest.raises(MetadataError, match=f"{key} is set, but muser-torch's Muse Glimmer graph"):
             muser_torch.from_gguf(path)
     else:
         assert muser_torch.from_gguf(path).config.n_layers >= 1
