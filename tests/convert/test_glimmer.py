@@ -7,8 +7,6 @@ as a bool per layer), the vision tower left out. llama.cpp's own
 logits transformers' model gives on the checkpoint."""
 from __future__ import annotations
 
-import os
-import subprocess
 
 import pytest
 import torch
@@ -18,11 +16,11 @@ pytest.importorskip("transformers")
 from muser_torch import load_gguf  # noqa: E402
 from muser_torch.convert import convert  # noqa: E402
 
+from .. import lcpp  # noqa: E402
 from ..gguf.helpers import fresh_seed  # noqa: E402
 from ..models.hf_files import permute_qk  # noqa: E402
 from .checkpoints import write_glimmer_checkpoint  # noqa: E402
 
-LCPP_LOGITS = os.environ.get("MUSER_LCPP_LOGITS", "/work/peers/lcpp_logits")
 P = "model.language_model."
 
 
@@ -69,8 +67,7 @@ def test_converted_tensors_and_keys(glimmer, tmp_path):
 
 
 def test_llama_cpp_runs_the_converted_file_as_transformers_runs_the_checkpoint(glimmer, tmp_path):
-    if not os.access(LCPP_LOGITS, os.X_OK):
-        pytest.skip(f"llama.cpp's lcpp_logits not found at {LCPP_LOGITS} (set MUSER_LCPP_LOGITS)")
+    lcpp.skip_unless_available()
     from transformers.models.muse_glimmer.modeling_muse_glimmer import MuseGlimmerForConditionalGeneration
     d, cfg, _, seed = glimmer
     path = convert(d, tmp_path / "g.gguf", "f16", pre_tokenizer="qwen2", progress=False).path
@@ -79,10 +76,8 @@ def test_llama_cpp_runs_the_converted_file_as_transformers_runs_the_checkpoint(g
     model = MuseGlimmerForConditionalGeneration.from_pretrained(str(d), dtype=torch.float32).eval()
     with torch.no_grad():
         want = model(input_ids=torch.tensor([ids])).logits[0, -1]
-    out = subprocess.run([LCPP_LOGITS, str(path), "2", "1", *map(str, ids)], capture_output=True,
-                         text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-2000:]
-    got = torch.tensor([float(x) for x in out.stdout.splitlines()[0].split()[1:]])
+    got, _ = lcpp.llama_cpp_logits(path, ids, 1, threads=2, timeout=300)
+    got = got.float()
     # llama.cpp rounds activations to f16 for its f16 matmuls: ~1e-3 relative.
     # A norm without its +1, an unpermuted q/k or a wrong q norm is off by O(1).
     rel = float((got - want).norm() / want.norm())

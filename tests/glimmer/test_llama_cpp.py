@@ -11,7 +11,6 @@ weights and by several percent with K-quants (docs/muse-glimmer.md records
 the numbers); the bounds below are a few times those."""
 from __future__ import annotations
 
-import os
 import subprocess
 from pathlib import Path
 
@@ -20,23 +19,17 @@ import torch
 
 import muser_torch
 
+from .. import lcpp
 from ..formats.ggml_ref import lib
 from .conftest import SEED
 from .muse_files import write_muse_gguf
 
-BINARY = os.environ.get("MUSER_LCPP_LOGITS")
-pytestmark = pytest.mark.skipif(not BINARY or not Path(BINARY).is_file(),
-                                 reason="set MUSER_LCPP_LOGITS to llama.cpp's lcpp_logits binary")
+pytestmark = pytest.mark.skipif(not lcpp.available, reason=lcpp.SKIP_REASON)
 N_GREEDY = 8
 
 
 def llama_cpp(path: Path, ids: list[int]) -> tuple[torch.Tensor, list[int]]:
-    """llama.cpp's last-position logits (float64) and greedy ids for a prompt."""
-    out = subprocess.run([BINARY, str(path), "1", str(N_GREEDY), *map(str, ids)],
-                         capture_output=True, text=True, timeout=600, check=True).stdout
-    lines = {line.split()[0]: line.split()[1:] for line in out.splitlines() if line.strip()}
-    return (torch.tensor([float(v) for v in lines["LOGITS"]], dtype=torch.float64),
-            [int(v) for v in lines["GREEDY"]])
+    return lcpp.llama_cpp_logits(path, ids, N_GREEDY)
 
 
 def compare(path: Path, vocab: int) -> tuple[float, int, int, list[int], list[int], list[int]]:

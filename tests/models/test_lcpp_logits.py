@@ -11,12 +11,10 @@ table, and its repacked Q4_K kernels), so that bound is not asserted.
 """
 from __future__ import annotations
 
-import os
-import subprocess
-from pathlib import Path
-
 import pytest
 import torch
+
+from ..lcpp import llama_cpp_logits, skip_unless_available
 
 PROMPT = [2, 651, 6037, 3756, 529, 506, 5279, 563, 236743, 8732, 9998, 531, 1586, 532, 7225, 236764]
 N_GREEDY = 64
@@ -24,14 +22,8 @@ N_GREEDY = 64
 
 @pytest.fixture(scope="module")
 def lcpp(gemma_path):
-    binary = os.environ.get("MUSER_LCPP_LOGITS")
-    if not binary or not Path(binary).is_file():
-        pytest.skip("set MUSER_LCPP_LOGITS to llama.cpp's lcpp_logits binary")
-    out = subprocess.run([binary, gemma_path, "1", str(N_GREEDY), *map(str, PROMPT)],
-                         capture_output=True, text=True, timeout=600, check=True).stdout
-    lines = {ln.split()[0]: ln.split()[1:] for ln in out.splitlines() if ln.strip()}
-    logits = torch.tensor([float(v) for v in lines["LOGITS"]], dtype=torch.float64)
-    return logits, [int(v) for v in lines["GREEDY"]]
+    skip_unless_available()
+    return llama_cpp_logits(gemma_path, PROMPT, N_GREEDY)
 
 
 @pytest.mark.parametrize("numerics", ["exact", "ggml"])
