@@ -20,13 +20,16 @@ with ``fullgraph=True``.
 """
 from __future__ import annotations
 
-from typing import Callable
+import math
+from typing import Callable, NamedTuple
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-__all__ = ["RMSNorm", "rope_inv_freq", "rope_angles", "rope_neox", "rope_normal", "KVCache",
+from ..ops import layer as layer_ops
+
+__all__ = ["RMSNorm", "rope_inv_freq", "rope_angles", "rope_neox", "rope_normal", "no_rope", "KVCache",
            "Attention", "GatedMLP", "gelu_tanh"]
 
 
@@ -37,11 +40,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim, dtype=torch.float32))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Statistics in float32 whatever the activation dtype: an f16 sum of
-        # squares over 6656 features overflows.
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (xf * self.weight.float()).to(x.dtype)
+        return layer_ops.rms_norm(x, self.weight, self.eps)
 
 
 # ---- RoPE -------------------------------------------------------------------------
@@ -64,16 +63,25 @@ def rope_angles(positions: torch.Tensor, inv_freq: torch.Tensor) -> tuple[torch.
 
 def rope_neox(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """NeoX (rotate-half) RoPE: feature i pairs with i + D/2. x ``[B, T, H, D]``."""
-    x1, x2 = x.float().chunk(2, dim=-1)
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
+    return layer_ops.norm_rope(x, None, 0.0, cos, sin, layer_ops.ROPE_NEOX)
 
 
 def rope_normal(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """llama.cpp's "normal" RoPE: features 2i and 2i+1 form a pair (what its
     converter's q/k permutation of Llama weights expects). x ``[B, T, H, D]``."""
-    xf = x.float().unflatten(-1, (-1, 2))
-    x1, x2 = xf[..., 0], xf[..., 1]
-    return torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2).to(x.dtype)
+    return layer_ops.norm_rope(x, None, 0.0, cos, sin, layer_ops.ROPE_NORMAL)
+
+
+def no_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """NoPE: q and k are not rotated (Muse Glimmer's global layers)."""
+    return x
+
+
+# A RoPE function with a ``style`` is one of ``layer_ops.norm_rope``'s, so
+# Attention runs the per-head norm and the rotation as that one op; any other
+# callable (Llama's scaled and partial rotations) runs after the norm.
+rope_neox.style, rope_normal.style, no_rope.style = (layer_ops.ROPE_NEOX, layer_ops.ROPE_NORMAL,
+                                                     layer_ops.ROPE_NONE)
 
 
 # ---- KV cache -----------------------------------------------------------------------
@@ -101,11 +109,7 @@ class KVCache(nn.Module):
                k: torch.Tensor, v: torch.Tensor) -> None:
         """Store the last ``min(T, capacity)`` of the new keys ``[B, T, n_kv, D]``
         at their ring entries, in place."""
-        m = min(k.shape[1], self.capacity)
-        idx = positions[:, -m:] % self.capacity
-        rows = slots.unsqueeze(-1).expand_as(idx)
-        self.k.index_put_((rows, idx), k[:, -m:].to(self.k.dtype))
-        self.v.index_put_((rows, idx), v[:, -m:].to(self.v.dtype))
+        layer_ops.kv_store(self.k, self.v, slots, positions, k, v)
 
     def rows(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values ``[B, capacity, n_kv, D]`` of the batch's slots: the
@@ -118,7 +122,15 @@ class KVCache(nn.Module):
         return self.k.index_select(0, slots), self.v.index_select(0, slots)
 
 
-# ---- attention ------------------------------------------------------------------------
+# ---- attention ----
+
+class Mask(NamedTuple):
+    """One window's attention mask for a step (``Attention.make_mask``)."""
+    keep: torch.Tensor
+    valid: torch.Tensor | None
+
+
+# ---- attention (the layer) ------------------------------------------------------------------------
 
 class Attention(nn.Module):
     """Multi-head attention with GQA over a ``KVCache``.
@@ -146,23 +158,30 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(head_dim, qk_norm_eps) if qk_norm_eps is not None else None
         self.kv_cache: KVCache | None = None
 
+    @staticmethod
+    def _head_norm(norm: "RMSNorm | None") -> tuple[torch.Tensor | None, float]:
+        return (None, 0.0) if norm is None else (norm.weight, norm.eps)
+
     def in_place(self, T: int) -> bool:
         """Whether a step of T tokens writes its keys before attending over the
         cache as it sits (see the module docstring): nothing it overwrites is
         needed by its own queries."""
         return T == 1 or self.window is None
 
-    def make_mask(self, positions: torch.Tensor, lengths: torch.Tensor | None) -> torch.Tensor:
-        """``[B, 1, group*T, S]``: which keys each query row may see: the T new
+    def make_mask(self, positions: torch.Tensor, lengths: torch.Tensor | None) -> "Mask":
+        """``keep [B, 1, group*T, S]``: which keys each query row may see: the T new
         ones without ``lengths``; with it the ring after this step's write, or
         (an SWA prefill chunk) the ring before it and then the T new ones. It
         depends only on the layer's window and T, so ``Decoder.forward`` makes
-        one per window."""
-        key_pos = positions
+        one per window. ``valid [B]``, for a step that attends over the ring as it
+        sits, counts its leading entries that may hold a key (the rest are
+        empty), so a kernel can skip reading them."""
+        key_pos, valid = positions, None
         if self.kv_cache is not None and lengths is not None:
             T = positions.shape[1]
             if self.in_place(T):  # the ring after this step's write
                 key_pos = self.kv_cache.entry_positions(lengths + T)
+                valid = (lengths + T).clamp(max=self.kv_cache.capacity)
             else:                 # the ring before it, then the new keys
                 key_pos = torch.cat((self.kv_cache.entry_positions(lengths), positions), dim=1)
         # Causal, within the window, and never an empty entry (position -1).
@@ -171,7 +190,7 @@ class Attention(nn.Module):
         if self.window is not None:
             mask = mask & (qp - kp < self.window)
         (B, T), S, group = positions.shape, key_pos.shape[1], self.n_heads // self.n_kv
-        return mask.unsqueeze(1).expand(B, group, T, S).reshape(B, 1, group * T, S)
+        return Mask(mask.unsqueeze(1).expand(B, group, T, S).reshape(B, 1, group * T, S), valid)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor,
                 rot: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor,
@@ -180,9 +199,14 @@ class Attention(nn.Module):
         q = self.wq(x).view(B, T, self.n_heads, self.head_dim)
         k = self.wk(x).view(B, T, self.n_kv, self.head_dim)
         v = self.wv(x).view(B, T, self.n_kv, self.head_dim)
-        if self.q_norm is not None:  # per-head norms come before RoPE (Qwen3, Gemma 3)
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.rope(q, *rot), self.rope(k, *rot)
+        style = getattr(self.rope, "style", None)
+        if style is not None:  # per-head norms (Qwen3, Gemma 3) and RoPE as one op each
+            q = layer_ops.norm_rope(q, *self._head_norm(self.q_norm), *rot, style)
+            k = layer_ops.norm_rope(k, *self._head_norm(self.k_norm), *rot, style)
+        else:
+            if self.q_norm is not None:  # per-head norms come before RoPE
+                q, k = self.q_norm(q), self.k_norm(k)
+            q, k = self.rope(q, *rot), self.rope(k, *rot)
 
         if self.kv_cache is not None and slots is not None:
             cache = self.kv_cache
@@ -200,11 +224,15 @@ class Attention(nn.Module):
         # group's heads become extra query rows of their KV head.
         group, D = self.n_heads // self.n_kv, self.head_dim
         q = q.view(B, T, self.n_kv, group, D).permute(0, 2, 3, 1, 4).reshape(B, self.n_kv, group * T, D)
-        # In the cache's dtype when attending over it as it sits (a bfloat16 model
-        # with its f16 cache), so the cache is never converted.
-        q = q.to(keys.dtype)
-        o = F.scaled_dot_product_attention(q, keys.transpose(1, 2), values.transpose(1, 2),
-                                           attn_mask=mask, scale=self.scale).to(x.dtype)
+        scale = self.scale if self.scale is not None else 1 / math.sqrt(D)
+        if T == 1 and group <= 64:  # one query position: the decode-attention op
+            o = layer_ops.decode_attention(q, keys, values, mask.keep, scale, mask.valid)
+        else:
+            # In the cache's dtype when attending over it as it sits (a bfloat16 model
+            # with its f16 cache), so the cache is never converted.
+            o = F.scaled_dot_product_attention(q.to(keys.dtype), keys.transpose(1, 2),
+                                               values.transpose(1, 2), attn_mask=mask.keep,
+                                               scale=scale).to(x.dtype)
         o = o.view(B, self.n_kv, group, T, D).permute(0, 3, 1, 2, 4).reshape(B, T, -1)
         if self.wgate is not None:
             o = o * torch.sigmoid(self.wgate(x))   # gate from the normed input x, per feature
@@ -244,8 +272,9 @@ class PreNormBlock(nn.Module):
         self.feed_forward = feed_forward
 
     def forward(self, x, positions, rot, mask, slots):
-        h = x + self.attention(self.attention_norm(x), positions, rot, mask, slots)
-        return h + self.feed_forward(self.ffn_norm(h))
+        a = self.attention(self.attention_norm(x), positions, rot, mask, slots)
+        h, y = layer_ops.add_rms_norm(x, a, self.ffn_norm.weight, self.ffn_norm.eps)
+        return h + self.feed_forward(y)
 
 
 class SandwichBlock(nn.Module):
@@ -263,6 +292,8 @@ class SandwichBlock(nn.Module):
         self.post_ffw_norm = RMSNorm(hidden, post_eps)
 
     def forward(self, x, positions, rot, mask, slots):
-        h = x + self.post_attention_norm(self.attention(self.attention_norm(x), positions, rot,
-                                                        mask, slots))
-        return h + self.post_ffw_norm(self.feed_forward(self.ffn_norm(h)))
+        a = self.attention(self.attention_norm(x), positions, rot, mask, slots)
+        post, pre = self.post_attention_norm, self.ffn_norm
+        h, y = layer_ops.add_rms_norm(x, a, pre.weight, pre.eps, post.weight, post.eps)
+        post = self.post_ffw_norm
+        return layer_ops.add_rms_norm(h, self.feed_forward(y), None, 0.0, post.weight, post.eps)[0]

@@ -322,6 +322,7 @@ def _load_backends() -> None:
                           f"{name} tensors will raise", RuntimeWarning, stacklevel=2)
 
 
+from . import layer  # noqa: E402,F401  (the layer ops, defined before the backends register)
 _load_backends()
 if os.environ.get("MUSER_METAL"):
     # It used to reroute CPU tensors to the emulator; say so rather than ignore it silently.

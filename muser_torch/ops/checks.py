@@ -227,3 +227,100 @@ def register_kernels(device_type: str, kernels: Mapping[str, Callable]) -> dict[
         torch.library.register_kernel(f"muser::{op}", device_type, kernel)
         KERNELS[(op, device_type)] = out[op] = kernel
     return out
+
+
+# ---- the layer ops (ops/layer.py) -----------------------------------------------------------
+
+def _float(name: str, op: str, t: Tensor) -> None:
+    if not isinstance(t, Tensor) or not t.is_floating_point():
+        raise ValueError(f"muser.{op}: {name} must be a float tensor, got "
+                         f"{t.dtype if isinstance(t, Tensor) else type(t).__name__}")
+
+
+def _norm_weight(op: str, name: str, w: Tensor | None, x: Tensor) -> None:
+    if w is None:
+        return
+    _float(name, op, w)
+    if w.shape != (x.shape[-1],) or w.device != x.device:
+        raise ValueError(f"muser.{op}: {name} must be [{x.shape[-1]}] on {x.device}, "
+                         f"got {list(w.shape)} on {w.device}")
+
+
+def _check_rms_norm(x, weight, eps) -> None:
+    _float("x", "rms_norm", x)
+    _norm_weight("rms_norm", "weight", weight, x)
+
+
+def _check_add_rms_norm(residual, a, post_weight, post_eps, weight, eps) -> None:
+    _float("a", "add_rms_norm", a)
+    if not isinstance(residual, Tensor) or residual.shape != a.shape \
+            or residual.dtype != a.dtype or residual.device != a.device:
+        raise ValueError("muser.add_rms_norm: residual must match a's shape, dtype and device")
+    _norm_weight("add_rms_norm", "post_weight", post_weight, a)
+    _norm_weight("add_rms_norm", "weight", weight, a)
+
+
+def _check_norm_rope(x, weight, eps, cos, sin, style) -> None:
+    _float("x", "norm_rope", x)
+    _norm_weight("norm_rope", "weight", weight, x)
+    if x.dim() != 4 or x.shape[-1] % 2:
+        raise ValueError(f"muser.norm_rope: x must be [B, T, H, D] with D even, got {list(x.shape)}")
+    want = (x.shape[0], x.shape[1], 1, x.shape[-1] // 2)
+    for name, t in (("cos", cos), ("sin", sin)):
+        if not isinstance(t, Tensor) or t.dtype != torch.float32 or tuple(t.shape) != want:
+            raise ValueError(f"muser.norm_rope: {name} must be float32 {list(want)}")
+    if style not in (0, 1, 2):
+        raise ValueError(f"muser.norm_rope: style must be 0 (none), 1 (NeoX) or 2 (normal), "
+                         f"got {style}")
+
+
+def _check_decode_attention(q, k, v, mask, scale, valid) -> None:
+    _float("q", "decode_attention", q)
+    if q.dim() != 4 or k.dim() != 4 or k.shape != v.shape or k.shape[0] != q.shape[0] \
+            or k.shape[2] != q.shape[1] or k.shape[3] != q.shape[3]:
+        raise ValueError(f"muser.decode_attention: q must be [B, n_kv, G, D] and k, v "
+                         f"[B, S, n_kv, D]; got q {list(q.shape)}, k {list(k.shape)}, "
+                         f"v {list(v.shape)}")
+    B, n_kv, G, D = q.shape
+    if mask.dtype != torch.bool or tuple(mask.shape) != (B, 1, G, k.shape[1]):
+        raise ValueError(f"muser.decode_attention: mask must be bool [{B}, 1, {G}, {k.shape[1]}], "
+                         f"got {mask.dtype} {list(mask.shape)}")
+    if valid is not None and (valid.dtype not in (torch.int32, torch.int64)
+                              or tuple(valid.shape) != (B,)):
+        raise ValueError(f"muser.decode_attention: valid must be an integer [{B}] tensor")
+
+
+def _check_kv_store(cache_k, cache_v, slots, positions, k, v) -> None:
+    if cache_k.shape != cache_v.shape or cache_k.dim() != 4 or k.shape != v.shape or k.dim() != 4 \
+            or k.shape[2:] != cache_k.shape[2:]:
+        raise ValueError(f"muser.kv_store: caches must be [slots, capacity, n_kv, D] and k, v "
+                         f"[B, T, n_kv, D]; got {list(cache_k.shape)}, {list(k.shape)}, {list(v.shape)}")
+    B, T = k.shape[:2]
+    if tuple(slots.shape) != (B,) or tuple(positions.shape) != (B, T) \
+            or slots.dtype != torch.long or positions.dtype != torch.long:
+        raise ValueError(f"muser.kv_store: slots must be long [{B}] and positions long [{B}, {T}]")
+
+
+# layer op -> its check (in schema order)
+LAYER_OPS: dict[str, Callable[..., None]] = {
+    "rms_norm": _check_rms_norm, "add_rms_norm": _check_add_rms_norm,
+    "norm_rope": _check_norm_rope, "decode_attention": _check_decode_attention,
+    "kv_store": _check_kv_store,
+}
+LAYER_DEVICES: set[str] = set()   # device types with layer-op kernels registered
+LAYER_KERNELS: dict[tuple[str, str], Callable] = {}   # (op, device type) -> checked kernel
+
+
+def register_layer_kernels(device_type: str, kernels: Mapping[str, Callable]) -> None:
+    """Register a backend's kernels for the layer ops, each behind its check;
+    from then on ``ops.layer`` sends that device's calls to the op."""
+    for op, fn in kernels.items():
+        check = LAYER_OPS[op]
+
+        def kernel(*args, _fn=fn, _check=check):
+            _check(*args)
+            return _fn(*args)
+        kernel.__name__ = f"checked_{op}"
+        torch.library.register_kernel(f"muser::{op}", device_type, kernel)
+        LAYER_KERNELS[(op, device_type)] = kernel
+    LAYER_DEVICES.add(device_type)

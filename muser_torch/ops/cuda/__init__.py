@@ -55,8 +55,9 @@ import triton
 
 from ...formats.companions import companion_args
 from ...formats.types import GGMLType
-from ..checks import register_kernels
+from ..checks import register_kernels, register_layer_kernels
 from . import int8dot as i8
+from . import layer
 from . import kquant as tk
 from . import tile as tt
 from .layout import TILE
@@ -419,6 +420,8 @@ def register() -> None:
     if _registered:
         return
     register_kernels("cuda", {"qmatmul": qmatmul, "dequantize": dequantize, "embedding": embedding})
+    from .. import layer as _layer_ops   # noqa: F401  (defines the layer ops)
+    register_layer_kernels("cuda", layer.KERNELS)
     _registered = True
 
 
