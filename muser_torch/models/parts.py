@@ -234,8 +234,8 @@ class Attention(nn.Module):
                                                values.transpose(1, 2), attn_mask=mask.keep,
                                                scale=scale).to(x.dtype)
         o = o.view(B, self.n_kv, group, T, D).permute(0, 3, 1, 2, 4).reshape(B, T, -1)
-        if self.wgate is not None:
-            o = o * torch.sigmoid(self.wgate(x))   # gate from the normed input x, per feature
+        if self.wgate is not None:   # gate from the normed input x, per feature
+            o = layer_ops.gated_act(self.wgate(x), o, layer_ops.ACT_SIGMOID)
         return self.wo(o)
 
 
@@ -257,7 +257,14 @@ class GatedMLP(nn.Module):
         self.w_down = nn.Linear(ffn, hidden, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w_down(self.act(self.w_gate(x)) * self.w_up(x))
+        act = _GATED_ACTS.get(self.act)
+        if act is None:
+            return self.w_down(self.act(self.w_gate(x)) * self.w_up(x))
+        return self.w_down(layer_ops.gated_act(self.w_gate(x), self.w_up(x), act))
+
+
+# the activations ``layer_ops.gated_act`` computes with the multiply, as one op
+_GATED_ACTS = {F.silu: layer_ops.ACT_SILU, gelu_tanh: layer_ops.ACT_GELU_TANH}
 
 
 class PreNormBlock(nn.Module):

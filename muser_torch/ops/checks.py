@@ -301,8 +301,19 @@ def _check_kv_store(cache_k, cache_v, slots, positions, k, v) -> None:
         raise ValueError(f"muser.kv_store: slots must be long [{B}] and positions long [{B}, {T}]")
 
 
+def _check_gated_act(gate, up, act) -> None:
+    _float("gate", "gated_act", gate)
+    if not isinstance(up, Tensor) or up.shape != gate.shape or up.dtype != gate.dtype \
+            or up.device != gate.device:
+        raise ValueError("muser.gated_act: up must match gate's shape, dtype and device")
+    if act not in (0, 1, 2):
+        raise ValueError(f"muser.gated_act: act must be 0 (SiLU), 1 (tanh GELU) or 2 (sigmoid), "
+                         f"got {act}")
+
+
 # layer op -> its check (in schema order)
 LAYER_OPS: dict[str, Callable[..., None]] = {
+    "gated_act": _check_gated_act,
     "rms_norm": _check_rms_norm, "add_rms_norm": _check_add_rms_norm,
     "norm_rope": _check_norm_rope, "decode_attention": _check_decode_attention,
     "kv_store": _check_kv_store,

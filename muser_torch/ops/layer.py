@@ -10,6 +10,7 @@ calls the composite directly, so an eager CPU step pays no dispatcher cost.
 
 Schemas (namespace ``muser``)::
 
+    gated_act(Tensor gate, Tensor up, int act) -> Tensor
     rms_norm(Tensor x, Tensor weight, float eps) -> Tensor
     add_rms_norm(Tensor residual, Tensor a, Tensor? post_weight, float post_eps,
                  Tensor? weight, float eps) -> (Tensor, Tensor)
@@ -32,10 +33,11 @@ from torch import Tensor
 
 from .checks import LAYER_OPS
 
-__all__ = ["rms_norm", "add_rms_norm", "norm_rope", "decode_attention", "kv_store",
+__all__ = ["gated_act", "ACT_SILU", "ACT_GELU_TANH", "ACT_SIGMOID", "rms_norm", "add_rms_norm", "norm_rope", "decode_attention", "kv_store",
            "ROPE_NONE", "ROPE_NEOX", "ROPE_NORMAL"]
 
 ROPE_NONE, ROPE_NEOX, ROPE_NORMAL = 0, 1, 2
+ACT_SILU, ACT_GELU_TANH, ACT_SIGMOID = 0, 1, 2
 
 
 # ---- the references --------------------------------------------------------------------
@@ -87,13 +89,22 @@ def _kv_store(cache_k: Tensor, cache_v: Tensor, slots: Tensor, positions: Tensor
     cache_v.index_put_((rows, idx), v[:, -m:].to(cache_v.dtype))
 
 
-REFERENCES = {"rms_norm": _norm, "add_rms_norm": _add_rms_norm, "norm_rope": _norm_rope,
+_ACTS = {ACT_SILU: F.silu, ACT_GELU_TANH: lambda g: F.gelu(g, approximate="tanh"),
+         ACT_SIGMOID: torch.sigmoid}
+
+
+def _gated_act(gate: Tensor, up: Tensor, act: int) -> Tensor:
+    return _ACTS[act](gate) * up
+
+
+REFERENCES = {"gated_act": _gated_act, "rms_norm": _norm, "add_rms_norm": _add_rms_norm, "norm_rope": _norm_rope,
               "decode_attention": _decode_attention, "kv_store": _kv_store}
 
 
 # ---- the ops --------------------------------------------------------------------------------
 
 _SCHEMAS = {
+    "gated_act": "(Tensor gate, Tensor up, int act) -> Tensor",
     "rms_norm": "(Tensor x, Tensor weight, float eps) -> Tensor",
     "add_rms_norm": "(Tensor residual, Tensor a, Tensor? post_weight, float post_eps, "
                     "Tensor? weight, float eps) -> (Tensor, Tensor)",
@@ -140,6 +151,13 @@ def _call(op: str, *args):
     if args[0].device.type in LAYER_DEVICES:
         return getattr(torch.ops.muser, op)(*args)
     return REFERENCES[op](*args)
+
+
+def gated_act(gate: Tensor, up: Tensor, act: int) -> Tensor:
+    """``act(gate) * up`` (``ACT_SILU``: SwiGLU, ``ACT_GELU_TANH``: GeGLU,
+    ``ACT_SIGMOID``: an output gate), rounded to the dtype after ``act`` as the
+    composite rounds."""
+    return _call("gated_act", gate, up, act)
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:

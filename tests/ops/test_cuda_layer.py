@@ -166,3 +166,18 @@ def test_kv_store(T, cap):
             want_k[slots[b], e], want_v[slots[b], e] = k[b, t].half(), v[b, t].half()
     kernels.kv_store(ck, cv, slots, positions, k, v)
     assert torch.equal(ck, want_k) and torch.equal(cv, want_v), f"seed {seed}"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("act", [layer_ops.ACT_SILU, layer_ops.ACT_GELU_TANH, layer_ops.ACT_SIGMOID])
+def test_gated_act(dtype, act):
+    seed = _seed()
+    g = _gen(seed)
+    gate, up = _randn(3, 1500, gen=g, dtype=dtype, scale=4.0), _randn(3, 1500, gen=g, dtype=dtype)
+    got = kernels.gated_act(gate, up, act)
+    x = gate.double()
+    f = {layer_ops.ACT_SILU: x * torch.sigmoid(x),
+         layer_ops.ACT_GELU_TANH: 0.5 * x * (1 + torch.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3))),
+         layer_ops.ACT_SIGMOID: torch.sigmoid(x)}[act]
+    _close(got, f * up.double(), dtype, f"seed {seed}")
+    _close(got, layer_ops.REFERENCES["gated_act"](gate, up, act), dtype, f"seed {seed} (composite)")

@@ -152,6 +152,15 @@ def _partials(split: int, M: int, n_out: int, x: torch.Tensor) -> torch.Tensor:
                        device=x.device)
 
 
+def _one_row_outputs(x2: torch.Tensor, n_out: int, row_blocks: int, split: int):
+    """``y [1, n_out]`` in x's dtype, the float32 partials of a split K and the
+    arrival counters with which the one-token kernels sum them (``tile._store``)."""
+    y = torch.empty((1, n_out), dtype=x2.dtype, device=x2.device)
+    part = torch.empty((split, 1, n_out) if split > 1 else (1,), dtype=torch.float32,
+                       device=x2.device)
+    return y, part, _split_counters(x2.device, row_blocks if split > 1 else 1)
+
+
 def _finish(part: torch.Tensor, split: int, dtype: torch.dtype) -> torch.Tensor:
     out = part[0] if split == 1 else part.sum(0)
     return out if out.dtype == dtype else out.to(dtype)
@@ -174,13 +183,14 @@ def _mv_kquant(x2, packed, qt, n_out, n_in, scales, scale_2, launch: Launch) -> 
     xp = _permuted(x2, qt, n_in)
     rb = triton.cdiv(n_out, launch.bn)
     split, kb_per = _split(rb, n_kb, _target(launch, x2.device))
-    part = _partials(split, 1, n_out, x2)
+    y, part, counters = _one_row_outputs(x2, n_out, rb, split)
     kw = dict(KB_PER=kb_per, NB=n_kb, BN=launch.bn, num_warps=launch.warps)
     if qt is GGMLType.Q6_K:
-        tk._mv_q6k_kernel[(rb, split)](xp, packed, part, n_out, **kw)
+        tk._mv_q6k_kernel[(rb, split)](xp, packed, y, part, counters, split, n_out, **kw)
     else:
-        tk._mv_q45k_kernel[(rb, split)](xp, packed, part, n_out, QTYPE=int(qt), **kw)
-    return _finish(part, split, x2.dtype)
+        tk._mv_q45k_kernel[(rb, split)](xp, packed, y, part, counters, split, n_out,
+                                        QTYPE=int(qt), **kw)
+    return y
 
 
 def _mv_tile(x2, packed, qt, n_out, n_in, scales, scale_2, launch: Launch) -> torch.Tensor:
@@ -188,11 +198,11 @@ def _mv_tile(x2, packed, qt, n_out, n_in, scales, scale_2, launch: Launch) -> to
     s, s2 = _companions(qt, packed, scales, scale_2)
     rb = triton.cdiv(n_out, launch.bn)
     split, kb_per = _split(rb, triton.cdiv(n_in, _COLS), _target(launch, x2.device))
-    part = _partials(split, 1, n_out, x2)
-    tt._mv_tile_kernel[(rb, split)](x2, packed, s, s2, part, n_out, n_in, KB_PER=kb_per,
-                                    QTYPE=int(qt), ROW_BYTES=packed.shape[1], BN=launch.bn,
-                                    num_warps=launch.warps)
-    return _finish(part, split, x2.dtype)
+    y, part, counters = _one_row_outputs(x2, n_out, rb, split)
+    tt._mv_tile_kernel[(rb, split)](x2, packed, s, s2, y, part, counters, split, n_out, n_in,
+                                    KB_PER=kb_per, QTYPE=int(qt), ROW_BYTES=packed.shape[1],
+                                    BN=launch.bn, num_warps=launch.warps)
+    return y
 
 
 def _mm_token_axis(x2, packed, qt, n_out, n_in, scales, scale_2, launch: Launch) -> torch.Tensor:

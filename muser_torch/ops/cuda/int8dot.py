@@ -39,6 +39,7 @@ from .layout import (  # noqa: F401  (every name is a tl.constexpr read by the k
     Q6_K, Q6_K_BYTES, Q6_K_D, Q6_K_QH, Q6_K_QL, Q6_K_SCALES, Q8_0, Q8_0_BYTES, Q8_0_D, Q8_0_QS,
     QK_LEGACY, TILE, require)
 from .kquant import _f16_lo, _scale_min_words
+from .tile import _store
 
 require(QK_LEGACY == 32 and TILE == 256, "32-column activation blocks, 8 to a 256-column tile")
 for _name, _bb, _fields in (("Q8_0", Q8_0_BYTES, (Q8_0_D, Q8_0_QS)),
@@ -116,35 +117,6 @@ def _group_dots(c, a1w, a2w, aoff, amask, ASM: tl.constexpr):
     """``_dots`` with the activation words loaded at ``aoff``."""
     return _dots(c, tl.load(a1w + aoff, mask=amask, other=0),
                  tl.load(a2w + aoff, mask=amask, other=0), ASM)
-
-
-@triton.jit
-def _store(y_ptr, part_ptr, cnt_ptr, acc, split, M, n_out, r, rmask, MT: tl.constexpr):
-    """Write the output. With a split K each program writes its partial sums
-    to ``part`` [split, M, n_out]; the last of a row block's programs (an
-    acq_rel counter) adds them in split order (deterministic) into ``y`` and
-    resets the counter for the next call, so no second kernel runs."""
-    if len(acc.shape) == 3:
-        acc = tl.sum(acc, axis=2)
-    t2 = tl.arange(0, MT)[:, None]
-    m2 = (t2 < M) & rmask[None, :]
-    ofs = t2.to(tl.int64) * n_out + r[None, :]
-    if split == 1:
-        tl.store(y_ptr + ofs, acc.to(y_ptr.dtype.element_ty), mask=m2)
-    else:
-        pid_n = tl.program_id(0)
-        pid_k = tl.program_id(1)
-        tl.store(part_ptr + pid_k.to(tl.int64) * M * n_out + ofs, acc, mask=m2)
-        done = tl.atomic_add(cnt_ptr + pid_n, 1, sem="acq_rel")
-        if done == split - 1:
-            tot = tl.zeros_like(acc)
-            s = 0
-            while s < split:
-                tot += tl.load(part_ptr + s * M * n_out + ofs, mask=m2, other=0.0,
-                               cache_modifier=".cg")
-                s += 1
-            tl.store(y_ptr + ofs, tot.to(y_ptr.dtype.element_ty), mask=m2)
-            tl.atomic_xchg(cnt_ptr + pid_n, 0)
 
 
 @triton.jit

@@ -32,7 +32,7 @@ from .layout import (  # noqa: F401  (every name is a tl.constexpr read by the k
     K_SCALE_SIZE, Q4_K, Q4_K_BYTES, Q4_K_D, Q4_K_DMIN, Q4_K_QS, Q4_K_SCALES, Q5_K, Q5_K_BYTES,
     Q5_K_D, Q5_K_DMIN, Q5_K_QH, Q5_K_QS, Q5_K_SCALES, Q6_K, Q6_K_BYTES, Q6_K_D, Q6_K_QH, Q6_K_QL,
     Q6_K_SCALES, TILE, require)
-from .tile import _k4_scale_min  # noqa: F401  (called by _scale_min_words)
+from .tile import _k4_scale_min, _store  # noqa: F401  (_k4_scale_min: called by _scale_min_words)
 
 for _name, _bb, _d, _dmin, _sc, _qs, _qh in (
         ("Q4_K", Q4_K_BYTES, Q4_K_D, Q4_K_DMIN, Q4_K_SCALES, Q4_K_QS, 0),
@@ -133,7 +133,7 @@ def _q128(v, k: tl.constexpr, QTYPE: tl.constexpr):
 # ---- one token, Q4_K / Q5_K ------------------------------------------------------
 
 @triton.jit
-def _mv_q45k_kernel(xp_ptr, p, y_ptr, n_out, KB_PER: tl.constexpr,
+def _mv_q45k_kernel(xp_ptr, p, y_ptr, part_ptr, cnt_ptr, split, n_out, KB_PER: tl.constexpr,
                     QTYPE: tl.constexpr, NB: tl.constexpr, BN: tl.constexpr):
     """[BN, 32] word tiles: Triton gives each thread 4 consecutive words of several
     rows, so one 16-byte load of the activation serves all of that thread's rows."""
@@ -191,13 +191,13 @@ def _mv_q45k_kernel(xp_ptr, p, y_ptr, n_out, KB_PER: tl.constexpr,
         a1 = b1
         a2 = b2
         a3 = b3
-    tl.store(y_ptr + pid_k * n_out + r, acc.to(y_ptr.dtype.element_ty), mask=rmask)
+    _store(y_ptr, part_ptr, cnt_ptr, acc[None, :], split, 1, n_out, r, rmask, 1)
 
 
 # ---- one token, Q6_K -------------------------------------------------------------
 
 @triton.jit
-def _mv_q6k_kernel(xp_ptr, p, y_ptr, n_out, KB_PER: tl.constexpr,
+def _mv_q6k_kernel(xp_ptr, p, y_ptr, part_ptr, cnt_ptr, split, n_out, KB_PER: tl.constexpr,
                    NB: tl.constexpr, BN: tl.constexpr):
     """Halfwords of ql / qh in storage order; d and the 16 scales are prefetched
     one super-block ahead like the codes. Codes are 128 + q, less 128 + 32 once."""
@@ -254,7 +254,7 @@ def _mv_q6k_kernel(xp_ptr, p, y_ptr, n_out, KB_PER: tl.constexpr,
         sc0 = sc0_next
         sc1 = sc1_next
         dw = dw_next
-    tl.store(y_ptr + pid_k * n_out + r, acc.to(y_ptr.dtype.element_ty), mask=rmask)
+    _store(y_ptr, part_ptr, cnt_ptr, acc[None, :], split, 1, n_out, r, rmask, 1)
 
 
 # ---- 2 tokens, Q4_K / Q5_K: the one-token kernel with a token axis --------------

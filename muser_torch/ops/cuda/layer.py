@@ -183,6 +183,25 @@ def _kv_store_kernel(k_ptr, v_ptr, ck_ptr, cv_ptr, slots_ptr, pos_ptr, T, m, n_k
     tl.store(cv_ptr + dst, tl.load(v_ptr + src, mask=dm).to(cv_ptr.dtype.element_ty), mask=dm)
 
 
+@triton.jit
+def _gated_act_kernel(g_ptr, u_ptr, y_ptr, n, ACT: tl.constexpr, BLOCK: tl.constexpr):
+    """``act(g) * u``, ``act`` rounded to the dtype first (as the composite)."""
+    i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    m = i < n
+    g0 = tl.load(g_ptr + i, mask=m, other=0.0)
+    g = g0.to(tl.float32)
+    if ACT == 0:      # SiLU
+        a = g / (1.0 + tl.exp(-g))
+    elif ACT == 1:    # GELU, tanh approximation: tanh(z) = 1 - 2 / (exp(2z) + 1)
+        z = 0.7978845608028654 * (g + 0.044715 * g * g * g)
+        a = 0.5 * g * (2.0 - 2.0 / (tl.exp(2.0 * z) + 1.0))
+    else:             # sigmoid
+        a = 1.0 / (1.0 + tl.exp(-g))
+    a = a.to(g0.dtype).to(tl.float32)
+    u = tl.load(u_ptr + i, mask=m, other=0.0).to(tl.float32)
+    tl.store(y_ptr + i, (a * u).to(g0.dtype), mask=m)
+
+
 # ---- launchers (the layer ops' CUDA kernels, in schema order) -----------------------------
 
 import torch  # noqa: E402
@@ -279,5 +298,17 @@ def kv_store(cache_k, cache_v, slots, positions, k, v):
                                           BLOCK=triton.next_power_of_2(D))
 
 
-KERNELS = {"kv_store": kv_store, "rms_norm": rms_norm, "add_rms_norm": add_rms_norm, "norm_rope": norm_rope,
+_ACT_BLOCK = 1024
+
+
+def gated_act(gate, up, act):
+    g, u = _rows(gate), _rows(up)
+    y = torch.empty_like(g)
+    n = g.numel()
+    if n:
+        _gated_act_kernel[(triton.cdiv(n, _ACT_BLOCK),)](g, u, y, n, ACT=act, BLOCK=_ACT_BLOCK)
+    return y
+
+
+KERNELS = {"gated_act": gated_act, "kv_store": kv_store, "rms_norm": rms_norm, "add_rms_norm": add_rms_norm, "norm_rope": norm_rope,
            "decode_attention": decode_attention}

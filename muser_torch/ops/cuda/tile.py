@@ -15,8 +15,9 @@ through ``layout``. Three kernels use it:
   torch's matmul gives by default; float32 accumulation).
 
 Split K: ``KB_PER`` tiles per program, dividing the row's tiles exactly; every
-kernel writes each output once (partials are summed by ``torch.sum``, never
-with atomics), so results are deterministic. Columns past ``n_in`` (rows of
+kernel writes each output once, so results are deterministic: ``_qmm_kernel``'s
+partials are summed by ``torch.sum``; the one-token kernels' by the last
+program of each row block, in split order (``_store``), so no second kernel runs. Columns past ``n_in`` (rows of
 32-element blocks that do not fill the last tile) and masked rows decode to 0.
 """
 from __future__ import annotations
@@ -265,7 +266,7 @@ def _dequant_kernel(p, s_ptr, s2_ptr, ids_ptr, out_ptr, n_rows, n_out, n_in, ROW
 # ---- one token, any type: tile * x ---------------------------------------------
 
 @triton.jit
-def _mv_tile_kernel(x_ptr, p, s_ptr, s2_ptr, y_ptr, n_out, n_in,
+def _mv_tile_kernel(x_ptr, p, s_ptr, s2_ptr, y_ptr, part_ptr, cnt_ptr, split, n_out, n_in,
                     ROW_BYTES, KB_PER: tl.constexpr, QTYPE: tl.constexpr, BN: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -280,7 +281,37 @@ def _mv_tile_kernel(x_ptr, p, s_ptr, s2_ptr, y_ptr, n_out, n_in,
         xv = tl.load(x_ptr + col, mask=col < n_in, other=0.0).to(tl.float32)
         w = _tile(p, s_ptr, s2_ptr, rows, rmask, kb, n_in, ROW_BYTES, QTYPE, BN)
         acc += tl.sum(w * xv[None, :], axis=1)
-    tl.store(y_ptr + pid_k * n_out + r, acc.to(y_ptr.dtype.element_ty), mask=rmask)
+    _store(y_ptr, part_ptr, cnt_ptr, acc[None, :], split, 1, n_out, r, rmask, 1)
+
+
+@triton.jit
+def _store(y_ptr, part_ptr, cnt_ptr, acc, split, M, n_out, r, rmask, MT: tl.constexpr):
+    """Write the output ``acc`` [MT, BN] (or [MT, BN, 8], summed). With a split K each program writes its partial sums
+    to ``part`` [split, M, n_out]; the last of a row block's programs (an
+    acq_rel counter) adds them in split order (deterministic) into ``y`` and
+    resets the counter for the next call, so no second kernel runs."""
+    if len(acc.shape) == 3:
+        acc = tl.sum(acc, axis=2)
+    t2 = tl.arange(0, MT)[:, None]
+    m2 = (t2 < M) & rmask[None, :]
+    ofs = t2.to(tl.int64) * n_out + r[None, :]
+    if split == 1:
+        tl.store(y_ptr + ofs, acc.to(y_ptr.dtype.element_ty), mask=m2)
+    else:
+        pid_n = tl.program_id(0)
+        pid_k = tl.program_id(1)
+        tl.store(part_ptr + pid_k.to(tl.int64) * M * n_out + ofs, acc, mask=m2)
+        done = tl.atomic_add(cnt_ptr + pid_n, 1, sem="acq_rel")
+        if done == split - 1:
+            tot = tl.zeros_like(acc)
+            s = 0
+            while s < split:
+                tot += tl.load(part_ptr + s * M * n_out + ofs, mask=m2, other=0.0,
+                               cache_modifier=".cg")
+                s += 1
+            tl.store(y_ptr + ofs, tot.to(y_ptr.dtype.element_ty), mask=m2)
+            tl.atomic_xchg(cnt_ptr + pid_n, 0)
+
 
 
 # ---- several tokens: decoded tile on tensor cores ------------------------------
