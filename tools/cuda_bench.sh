@@ -34,10 +34,10 @@ bench() {  # label, then bench model's arguments
     | grep -v Warning | tee -a "$OUT/bench.log"
 }
 want gemma && bench gemma "$(shaped gemma)" --prompt-len 512 --decode 64
-want llama8b && bench llama8b "$(shaped llama8b)" --prompt-len 512 --decode 32
 want glimmer && bench glimmer seed --layers 52 --prompt-len 512 --decode 16
 if want profile; then
   for m in "$(shaped gemma)" seed; do
     timeout 240 python3 tools/decode_kernels.py "$m" --top 20 2>&1 | grep -v Warning | tee -a "$OUT/kernels.log"
   done
 fi
+want llama8b && bench llama8b "$(shaped llama8b)" --prompt-len 512 --decode 32
