@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from ..arch.llama import LLAMA, LlamaFamilyConfig
 from ..arch.qwen import QWEN2, QWEN3
 from .decoder import Decoder
-from .parts import Attention, GatedMLP, PreNormBlock
+from .parts import Attention, GatedMLP, PreNormBlock, rope_neox, rope_normal
 from .rope_scaling import rope_frequencies, rotate
 
 __all__ = ["LlamaFamily", "Llama", "Qwen2", "Qwen3", "Block"]
@@ -25,7 +25,10 @@ __all__ = ["LlamaFamily", "Llama", "Qwen2", "Qwen3", "Block"]
 class Block(PreNormBlock):
     def __init__(self, config: LlamaFamilyConfig, *, qkv_bias: bool, qk_norm: bool, mscale: float):
         c, r = config, config.rope
-        rope = functools.partial(rotate, mode=r.mode, n_rot=r.n_rot, mscale=mscale)
+        if r.n_rot == c.head_dim and mscale == 1.0:   # the whole head, unscaled: one fused op
+            rope = rope_normal if r.mode == "normal" else rope_neox
+        else:
+            rope = functools.partial(rotate, mode=r.mode, n_rot=r.n_rot, mscale=mscale)
         super().__init__(c.hidden, c.rms_eps,
                          Attention(c.hidden, c.n_heads, c.n_kv_heads, c.head_dim, rope=rope,
                                    qk_norm_eps=c.rms_eps if qk_norm else None, bias=qkv_bias),
