@@ -165,6 +165,31 @@ class QLinear(_Packed):
         bias = None if linear.bias is None else linear.bias.detach()
         return cls._quantized(linear.weight, qtype, imatrix, bias=bias)
 
+    @classmethod
+    def concat(cls, parts: "list[QLinear]") -> "QLinear | None":
+        """One QLinear whose rows are ``parts``' rows in order (``y`` of it is
+        the parts' outputs side by side), or None when they cannot share one
+        matrix (another type, width or numerics, NVFP4 companions, some with a
+        bias and some without). The parts' ``packed`` buffers become views of
+        the joined one (their biases of its bias), so the bytes exist once."""
+        first = parts[0]
+        if any(not isinstance(p, QLinear) or p.qtype != first.qtype or p.n_in != first.n_in
+               or p.numerics != first.numerics or p.scales is not None
+               or (p.bias is None) != (first.bias is None) for p in parts):
+            return None
+        packed = torch.cat([p.packed for p in parts])
+        bias = None if first.bias is None else torch.cat([p.bias.detach() for p in parts])
+        joined = cls(packed, first.qtype, packed.shape[0], first.n_in, bias=bias)
+        joined.numerics = first.numerics
+        row = 0
+        for p in parts:
+            p.packed = packed[row:row + p.n_out]
+            if bias is not None:
+                p.bias = nn.Parameter(joined.bias.data[row:row + p.n_out],
+                                      requires_grad=p.bias.requires_grad)
+            row += p.n_out
+        return joined
+
     def forward(self, x: Tensor) -> Tensor:
         if self.numerics == "ggml":
             y = torch.ops.muser.qmatmul_ggml(x, *self._weight_args())

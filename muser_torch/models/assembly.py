@@ -17,6 +17,7 @@ from ..formats import PackedWeight
 from ..gguf_io import GGUFFile
 from ..nn import QEmbedding, QLinear
 from ..text import tokenizer_from_metadata
+from .parts import join_projections
 
 __all__ = ["assemble", "tokenizer_for"]
 
@@ -49,6 +50,8 @@ def assemble(cls: Any, config: Any, groups: frozenset[str], get: GetWeight,
     if left:  # admission guarantees every tensor; this guards the wiring itself
         raise RuntimeError(f"{cls.__name__}: no weight was bound to {left}")
     model.tokenizer = tokenizer
+    if device.type == "cuda":   # one read of x for q/k/v and gate/up (the weights are copies here)
+        join_projections(model)
     if device.type == "cuda":   # compile every kernel the forward can launch now, not at its first call
         try:
             from ..ops.cuda.warm import warm_up   # needs Triton: imported only for a CUDA model

@@ -167,16 +167,25 @@ class Decoder(nn.Module, Generation):
     def weight_bytes_per_token(self) -> int:
         """Bytes of weights one decode step reads: every projection and norm in
         full (a tied lm_head reads the embedding's bytes in full), one row of
-        the embedding table (the KV cache is not counted)."""
-        total = 0
+        the embedding table (the KV cache is not counted). Bytes that several
+        modules view (joined projections) count once."""
         model_buffers = {id(t) for t in self.buffers(recurse=False)}   # RoPE tables, lengths
+        spans, total = [], 0
         for mod in self.modules():
             if isinstance(mod, KVCache):
                 continue
-            own = [t for t in (*mod.parameters(recurse=False), *mod.buffers(recurse=False))
-                   if id(t) not in model_buffers]
-            size = sum(t.numel() * t.element_size() for t in own)
-            total += size // self.config.vocab_size if mod is self.tok_embeddings else size
+            for t in (*mod.parameters(recurse=False), *mod.buffers(recurse=False)):
+                if id(t) in model_buffers or t.numel() == 0:
+                    continue
+                size = t.numel() * t.element_size()
+                if mod is self.tok_embeddings:
+                    total += size // self.config.vocab_size
+                else:
+                    spans.append((t.data_ptr(), t.data_ptr() + size))
+        end = 0
+        for lo, hi in sorted(spans):   # the union of the byte ranges
+            total += max(0, hi - max(lo, end))
+            end = max(end, hi)
         return total
 
     def kv_bytes_per_token(self) -> int:

@@ -27,9 +27,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..nn import QLinear
 from ..ops import layer as layer_ops
 
-__all__ = ["RMSNorm", "rope_inv_freq", "rope_angles", "rope_neox", "rope_normal", "no_rope", "KVCache",
+__all__ = ["join_projections", "RMSNorm", "rope_inv_freq", "rope_angles", "rope_neox", "rope_normal", "no_rope", "KVCache",
            "Attention", "GatedMLP", "gelu_tanh"]
 
 
@@ -157,6 +158,14 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(head_dim, qk_norm_eps) if qk_norm_eps is not None else None
         self.k_norm = RMSNorm(head_dim, qk_norm_eps) if qk_norm_eps is not None else None
         self.kv_cache: KVCache | None = None
+        self.wqkv: QLinear | None = None    # q, k, v (and the gate) as one matrix: join_projections
+
+    def join_projections(self) -> bool:
+        """Read x once for q, k, v (and the gate): one joined packed matrix
+        (``QLinear.concat``) when their types allow it."""
+        parts = [self.wq, self.wk, self.wv] + ([self.wgate] if self.wgate is not None else [])
+        self.wqkv = QLinear.concat(parts)
+        return self.wqkv is not None
 
     @staticmethod
     def _head_norm(norm: "RMSNorm | None") -> tuple[torch.Tensor | None, float]:
@@ -196,9 +205,18 @@ class Attention(nn.Module):
                 rot: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor,
                 slots: torch.Tensor | None) -> torch.Tensor:
         B, T, _ = x.shape
-        q = self.wq(x).view(B, T, self.n_heads, self.head_dim)
-        k = self.wk(x).view(B, T, self.n_kv, self.head_dim)
-        v = self.wv(x).view(B, T, self.n_kv, self.head_dim)
+        q_dim, kv_dim = self.n_heads * self.head_dim, self.n_kv * self.head_dim
+        if self.wqkv is not None:   # views of one output: rows of x read once
+            qkv = self.wqkv(x)
+            q, k, v = qkv[..., :q_dim], qkv[..., q_dim:q_dim + kv_dim], qkv[..., q_dim + kv_dim:]
+            gate = qkv[..., q_dim + 2 * kv_dim:] if self.wgate is not None else None
+            v = v[..., :kv_dim]
+        else:
+            q, k, v = self.wq(x), self.wk(x), self.wv(x)
+            gate = self.wgate(x) if self.wgate is not None else None
+        q = q.view(B, T, self.n_heads, self.head_dim)
+        k = k.view(B, T, self.n_kv, self.head_dim)
+        v = v.view(B, T, self.n_kv, self.head_dim)
         style = getattr(self.rope, "style", None)
         if style is not None:  # per-head norms (Qwen3, Gemma 3) and RoPE as one op each
             q = layer_ops.norm_rope(q, *self._head_norm(self.q_norm), *rot, style)
@@ -234,8 +252,8 @@ class Attention(nn.Module):
                                                values.transpose(1, 2), attn_mask=mask.keep,
                                                scale=scale).to(x.dtype)
         o = o.view(B, self.n_kv, group, T, D).permute(0, 3, 1, 2, 4).reshape(B, T, -1)
-        if self.wgate is not None:   # gate from the normed input x, per feature
-            o = layer_ops.gated_act(self.wgate(x), o, layer_ops.ACT_SIGMOID)
+        if gate is not None:   # Glimmer's gate from the normed input x, per feature
+            o = layer_ops.gated_act(gate, o, layer_ops.ACT_SIGMOID)
         return self.wo(o)
 
 
@@ -255,12 +273,32 @@ class GatedMLP(nn.Module):
         self.w_gate = nn.Linear(hidden, ffn, bias=False)
         self.w_up = nn.Linear(hidden, ffn, bias=False)
         self.w_down = nn.Linear(ffn, hidden, bias=False)
+        self.w_gate_up: QLinear | None = None   # gate and up as one matrix: join_projections
+
+    def join_projections(self) -> bool:
+        """Read x once for gate and up: one joined packed matrix when their types allow it."""
+        self.w_gate_up = QLinear.concat([self.w_gate, self.w_up])
+        return self.w_gate_up is not None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.w_gate_up is not None:
+            gu = self.w_gate_up(x)
+            ffn = gu.shape[-1] // 2
+            gate, up = gu[..., :ffn], gu[..., ffn:]
+        else:
+            gate, up = self.w_gate(x), self.w_up(x)
         act = _GATED_ACTS.get(self.act)
         if act is None:
-            return self.w_down(self.act(self.w_gate(x)) * self.w_up(x))
-        return self.w_down(layer_ops.gated_act(self.w_gate(x), self.w_up(x), act))
+            return self.w_down(self.act(gate) * up)
+        return self.w_down(layer_ops.gated_act(gate, up, act))
+
+
+def join_projections(model: nn.Module) -> int:
+    """Join each attention's q/k/v(/gate) and each MLP's gate/up into one packed
+    matrix where their types allow (``QLinear.concat``); returns how many were
+    joined. For weights that are copies on an accelerator: on the CPU the
+    packed bytes are the file's memory map, which a join would copy."""
+    return sum(m.join_projections() for m in model.modules() if isinstance(m, (Attention, GatedMLP)))
 
 
 # the activations ``layer_ops.gated_act`` computes with the multiply, as one op

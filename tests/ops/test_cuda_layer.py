@@ -181,3 +181,32 @@ def test_gated_act(dtype, act):
          layer_ops.ACT_SIGMOID: torch.sigmoid(x)}[act]
     _close(got, f * up.double(), dtype, f"seed {seed}")
     _close(got, layer_ops.REFERENCES["gated_act"](gate, up, act), dtype, f"seed {seed} (composite)")
+
+
+def test_strided_inputs_read_in_place():
+    """Column slices of a wider output (the joined projections' q, k, v, gate and
+    up) give the same results as contiguous copies, without being copied."""
+    seed = _seed()
+    g = _gen(seed)
+    B, T, H, D = 2, 3, 2, 32
+    wide = _randn(B, T, 5 * H * D, gen=g, dtype=torch.float16)
+    q = wide[..., H * D:3 * H * D].view(B, T, 2 * H, D)
+    _, stride = kernels._strided_rows(q, 2)
+    assert stride == 5 * H * D
+    w = _randn(D, gen=g)
+    ang = torch.rand(B, T, 1, D // 2, generator=g, dtype=torch.float64)
+    cos, sin = ang.cos().float().to(DEVICE), ang.sin().float().to(DEVICE)
+    for style in (layer_ops.ROPE_NEOX, layer_ops.ROPE_NORMAL):
+        assert torch.equal(kernels.norm_rope(q, w, 1e-6, cos, sin, style),
+                           kernels.norm_rope(q.contiguous(), w, 1e-6, cos, sin, style)), f"seed {seed}"
+    gate, up = wide[..., :H * D], wide[..., 2 * H * D:3 * H * D]
+    assert torch.equal(kernels.gated_act(gate, up, layer_ops.ACT_SILU),
+                       kernels.gated_act(gate.contiguous(), up.contiguous(), layer_ops.ACT_SILU))
+    ck = torch.zeros(2, 8, H, D, dtype=torch.float16, device=DEVICE)
+    cv = torch.zeros_like(ck)
+    k, v = wide[..., :H * D].view(B, T, H, D), wide[..., 4 * H * D:].view(B, T, H, D)
+    slots, pos = torch.tensor([1, 0], device=DEVICE), torch.tensor([[0, 1, 2], [5, 6, 7]], device=DEVICE)
+    kernels.kv_store(ck, cv, slots, pos, k, v)
+    want_k, want_v = torch.zeros_like(ck), torch.zeros_like(cv)
+    layer_ops.REFERENCES["kv_store"](want_k, want_v, slots, pos, k, v)
+    assert torch.equal(ck, want_k) and torch.equal(cv, want_v), f"seed {seed}"

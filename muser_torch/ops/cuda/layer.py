@@ -55,22 +55,24 @@ def _norm_kernel(a_ptr, r_ptr, wpost_ptr, w_ptr, h_ptr, y_ptr, D, eps_post, eps,
 
 
 @triton.jit
-def _norm_rope_kernel(x_ptr, w_ptr, cos_ptr, sin_ptr, y_ptr, H, eps,
+def _norm_rope_kernel(x_ptr, w_ptr, cos_ptr, sin_ptr, y_ptr, H, sbt, eps,
                       NORM: tl.constexpr, ROPE: tl.constexpr, NEOX: tl.constexpr,
                       HALF: tl.constexpr):
-    """One head's row of ``x[B*T*H, 2*HALF]``: the RMSNorm (NORM), rounded to
-    the dtype, then RoPE (ROPE) with ``cos/sin[B*T, HALF]`` of its position."""
+    """One head's row of x (head h of position bt at ``bt * sbt + h * D``): the
+    RMSNorm (NORM), rounded to the dtype, then RoPE (ROPE) with ``cos/sin[B*T,
+    HALF]`` of its position; into the contiguous ``y[B*T*H, D]``."""
     row = tl.program_id(0).to(tl.int64)
+    src = (row // H) * sbt + (row % H) * (2 * HALF)
     j = tl.arange(0, HALF)
     D: tl.constexpr = 2 * HALF
     if NEOX:     # feature j pairs with j + D/2
         i1, i2 = j, j + HALF
     else:        # features 2j and 2j+1
         i1, i2 = 2 * j, 2 * j + 1
-    x1 = tl.load(x_ptr + row * D + i1)
+    x1 = tl.load(x_ptr + src + i1)
     dt = x1.dtype
     x1 = x1.to(tl.float32)
-    x2 = tl.load(x_ptr + row * D + i2).to(tl.float32)
+    x2 = tl.load(x_ptr + src + i2).to(tl.float32)
     if NORM:
         s = 1.0 / tl.sqrt((tl.sum(x1 * x1, 0) + tl.sum(x2 * x2, 0)) / D + eps)
         x1 = (x1 * s * tl.load(w_ptr + i1).to(tl.float32)).to(dt).to(tl.float32)
@@ -166,7 +168,7 @@ def _attn_combine_kernel(acc_ptr, ml_ptr, o_ptr, n_chunks, sob, soh, sog, n_kv,
 
 @triton.jit
 def _kv_store_kernel(k_ptr, v_ptr, ck_ptr, cv_ptr, slots_ptr, pos_ptr, T, m, n_kv, cap, D,
-                     BLOCK: tl.constexpr):
+                     sk, sv, BLOCK: tl.constexpr):
     """Row (b, t, h) of the last ``m`` new keys/values: into entry ``pos % cap``
     of slot ``slots[b]``, in the cache's dtype."""
     r = tl.program_id(0)
@@ -177,18 +179,22 @@ def _kv_store_kernel(k_ptr, v_ptr, ck_ptr, cv_ptr, slots_ptr, pos_ptr, T, m, n_k
     slot = tl.load(slots_ptr + b)
     d = tl.arange(0, BLOCK)
     dm = d < D
-    src = ((b * T + t) * n_kv + h) * D + d
+    bt = (b * T + t).to(tl.int64)
     dst = ((slot * cap + e) * n_kv + h) * D + d
-    tl.store(ck_ptr + dst, tl.load(k_ptr + src, mask=dm).to(ck_ptr.dtype.element_ty), mask=dm)
-    tl.store(cv_ptr + dst, tl.load(v_ptr + src, mask=dm).to(cv_ptr.dtype.element_ty), mask=dm)
+    tl.store(ck_ptr + dst, tl.load(k_ptr + bt * sk + h * D + d, mask=dm).to(ck_ptr.dtype.element_ty),
+             mask=dm)
+    tl.store(cv_ptr + dst, tl.load(v_ptr + bt * sv + h * D + d, mask=dm).to(cv_ptr.dtype.element_ty),
+             mask=dm)
 
 
 @triton.jit
-def _gated_act_kernel(g_ptr, u_ptr, y_ptr, n, ACT: tl.constexpr, BLOCK: tl.constexpr):
-    """``act(g) * u``, ``act`` rounded to the dtype first (as the composite)."""
-    i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+def _gated_act_kernel(g_ptr, u_ptr, y_ptr, n, sg, su, ACT: tl.constexpr, BLOCK: tl.constexpr):
+    """``act(g) * u`` over rows of ``n`` (rows ``sg`` / ``su`` apart in g and u,
+    contiguous in y), ``act`` rounded to the dtype first (as the composite)."""
+    row = tl.program_id(0).to(tl.int64)
+    i = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     m = i < n
-    g0 = tl.load(g_ptr + i, mask=m, other=0.0)
+    g0 = tl.load(g_ptr + row * sg + i, mask=m, other=0.0)
     g = g0.to(tl.float32)
     if ACT == 0:      # SiLU
         a = g / (1.0 + tl.exp(-g))
@@ -198,8 +204,8 @@ def _gated_act_kernel(g_ptr, u_ptr, y_ptr, n, ACT: tl.constexpr, BLOCK: tl.const
     else:             # sigmoid
         a = 1.0 / (1.0 + tl.exp(-g))
     a = a.to(g0.dtype).to(tl.float32)
-    u = tl.load(u_ptr + i, mask=m, other=0.0).to(tl.float32)
-    tl.store(y_ptr + i, (a * u).to(g0.dtype), mask=m)
+    u = tl.load(u_ptr + row * su + i, mask=m, other=0.0).to(tl.float32)
+    tl.store(y_ptr + row * n + i, (a * u).to(g0.dtype), mask=m)
 
 
 # ---- launchers (the layer ops' CUDA kernels, in schema order) -----------------------------
@@ -218,6 +224,29 @@ def _norm_warps(D: int) -> int:
 
 def _rows(t: torch.Tensor) -> torch.Tensor:
     return t if t.is_contiguous() else t.contiguous()
+
+
+def _strided_rows(t: torch.Tensor, inner_dims: int) -> tuple[torch.Tensor, int]:
+    """``t`` and the distance between its rows, a row being its last
+    ``inner_dims`` dims, when those are contiguous and the leading dims step
+    evenly (a column slice of a wider output, as the joined projections give);
+    else a contiguous copy and the row size."""
+    cut = t.dim() - inner_dims
+    inner = t.shape[cut:].numel()
+    want = 1
+    for size, stride in reversed(list(zip(t.shape[cut:], t.stride()[cut:]))):
+        if size != 1 and stride != want:
+            return _rows(t), inner
+        want *= size
+    lead = [(size, stride) for size, stride in zip(t.shape[:cut], t.stride()[:cut]) if size != 1]
+    if not lead:
+        return t, inner
+    want = lead[-1][1]
+    for size, stride in reversed(lead):
+        if stride != want:
+            return _rows(t), inner
+        want *= size
+    return t, lead[-1][1]
 
 
 def rms_norm(x, weight, eps):
@@ -247,13 +276,13 @@ def add_rms_norm(residual, a, post_weight, post_eps, weight, eps):
 
 def norm_rope(x, weight, eps, cos, sin, style):
     B, T, H, D = x.shape
-    x2 = _rows(x)
-    y = torch.empty_like(x2)
     if (D // 2) & (D // 2 - 1):   # the kernel's rows are power-of-two halves
         return REFERENCES["norm_rope"](x, weight, eps, cos, sin, style)
+    x2, sbt = _strided_rows(x, 2)
+    y = torch.empty((B, T, H, D), dtype=x.dtype, device=x.device)
     if x2.numel():
         _norm_rope_kernel[(B * T * H,)](x2, weight if weight is not None else x2, _rows(cos),
-                                        _rows(sin), y, H, eps, NORM=weight is not None,
+                                        _rows(sin), y, H, sbt, eps, NORM=weight is not None,
                                         ROPE=style != 0, NEOX=style == 1, HALF=D // 2)
     return y
 
@@ -293,8 +322,10 @@ def kv_store(cache_k, cache_v, slots, positions, k, v):
     cap = cache_k.shape[1]
     m = min(T, cap)
     if B * m * n_kv:
-        _kv_store_kernel[(B * m * n_kv,)](_rows(k), _rows(v), cache_k, cache_v, _rows(slots),
-                                          _rows(positions), T, m, n_kv, cap, D,
+        k2, sk = _strided_rows(k, 2)
+        v2, sv = _strided_rows(v, 2)
+        _kv_store_kernel[(B * m * n_kv,)](k2, v2, cache_k, cache_v, _rows(slots),
+                                          _rows(positions), T, m, n_kv, cap, D, sk, sv,
                                           BLOCK=triton.next_power_of_2(D))
 
 
@@ -302,11 +333,13 @@ _ACT_BLOCK = 1024
 
 
 def gated_act(gate, up, act):
-    g, u = _rows(gate), _rows(up)
-    y = torch.empty_like(g)
-    n = g.numel()
-    if n:
-        _gated_act_kernel[(triton.cdiv(n, _ACT_BLOCK),)](g, u, y, n, ACT=act, BLOCK=_ACT_BLOCK)
+    n = gate.shape[-1]
+    g, sg = _strided_rows(gate, 1)
+    u, su = _strided_rows(up, 1)
+    y = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
+    if y.numel():
+        _gated_act_kernel[(y.numel() // n, triton.cdiv(n, _ACT_BLOCK))](g, u, y, n, sg, su, ACT=act,
+                                                                        BLOCK=_ACT_BLOCK)
     return y
 
 

@@ -1,0 +1,51 @@
+"""Joined projections (``parts.join_projections``, done at load on CUDA): one
+packed matrix for q/k/v(/gate) and for gate/up gives the separate matrices'
+logits, keeps the bytes once, and is skipped where the types differ. Run on
+the CPU here (the join is device-independent arithmetic); the CUDA path runs
+it at load (tests/models/test_cuda_models.py)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import muser_torch
+from muser_torch.models.parts import Attention, GatedMLP, join_projections
+
+from .hf_files import write_random_gguf
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+@pytest.mark.parametrize("arch,types", [("llama", ("Q4_K",)), ("qwen2", ("Q8_0",)),
+                                        ("qwen3", ("Q5_0", "Q6_K"))])
+def test_join_keeps_logits_and_bytes(tmp_path, arch, types):
+    path = write_random_gguf(tmp_path / "m.gguf", arch, seed=3, types=types, n_layers=2)
+    model = muser_torch.from_gguf(path, device="cpu", dtype=torch.float32)
+    ids = torch.randint(0, model.config.vocab_size, (2, 9), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        want = model(ids)
+    bytes_before = model.weight_bytes_per_token()
+    joined = join_projections(model)
+    attn = [m for m in model.modules() if isinstance(m, Attention)]
+    mlps = [m for m in model.modules() if isinstance(m, GatedMLP)]
+    one_type = len(types) == 1
+    assert joined == (len(attn) + len(mlps) if one_type else joined)
+    if one_type:   # every join happened, and its parts view the joined bytes
+        a = attn[0]
+        assert a.wqkv is not None and a.wq.packed.data_ptr() == a.wqkv.packed.data_ptr()
+        assert a.wqkv.n_out == a.wq.n_out + a.wk.n_out + a.wv.n_out
+    with torch.no_grad():
+        got = model(ids)
+    assert _rel(got, want) < 1e-6
+    assert model.weight_bytes_per_token() == bytes_before
+
+
+def test_join_refuses_mixed_types(tmp_path):
+    path = write_random_gguf(tmp_path / "m.gguf", "llama", seed=4, n_layers=1,
+                             type_of={"blk.0.attn_q.weight": "Q4_K", "blk.0.attn_k.weight": "Q8_0",
+                                      "blk.0.attn_v.weight": "Q4_K"})
+    model = muser_torch.from_gguf(path, device="cpu", dtype=torch.float32)
+    attn = next(m for m in model.modules() if isinstance(m, Attention))
+    assert not attn.join_projections() and attn.wqkv is None
