@@ -158,14 +158,10 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(head_dim, qk_norm_eps) if qk_norm_eps is not None else None
         self.k_norm = RMSNorm(head_dim, qk_norm_eps) if qk_norm_eps is not None else None
         self.kv_cache: KVCache | None = None
-        self.wqkv: QLinear | None = None    # q, k, v (and the gate) as one matrix: join_projections
+        self.joined = JoinedProjections()
 
-    def join_projections(self) -> bool:
-        """Read x once for q, k, v (and the gate): one joined packed matrix
-        (``QLinear.concat``) when their types allow it."""
-        parts = [self.wq, self.wk, self.wv] + ([self.wgate] if self.wgate is not None else [])
-        self.wqkv = QLinear.concat(parts)
-        return self.wqkv is not None
+    def join_projections(self) -> int:
+        return self.joined.join(self, ("wq", "wk", "wv", "wgate"))
 
     @staticmethod
     def _head_norm(norm: "RMSNorm | None") -> tuple[torch.Tensor | None, float]:
@@ -205,15 +201,7 @@ class Attention(nn.Module):
                 rot: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor,
                 slots: torch.Tensor | None) -> torch.Tensor:
         B, T, _ = x.shape
-        q_dim, kv_dim = self.n_heads * self.head_dim, self.n_kv * self.head_dim
-        if self.wqkv is not None:   # views of one output: rows of x read once
-            qkv = self.wqkv(x)
-            q, k, v = qkv[..., :q_dim], qkv[..., q_dim:q_dim + kv_dim], qkv[..., q_dim + kv_dim:]
-            gate = qkv[..., q_dim + 2 * kv_dim:] if self.wgate is not None else None
-            v = v[..., :kv_dim]
-        else:
-            q, k, v = self.wq(x), self.wk(x), self.wv(x)
-            gate = self.wgate(x) if self.wgate is not None else None
+        q, k, v, gate = self.joined.project(self, x, ("wq", "wk", "wv", "wgate"))
         q = q.view(B, T, self.n_heads, self.head_dim)
         k = k.view(B, T, self.n_kv, self.head_dim)
         v = v.view(B, T, self.n_kv, self.head_dim)
@@ -273,20 +261,13 @@ class GatedMLP(nn.Module):
         self.w_gate = nn.Linear(hidden, ffn, bias=False)
         self.w_up = nn.Linear(hidden, ffn, bias=False)
         self.w_down = nn.Linear(ffn, hidden, bias=False)
-        self.w_gate_up: QLinear | None = None   # gate and up as one matrix: join_projections
+        self.joined = JoinedProjections()
 
-    def join_projections(self) -> bool:
-        """Read x once for gate and up: one joined packed matrix when their types allow it."""
-        self.w_gate_up = QLinear.concat([self.w_gate, self.w_up])
-        return self.w_gate_up is not None
+    def join_projections(self) -> int:
+        return self.joined.join(self, ("w_gate", "w_up"))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.w_gate_up is not None:
-            gu = self.w_gate_up(x)
-            ffn = gu.shape[-1] // 2
-            gate, up = gu[..., :ffn], gu[..., ffn:]
-        else:
-            gate, up = self.w_gate(x), self.w_up(x)
+        gate, up = self.joined.project(self, x, ("w_gate", "w_up"))
         act = _GATED_ACTS.get(self.act)
         if act is None:
             return self.w_down(self.act(gate) * up)
@@ -294,11 +275,50 @@ class GatedMLP(nn.Module):
 
 
 def join_projections(model: nn.Module) -> int:
-    """Join each attention's q/k/v(/gate) and each MLP's gate/up into one packed
-    matrix where their types allow (``QLinear.concat``); returns how many were
-    joined. For weights that are copies on an accelerator: on the CPU the
+    """Join each attention's q/k/v(/gate) and each MLP's gate/up into packed
+    matrices that read x once, wherever their types allow (``QLinear.concat``);
+    returns how many joined matrices were made. For weights that are copies on an accelerator: on the CPU the
     packed bytes are the file's memory map, which a join would copy."""
     return sum(m.join_projections() for m in model.modules() if isinstance(m, (Attention, GatedMLP)))
+
+
+class JoinedProjections(nn.Module):
+    """Projections of one input that share a packed matrix: the parts that can
+    join (same type, width, numerics; ``QLinear.concat``) are grouped, each
+    group one matrix whose output's column slices are the parts' outputs."""
+
+    def __init__(self):
+        super().__init__()
+        self.groups = nn.ModuleList()
+        self.members: list[tuple[str, ...]] = []
+
+    def join(self, owner: nn.Module, names: tuple[str, ...]) -> int:
+        if self.members:   # joined already
+            return len(self.members)
+        by_kind: dict[tuple, list[str]] = {}
+        for name in names:
+            p = getattr(owner, name)
+            if isinstance(p, QLinear) and p.scales is None:
+                by_kind.setdefault((p.qtype, p.n_in, p.numerics, p.bias is None), []).append(name)
+        for group in by_kind.values():
+            joined = QLinear.concat([getattr(owner, n) for n in group]) if len(group) > 1 else None
+            if joined is not None:
+                self.groups.append(joined)
+                self.members.append(tuple(group))
+        return len(self.members)
+
+    def project(self, owner: nn.Module, x: torch.Tensor,
+                names: tuple[str, ...]) -> list[torch.Tensor | None]:
+        """Each named projection of x (None for an absent one)."""
+        out: dict[str, torch.Tensor] = {}
+        for joined, group in zip(self.groups, self.members):
+            y, col = joined(x), 0
+            for name in group:
+                n = getattr(owner, name).n_out
+                out[name] = y[..., col:col + n]
+                col += n
+        return [out[n] if n in out else (None if getattr(owner, n) is None else getattr(owner, n)(x))
+                for n in names]
 
 
 # the activations ``layer_ops.gated_act`` computes with the multiply, as one op

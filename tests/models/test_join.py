@@ -30,22 +30,33 @@ def test_join_keeps_logits_and_bytes(tmp_path, arch, types):
     joined = join_projections(model)
     attn = [m for m in model.modules() if isinstance(m, Attention)]
     mlps = [m for m in model.modules() if isinstance(m, GatedMLP)]
-    one_type = len(types) == 1
-    assert joined == (len(attn) + len(mlps) if one_type else joined)
-    if one_type:   # every join happened, and its parts view the joined bytes
+    if len(types) == 1:   # every projection joined, and its parts view the joined bytes
+        assert joined == len(attn) + len(mlps)
         a = attn[0]
-        assert a.wqkv is not None and a.wq.packed.data_ptr() == a.wqkv.packed.data_ptr()
-        assert a.wqkv.n_out == a.wq.n_out + a.wk.n_out + a.wv.n_out
+        qkv = a.joined.groups[0]
+        assert a.joined.members[0] == ("wq", "wk", "wv")
+        assert a.wq.packed.data_ptr() == qkv.packed.data_ptr()
+        assert qkv.n_out == a.wq.n_out + a.wk.n_out + a.wv.n_out
+    else:
+        assert joined >= 1
     with torch.no_grad():
         got = model(ids)
     assert _rel(got, want) < 1e-6
     assert model.weight_bytes_per_token() == bytes_before
 
 
-def test_join_refuses_mixed_types(tmp_path):
+def test_join_groups_by_type(tmp_path):
     path = write_random_gguf(tmp_path / "m.gguf", "llama", seed=4, n_layers=1,
                              type_of={"blk.0.attn_q.weight": "Q4_K", "blk.0.attn_k.weight": "Q8_0",
-                                      "blk.0.attn_v.weight": "Q4_K"})
+                                      "blk.0.attn_v.weight": "Q4_K", "blk.0.ffn_gate.weight": "Q4_K",
+                                      "blk.0.ffn_up.weight": "Q8_0"})
     model = muser_torch.from_gguf(path, device="cpu", dtype=torch.float32)
+    ids = torch.randint(0, model.config.vocab_size, (1, 7), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        want = model(ids)
     attn = next(m for m in model.modules() if isinstance(m, Attention))
-    assert not attn.join_projections() and attn.wqkv is None
+    mlp = next(m for m in model.modules() if isinstance(m, GatedMLP))
+    assert attn.join_projections() == 1 and attn.joined.members == [("wq", "wv")]
+    assert mlp.join_projections() == 0
+    with torch.no_grad():
+        assert _rel(model(ids), want) < 1e-6

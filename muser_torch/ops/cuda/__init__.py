@@ -34,8 +34,9 @@ qmm_tall     any     float32 x: BM=64 tiles                 as qmm_small
 ===========  ======  =====================================  ================================
 
 Small matrices split the K dimension across programs; the partial sums are
-added by ``torch.sum``, or, in the int8-dot kernels, by the last program of
-each row block in split order (deterministic either way, no atomic sums). ``dequantize`` and
+added by ``torch.sum`` (the tensor-core rungs), or, in the one-token and
+int8-dot kernels, by the last program of each row block in split order
+(``tile._store``): deterministic either way, no atomic sums. ``dequantize`` and
 ``embedding`` are bit-exact with gguf's numpy ``dequantize`` (and
 ``muser_torch.dequantize`` runs this ``dequantize`` for CUDA tensors).
 
