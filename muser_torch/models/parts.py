@@ -282,6 +282,9 @@ def join_projections(model: nn.Module) -> int:
     return sum(m.join_projections() for m in model.modules() if isinstance(m, (Attention, GatedMLP)))
 
 
+JOIN_MAX_TOKENS = 16   # activation rows up to which joined matrices run (decode, DFlash's verify)
+
+
 class JoinedProjections(nn.Module):
     """Projections of one input that share a packed matrix: the parts that can
     join (same type, width, numerics; ``QLinear.concat``) are grouped, each
@@ -309,9 +312,16 @@ class JoinedProjections(nn.Module):
 
     def project(self, owner: nn.Module, x: torch.Tensor,
                 names: tuple[str, ...]) -> list[torch.Tensor | None]:
-        """Each named projection of x (None for an absent one)."""
+        """Each named projection of x (None for an absent one). Past
+        ``JOIN_MAX_TOKENS`` rows the parts run alone (over the same bytes): the
+        join saves launches and reads of x, which matter at decode sizes, while
+        the tensor-core tiles of a prefill ran slower on the joined shapes (H200,
+        docs/performance.md)."""
         out: dict[str, torch.Tensor] = {}
+        rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
         for joined, group in zip(self.groups, self.members):
+            if rows > JOIN_MAX_TOKENS:
+                break
             y, col = joined(x), 0
             for name in group:
                 n = getattr(owner, name).n_out

@@ -60,3 +60,25 @@ def test_join_groups_by_type(tmp_path):
     assert mlp.join_projections() == 0
     with torch.no_grad():
         assert _rel(model(ids), want) < 1e-6
+
+
+def test_long_inputs_run_the_parts(tmp_path):
+    """Past JOIN_MAX_TOKENS rows the parts run alone, with the same logits."""
+    from muser_torch.models import parts
+    path = write_random_gguf(tmp_path / "m.gguf", "llama", seed=5, types=("Q8_0",), n_layers=1)
+    model = muser_torch.from_gguf(path, device="cpu", dtype=torch.float32)
+    ids = torch.randint(0, model.config.vocab_size, (1, parts.JOIN_MAX_TOKENS + 3),
+                        generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        want = model(ids)
+    join_projections(model)
+    calls = []
+    for joined in (m for m in model.modules() if isinstance(m, parts.JoinedProjections)):
+        for g in joined.groups:
+            g.register_forward_hook(lambda *a: calls.append(1))
+    with torch.no_grad():
+        got_long = model(ids)
+        assert not calls
+        model(ids[:, :parts.JOIN_MAX_TOKENS])
+        assert calls
+    assert _rel(got_long, want) < 1e-6
