@@ -181,9 +181,12 @@ class Attention(nn.Module):
         one per window. ``valid [B]``, for a step that attends over the ring as it
         sits, counts its leading entries that may hold a key (the rest are
         empty), so a kernel can skip reading them."""
+        (B, T), group = positions.shape, self.n_heads // self.n_kv
+        if self.kv_cache is not None and lengths is not None and T == 1:   # a decode step
+            keep, valid = layer_ops.decode_mask(lengths, self.kv_cache.capacity, self.window or 0)
+            return Mask(keep[:, None, None, :].expand(B, 1, group, keep.shape[1]), valid)
         key_pos, valid = positions, None
         if self.kv_cache is not None and lengths is not None:
-            T = positions.shape[1]
             if self.in_place(T):  # the ring after this step's write
                 key_pos = self.kv_cache.entry_positions(lengths + T)
                 valid = (lengths + T).clamp(max=self.kv_cache.capacity)
@@ -194,7 +197,7 @@ class Attention(nn.Module):
         mask = (kp <= qp) & (kp >= 0)
         if self.window is not None:
             mask = mask & (qp - kp < self.window)
-        (B, T), S, group = positions.shape, key_pos.shape[1], self.n_heads // self.n_kv
+        S = key_pos.shape[1]
         return Mask(mask.unsqueeze(1).expand(B, group, T, S).reshape(B, 1, group * T, S), valid)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor,

@@ -301,6 +301,14 @@ def _check_kv_store(cache_k, cache_v, slots, positions, k, v) -> None:
         raise ValueError(f"muser.kv_store: slots must be long [{B}] and positions long [{B}, {T}]")
 
 
+def _check_decode_mask(lengths, capacity, window) -> None:
+    if not isinstance(lengths, Tensor) or lengths.dtype != torch.long or lengths.dim() != 1:
+        raise ValueError("muser.decode_mask: lengths must be a 1-D long tensor")
+    if capacity < 1 or window < 0:
+        raise ValueError(f"muser.decode_mask: capacity must be >= 1 and window >= 0, got "
+                         f"{capacity} and {window}")
+
+
 def _check_gated_act(gate, up, act) -> None:
     _float("gate", "gated_act", gate)
     if not isinstance(up, Tensor) or up.shape != gate.shape or up.dtype != gate.dtype \
@@ -313,6 +321,7 @@ def _check_gated_act(gate, up, act) -> None:
 
 # layer op -> its check (in schema order)
 LAYER_OPS: dict[str, Callable[..., None]] = {
+    "decode_mask": _check_decode_mask,
     "gated_act": _check_gated_act,
     "rms_norm": _check_rms_norm, "add_rms_norm": _check_add_rms_norm,
     "norm_rope": _check_norm_rope, "decode_attention": _check_decode_attention,

@@ -10,6 +10,7 @@ calls the composite directly, so an eager CPU step pays no dispatcher cost.
 
 Schemas (namespace ``muser``)::
 
+    decode_mask(Tensor lengths, int capacity, int window) -> (Tensor, Tensor)
     gated_act(Tensor gate, Tensor up, int act) -> Tensor
     rms_norm(Tensor x, Tensor weight, float eps) -> Tensor
     add_rms_norm(Tensor residual, Tensor a, Tensor? post_weight, float post_eps,
@@ -33,7 +34,7 @@ from torch import Tensor
 
 from .checks import LAYER_OPS
 
-__all__ = ["gated_act", "ACT_SILU", "ACT_GELU_TANH", "ACT_SIGMOID", "rms_norm", "add_rms_norm", "norm_rope", "decode_attention", "kv_store",
+__all__ = ["decode_mask", "gated_act", "ACT_SILU", "ACT_GELU_TANH", "ACT_SIGMOID", "rms_norm", "add_rms_norm", "norm_rope", "decode_attention", "kv_store",
            "ROPE_NONE", "ROPE_NEOX", "ROPE_NORMAL"]
 
 ROPE_NONE, ROPE_NEOX, ROPE_NORMAL = 0, 1, 2
@@ -97,13 +98,26 @@ def _gated_act(gate: Tensor, up: Tensor, act: int) -> Tensor:
     return _ACTS[act](gate) * up
 
 
-REFERENCES = {"gated_act": _gated_act, "rms_norm": _norm, "add_rms_norm": _add_rms_norm, "norm_rope": _norm_rope,
+def _decode_mask(lengths: Tensor, capacity: int, window: int) -> tuple[Tensor, Tensor]:
+    # Entry i of a ring of ``capacity`` holding positions 0..L-1 (L = lengths + 1,
+    # after this step's write) holds i + capacity * floor((L-1-i) / capacity).
+    last = lengths.unsqueeze(-1)                  # the new token's position
+    i = torch.arange(capacity, device=lengths.device)
+    pos = i + capacity * torch.div(last - i, capacity, rounding_mode="floor")
+    keep = i <= last
+    if window:
+        keep = keep & (last - pos < window)
+    return keep, (lengths + 1).clamp(max=capacity)
+
+
+REFERENCES = {"decode_mask": _decode_mask, "gated_act": _gated_act, "rms_norm": _norm, "add_rms_norm": _add_rms_norm, "norm_rope": _norm_rope,
               "decode_attention": _decode_attention, "kv_store": _kv_store}
 
 
 # ---- the ops --------------------------------------------------------------------------------
 
 _SCHEMAS = {
+    "decode_mask": "(Tensor lengths, int capacity, int window) -> (Tensor, Tensor)",
     "gated_act": "(Tensor gate, Tensor up, int act) -> Tensor",
     "rms_norm": "(Tensor x, Tensor weight, float eps) -> Tensor",
     "add_rms_norm": "(Tensor residual, Tensor a, Tensor? post_weight, float post_eps, "
@@ -151,6 +165,14 @@ def _call(op: str, *args):
     if args[0].device.type in LAYER_DEVICES:
         return getattr(torch.ops.muser, op)(*args)
     return REFERENCES[op](*args)
+
+
+def decode_mask(lengths: Tensor, capacity: int, window: int) -> tuple[Tensor, Tensor]:
+    """For a one-token step of rows with ``lengths[B]`` cached tokens over a
+    ring of ``capacity`` (after the step's write): ``keep[B, capacity]``, the
+    entries the new token attends to (causal, within ``window`` when it is
+    not 0), and ``valid[B]``, the leading entries that may hold a key."""
+    return _call("decode_mask", lengths, capacity, window)
 
 
 def gated_act(gate: Tensor, up: Tensor, act: int) -> Tensor:

@@ -210,3 +210,20 @@ def test_strided_inputs_read_in_place():
     want_k, want_v = torch.zeros_like(ck), torch.zeros_like(cv)
     layer_ops.REFERENCES["kv_store"](want_k, want_v, slots, pos, k, v)
     assert torch.equal(ck, want_k) and torch.equal(cv, want_v), f"seed {seed}"
+
+
+@pytest.mark.parametrize("cap,window", [(8, 0), (8, 5), (300, 0), (1100, 700)])
+def test_decode_mask(cap, window):
+    """Against the ring formula evaluated entry by entry in Python."""
+    seed = _seed()
+    rng = random.Random(seed)
+    lengths = [rng.randrange(0, 3 * cap) for _ in range(3)] + [0, cap - 1, cap]
+    keep, valid = kernels.decode_mask(torch.tensor(lengths, device=DEVICE), cap, window)
+    for b, n in enumerate(lengths):       # n cached tokens, the new one at position n
+        for i in range(cap):
+            held = [p for p in range(n + 1) if p % cap == i]
+            want = bool(held) and (window == 0 or n - max(held) < window)
+            assert bool(keep[b, i]) == want, f"seed {seed}: length {n}, entry {i}"
+        assert int(valid[b]) == min(n + 1, cap)
+    ref_keep, ref_valid = layer_ops.REFERENCES["decode_mask"](torch.tensor(lengths), cap, window)
+    assert torch.equal(keep.cpu(), ref_keep) and torch.equal(valid.cpu(), ref_valid)

@@ -208,6 +208,22 @@ def _gated_act_kernel(g_ptr, u_ptr, y_ptr, n, sg, su, ACT: tl.constexpr, BLOCK: 
     tl.store(y_ptr + row * n + i, (a * u).to(g0.dtype), mask=m)
 
 
+@triton.jit
+def _decode_mask_kernel(len_ptr, keep_ptr, valid_ptr, cap, window, BLOCK: tl.constexpr):
+    """Row b: entry i holds position ``i + cap * ((last - i) // cap)`` when
+    ``i <= last`` (the new token's position); kept within the window."""
+    b = tl.program_id(0)
+    i = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    last = tl.load(len_ptr + b)
+    pos = i + cap * ((last - i) // cap)       # last - i >= 0 wherever it is used
+    keep = i <= last
+    if window > 0:
+        keep = keep & (last - pos < window)
+    tl.store(keep_ptr + b * cap + i, keep.to(tl.int8), mask=i < cap)
+    if tl.program_id(1) == 0:
+        tl.store(valid_ptr + b, tl.minimum(last + 1, cap))
+
+
 # ---- launchers (the layer ops' CUDA kernels, in schema order) -----------------------------
 
 import torch  # noqa: E402
@@ -330,6 +346,17 @@ def kv_store(cache_k, cache_v, slots, positions, k, v):
 
 
 _ACT_BLOCK = 1024
+_MASK_BLOCK = 1024
+
+
+def decode_mask(lengths, capacity, window):
+    B = lengths.shape[0]
+    keep = torch.empty((B, capacity), dtype=torch.bool, device=lengths.device)
+    valid = torch.empty((B,), dtype=torch.long, device=lengths.device)
+    if B:
+        _decode_mask_kernel[(B, triton.cdiv(capacity, _MASK_BLOCK))](
+            _rows(lengths), keep.view(torch.int8), valid, capacity, window, BLOCK=_MASK_BLOCK)
+    return keep, valid
 
 
 def gated_act(gate, up, act):
@@ -343,5 +370,5 @@ def gated_act(gate, up, act):
     return y
 
 
-KERNELS = {"gated_act": gated_act, "kv_store": kv_store, "rms_norm": rms_norm, "add_rms_norm": add_rms_norm, "norm_rope": norm_rope,
+KERNELS = {"decode_mask": decode_mask, "gated_act": gated_act, "kv_store": kv_store, "rms_norm": rms_norm, "add_rms_norm": add_rms_norm, "norm_rope": norm_rope,
            "decode_attention": decode_attention}
