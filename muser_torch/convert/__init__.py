@@ -5,13 +5,14 @@ re-quantizing). ``convert(hf_dir, out, type)`` is the whole of it;
 ``command`` is the CLI."""
 from __future__ import annotations
 
-from ..errors import (CheckpointError, ConfigMismatchError, ConvertError, RecipeError,
-                      TokenizerConvertError, UnsupportedArchitectureError)
+from ..errors import (CheckpointError, ConfigMismatchError, ConvertError, OutputExistsError,
+                      OutputPathError, RecipeError, TokenizerConvertError, UnsupportedArchitectureError)
 from .pipeline import ConvertResult, convert
 from .recipes import TYPES
 
 __all__ = ["convert", "ConvertResult", "TYPES", "ConvertError", "CheckpointError",
-           "ConfigMismatchError", "RecipeError", "TokenizerConvertError",
+           "ConfigMismatchError", "OutputExistsError", "OutputPathError",
+           "RecipeError", "TokenizerConvertError",
            "UnsupportedArchitectureError"]
 
 

@@ -25,6 +25,8 @@ def register(subparsers) -> None:
     p.add_argument("--pre-tokenizer", help="llama.cpp's name of a BPE pre-tokenizer its converter "
                                            "cannot identify by hash (e.g. 'qwen2')")
     p.add_argument("--threads", type=int, help="CPU threads (torch.set_num_threads)")
+    p.add_argument("--force", action="store_true",
+                   help="overwrite OUT if it exists (replaced only once the new file is complete)")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=main)
 
@@ -37,7 +39,8 @@ def main(args: argparse.Namespace) -> int:
             raise ValueError(f"--threads must be at least 1, got {args.threads}")
         torch.set_num_threads(args.threads)
     r = convert(args.hf_dir, args.output, args.type, device=args.device, imatrix=args.imatrix,
-                pre_tokenizer=args.pre_tokenizer, progress=False if args.no_progress else None)
+                pre_tokenizer=args.pre_tokenizer, progress=False if args.no_progress else None,
+                force=args.force)
     if r.skipped:
         print(f"left out {len(r.skipped)} tensors that are not the text model "
               f"(e.g. {r.skipped[0]}): a vision tower or projector is not converted")

@@ -20,7 +20,8 @@ from typing import Any, Callable
 import torch
 
 from ..arch.names import TENSOR_NAMES
-from ..errors import ConfigMismatchError, ConvertError, RecipeError
+from ..errors import (ConfigMismatchError, ConvertError, OutputExistsError, OutputPathError,
+                      RecipeError)
 from ..formats import GGMLType, quantize
 from ..formats.types import NVFP4_GROUP
 from ..gguf_io import SCALE2_SUFFIX, SCALE_SUFFIX, save_gguf
@@ -65,14 +66,17 @@ class _Source:
 
 def convert(hf_dir: "str | os.PathLike[str]", out: "str | os.PathLike[str]", type: str = "f16", *,
             device: str = "cpu", imatrix: "str | os.PathLike[str] | None" = None,
-            pre_tokenizer: str | None = None, progress: bool | None = None) -> ConvertResult:
+            pre_tokenizer: str | None = None, progress: bool | None = None,
+            force: bool = False) -> ConvertResult:
     """Convert the checkpoint at ``hf_dir`` into ``out`` (written atomically).
 
     ``type``: f16, bf16 or q8_0 (llama.cpp's converter), q4_k_m (its converter
     then llama-quantize), q4_k_xl or nvfp4 (the Muser lanes; nvfp4 passes a
     ModelOpt NVFP4 checkpoint's weights through bit for bit). ``imatrix``:
     llama.cpp's imatrix GGUF for the K-quants. ``pre_tokenizer`` names a BPE
-    pre-tokenizer llama.cpp cannot identify by hash. Raises ConvertError
+    pre-tokenizer llama.cpp cannot identify by hash. An existing ``out`` is
+    refused before the checkpoint is read (OutputExistsError) unless ``force``;
+    then it is replaced only when the new file is complete. Raises ConvertError
     subclasses naming what is wrong; nothing is left at ``out`` then."""
     t0 = time.perf_counter()
     if type not in TYPES:
@@ -86,6 +90,7 @@ def convert(hf_dir: "str | os.PathLike[str]", out: "str | os.PathLike[str]", typ
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ConvertError("--device cuda: no CUDA device is available to this torch")
     out = Path(out)
+    check_output(out, force)
     ck = Checkpoint(hf_dir)
     try:
         return _convert(ck, out, type, dev, imatrix, pre_tokenizer, progress, t0)
@@ -132,6 +137,18 @@ def _convert(ck: Checkpoint, out: Path, type: str, dev: torch.device, imatrix: A
               progress=progress if progress is not None else input_bytes >= 64 << 20)
     return ConvertResult(out, len(specs), input_bytes, out.stat().st_size, time.perf_counter() - t0,
                          skipped)
+
+
+def check_output(out: Path, force: bool) -> None:
+    """``out`` can take the file: its folder exists, it is not a directory, and
+    it is not an existing file unless ``force``. Checked first, so a mistaken
+    path costs no time (the file itself is written beside it and renamed)."""
+    if out.is_dir():
+        raise OutputPathError(f"{out} is a directory; give the path of the GGUF file to write")
+    if not out.parent.is_dir():
+        raise OutputPathError(f"{out}: the folder {out.parent} does not exist")
+    if (out.exists() or out.is_symlink()) and not force:
+        raise OutputExistsError(f"{out} exists; pass --force (force=True) to overwrite it")
 
 
 def _n_layers(hp: dict) -> int:

@@ -123,9 +123,9 @@ def test_bad_checkpoint_is_refused_and_nothing_is_written(good, tmp_path, damage
     with pytest.raises(error, match=words):
         convert(d, out, "q8_0", progress=False)
     assert not out.exists() and not list(tmp_path.glob("*.partial"))
-    # an existing file at OUT stays as it was
+    # an existing file at OUT stays as it was, even under --force
     out.write_bytes(b"keep me")
-    assert cli_main(["convert", str(d), str(out), "--type", "f16", "--no-progress"]) == 2
+    assert cli_main(["convert", str(d), str(out), "--type", "f16", "--no-progress", "--force"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("muser-torch convert: error:") and "Traceback" not in err, err
     assert out.read_bytes() == b"keep me" and not list(tmp_path.glob("*.partial"))
