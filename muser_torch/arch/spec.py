@@ -95,6 +95,10 @@ class Architecture:
     # Every ``<name>.*`` key the config reads (names after the prefix): any
     # other key under the prefix may change the math, so it is refused.
     understood: frozenset[str] = frozenset()
+    # The Muser-native lanes (``muser.weight_precision``) its files may declare,
+    # each with its own fences and checks; () for an architecture whose files
+    # are llama.cpp's only (the converter refuses a lane it does not have).
+    lanes: tuple[str, ...] = ()
 
     def check_keys(self, md: dict, where: str) -> None:
         """MetadataError for a ``<name>.*`` key this graph does not follow."""

@@ -19,6 +19,7 @@ from typing import Any, Callable
 
 import torch
 
+from ..arch import ARCHITECTURES
 from ..arch.names import TENSOR_NAMES
 from ..errors import (ConfigMismatchError, ConvertError, OutputExistsError, OutputPathError,
                       RecipeError)
@@ -29,7 +30,7 @@ from .checkpoint import Checkpoint
 from .imatrix import load_imatrix
 from .keys import collect_metadata
 from .nvfp4_source import NVFP4_COMPANIONS, is_nvfp4_checkpoint, packed_source
-from .recipes import TYPES, PlannedTensor, llama_quantize_order, plan_types
+from .recipes import LANES, TYPES, PlannedTensor, llama_quantize_order, plan_types
 from .rules import Family, family_of, permute_rows, text_hparams, text_tensor_name
 
 __all__ = ["convert", "ConvertResult"]
@@ -104,7 +105,9 @@ def _convert(ck: Checkpoint, out: Path, type: str, dev: torch.device, imatrix: A
     fam = family_of(ck.hparams)
     hp = text_hparams(ck.hparams)
     n_layers = _n_layers(hp)
+    fam.check(hp, n_layers)
     nvfp4_ck = is_nvfp4_checkpoint(ck)
+    _check_lane(ck, fam, type, nvfp4_ck)
     if nvfp4_ck and type != "nvfp4":
         raise RecipeError(f"{ck.dir}: an NVFP4 checkpoint (packed uint8 weights with E4M3 scales) "
                           f"converts only with --type nvfp4, which keeps its weights as they are; "
@@ -149,6 +152,21 @@ def check_output(out: Path, force: bool) -> None:
         raise OutputPathError(f"{out}: the folder {out.parent} does not exist")
     if (out.exists() or out.is_symlink()) and not force:
         raise OutputExistsError(f"{out} exists; pass --force (force=True) to overwrite it")
+
+
+def _check_lane(ck: Checkpoint, fam: Family, type: str, nvfp4_ck: bool) -> None:
+    """A Muser lane only for an architecture whose table has it (a file of
+    another one declaring a lane would be refused by ``run``, or carry a lane
+    key nothing checks); checked before any tensor is read."""
+    arch = ARCHITECTURES[fam.gguf_arch]
+    if nvfp4_ck and "nvfp4" not in arch.lanes:
+        raise RecipeError(f"{ck.dir}: an NVFP4 checkpoint (packed uint8 weights with E4M3 scales) "
+                          f"converts only to the nvfp4 lane, and {arch.title} files have no Muser "
+                          f"lane (muser-torch runs them from llama.cpp's types)")
+    if type in LANES and type not in arch.lanes:
+        takes = ", ".join(t for t in TYPES if t not in LANES or t in arch.lanes)
+        raise RecipeError(f"--type {type} is a Muser lane, which {arch.title} files do not have "
+                          f"(muser-torch runs them from llama.cpp's types); {arch.title} takes {takes}")
 
 
 def _n_layers(hp: dict) -> int:

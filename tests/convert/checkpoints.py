@@ -34,6 +34,8 @@ def hf_config(arch: str, *, vocab: int, n_layers: int = 2, hidden: int = 256, ff
                               tie_word_embeddings=tied, **extra)
     if head_dim is not None:
         kw["head_dim"] = head_dim
+    if arch == "gemma3":   # as the releases have it (the 27B aside): the file has no key for it
+        kw.setdefault("query_pre_attn_scalar", head_dim or cls().head_dim)
     if rope is not None:
         kw["rope_parameters"] = rope
     cfg = cls(**kw)
@@ -136,12 +138,16 @@ def nvfp4_parts(n_out: int, n_in: int, gen: torch.Generator) -> dict[str, torch.
 def write_nvfp4_checkpoint(directory: Path, arch: str, seed: int, **config: Any
                            ) -> tuple[Path, Any, dict[str, torch.Tensor]]:
     """A random checkpoint in ModelOpt's NVFP4 layout: every linear of the
-    layers packed, the rest bf16; config.json carries its quantization_config."""
-    d, cfg, weights = write_checkpoint(directory, arch, seed, **config)
+    text layers packed, the rest bf16; config.json carries its
+    quantization_config. ``arch`` "muse-glimmer" writes a Muse Glimmer."""
+    if arch == "muse-glimmer":
+        d, cfg, weights = write_glimmer_checkpoint(directory, seed, **config)
+    else:
+        d, cfg, weights = write_checkpoint(directory, arch, seed, **config)
     gen = torch.Generator().manual_seed(seed + 17)
     out: dict[str, torch.Tensor] = {}
     for name, w in weights.items():
-        if name.endswith(".weight") and name.split(".")[-2] in NVFP4_LINEARS:
+        if name.endswith(".weight") and name.split(".")[-2] in NVFP4_LINEARS and "vision" not in name:
             base = name[:-len(".weight")]
             for k, v in nvfp4_parts(w.shape[0], w.shape[1], gen).items():
                 out[f"{base}.{k}"] = v

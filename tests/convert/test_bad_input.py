@@ -18,7 +18,7 @@ from muser_torch.convert import (CheckpointError, ConfigMismatchError, RecipeErr
                                  TokenizerConvertError, UnsupportedArchitectureError, convert)
 
 from ..gguf.helpers import fresh_seed  # noqa: E402
-from .checkpoints import save_weights, write_checkpoint  # noqa: E402
+from .checkpoints import save_weights, write_checkpoint, write_glimmer_checkpoint  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -147,11 +147,11 @@ def test_unidentified_pre_tokenizer_is_refused(good, tmp_path):
 def test_recipe_refuses_rows_it_cannot_take(tmp_path):
     """q4_k_xl needs rows of whole 256-blocks; an ffn of 96 is refused by name
     (llama.cpp's q4_k_m falls back instead, and so does ours)."""
-    d, _, _ = write_checkpoint(tmp_path / "narrow", "llama", fresh_seed(), n_layers=1, ffn=96)
+    d, _, _ = write_glimmer_checkpoint(tmp_path / "narrow", fresh_seed(), n_layers=1, ffn=96)
     with pytest.raises(RecipeError, match="ffn_down.*96.*q4_k_xl"):
-        convert(d, tmp_path / "x.gguf", "q4_k_xl", progress=False)
+        convert(d, tmp_path / "x.gguf", "q4_k_xl", progress=False, pre_tokenizer="qwen2")
     assert not (tmp_path / "x.gguf").exists()
-    convert(d, tmp_path / "m.gguf", "q4_k_m", progress=False)
+    convert(d, tmp_path / "m.gguf", "q4_k_m", progress=False, pre_tokenizer="qwen2")
     from muser_torch.gguf_io import load_gguf
     # the one layer is a use_more_bits layer: Q6_K, which rows of 96 cannot take -> Q8_0
     assert load_gguf(tmp_path / "m.gguf")["blk.0.ffn_down.weight"].type_name == "Q8_0"
