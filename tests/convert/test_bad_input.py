@@ -164,3 +164,20 @@ def test_unknown_type_and_device(good, tmp_path, capsys):
     assert cli_main(["convert", str(d), str(tmp_path / "x.gguf"), "--device", "tpu"]) == 2
     assert "--device" in capsys.readouterr().err
     assert not (tmp_path / "x.gguf").exists()
+
+
+@pytest.mark.parametrize("change,words", [
+    ({"query_pre_attn_scalar": 256}, "query_pre_attn_scalar is 256.*1/sqrt\\(64\\)"),
+    ({"layer_types": ["full_attention", "sliding_attention"]}, "layer_types .* at layer 0"),
+])
+def test_gemma3_config_a_file_cannot_carry_is_refused(tmp_path, change, words, capsys):
+    """llama.cpp fixes Gemma 3's query scale (1/sqrt(head_dim)) and its layer
+    pattern (every 6th global); a config.json saying otherwise is refused
+    rather than converted into a file that computes another model."""
+    d, _, _ = write_checkpoint(tmp_path / "g", "gemma3", fresh_seed(), n_layers=2, head_dim=64)
+    _config_edit(d, **change)
+    with pytest.raises(ConfigMismatchError, match=words):
+        convert(d, tmp_path / "g.gguf", "f16", progress=False)
+    assert cli_main(["convert", str(d), str(tmp_path / "g.gguf")]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
+    assert not (tmp_path / "g.gguf").exists()
