@@ -26,7 +26,7 @@ from ..errors import ChatTemplateError, MetadataError
 from .chat_limits import ChatLimits
 from .metadata import (CHAT_TEMPLATE_KEY, LLAMA3_FAMILY_PRE, MODEL_KEY, PREFIX, VocabMetadata,
                        read_vocab_metadata)
-from . import spm_bpe
+from . import spm_bpe, tokenizer_cache
 from .requirements import require
 
 MODELS = ("gpt2", "llama")
@@ -57,7 +57,8 @@ class GGUFTokenizer:
         if model not in MODELS:
             raise MetadataError(f"{MODEL_KEY} is {model!r}; this class builds {list(MODELS)}")
         vocab = read_vocab_metadata(md, model)
-        return cls(vocab, build_backend(vocab))
+        require("tokenizers")   # a cached tokenizer needs no transformers; a build does
+        return cls(vocab, tokenizer_cache.load_or_build(md, vocab, build_backend))
 
     @property
     def vocab_size(self) -> int:
