@@ -72,8 +72,8 @@ def convert(hf_dir: "str | os.PathLike[str]", out: "str | os.PathLike[str]", typ
     """Convert the checkpoint at ``hf_dir`` into ``out`` (written atomically).
 
     ``type``: f16, bf16 or q8_0 (llama.cpp's converter), q4_k_m (its converter
-    then llama-quantize), q4_k_xl or nvfp4 (the Muser lanes; nvfp4 passes a
-    ModelOpt NVFP4 checkpoint's weights through bit for bit). ``imatrix``:
+    then llama-quantize), q4_k_xl or nvfp4 (the Muser lanes, for Muse Glimmer
+    only; nvfp4 passes a ModelOpt NVFP4 checkpoint's weights through bit for bit). ``imatrix``:
     llama.cpp's imatrix GGUF for the K-quants. ``pre_tokenizer`` names a BPE
     pre-tokenizer llama.cpp cannot identify by hash. An existing ``out`` is
     refused before the checkpoint is read (OutputExistsError) unless ``force``;
