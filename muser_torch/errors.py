@@ -75,6 +75,16 @@ class ConvertError(ValueError):
     """A checkpoint cannot be converted; nothing is written at the output path."""
 
 
+class OutputPathError(ConvertError):
+    """The output path cannot take the file (a directory, or its folder is
+    missing); raised before the checkpoint is read."""
+
+
+class OutputExistsError(OutputPathError):
+    """A file exists at the output path and ``force`` was not given; raised
+    before the checkpoint is read."""
+
+
 class CheckpointError(ConvertError):
     """The checkpoint's files are incomplete or unreadable: a missing shard, a
     truncated or malformed safetensors file, a missing config.json."""

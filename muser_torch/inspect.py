@@ -6,8 +6,13 @@ tensor name without its ``blk.N.`` prefix, and tensors are grouped by
 weight, bytes read per decoded token, and the lane. Works on any GGUF, not
 only Glimmer; nothing is read beyond the header.
 
-Bytes per decoded token: one token reads every weight once except the token
-embedding, of which it reads one row.
+Bytes per decoded token: every tensor one token reads, once: all layer
+weights and norms, the lm_head in full, and of the token embedding one row,
+or all of it when the lm_head is the embedding (a tied head: the file has no
+``output.weight`` and its architecture's table ties the lm_head to the
+embedding, as Gemma 3's and the Llama family's do; for an architecture
+muser-torch does not run, llama.cpp's convention that a missing
+``output.weight`` means a tied head).
 """
 from __future__ import annotations
 
@@ -18,6 +23,7 @@ import sys
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from .arch import ARCHITECTURES
 from .config import LANE_KEY
 from .gguf_io import SCALE2_SUFFIX, SCALE_SUFFIX, GGUFFile, load_gguf
 
@@ -25,6 +31,7 @@ __all__ = ["TensorClass", "Summary", "summarize", "register", "main"]
 
 _LAYER_PREFIX = re.compile(r"^blk\.\d+\.")
 EMBEDDING = "token_embd.weight"
+OUTPUT = "output.weight"
 
 
 @dataclass
@@ -67,6 +74,15 @@ def _is_companion(name: str, gguf: GGUFFile) -> bool:
                for suffix in (SCALE2_SUFFIX, SCALE_SUFFIX))
 
 
+def _tied_head(gguf: GGUFFile, arch: Any) -> bool:
+    """Whether the lm_head is the token embedding (see the module docstring)."""
+    spec = ARCHITECTURES.get(arch) if isinstance(arch, str) else None
+    if spec is None:
+        return OUTPUT not in gguf.tensors
+    return any(row.tied_to is not None and row.name not in gguf.tensors for row in spec.tensors
+               if not row.per_layer and row.name == OUTPUT)
+
+
 def summarize(gguf: GGUFFile) -> Summary:
     """The tensor-class table and totals of a parsed file. Parameters count
     every tensor element (norms too) except NVFP4 companion scales."""
@@ -86,10 +102,10 @@ def summarize(gguf: GGUFFile) -> Summary:
     sized_params = sum(t.n_elements for t in sized if not _is_companion(t.name, gguf))
     per_token = tensor_bytes
     emb = gguf.tensors.get(EMBEDDING)
-    if emb is not None and emb.nbytes is not None:
+    arch = gguf.metadata.get("general.architecture")
+    if emb is not None and emb.nbytes is not None and not _tied_head(gguf, arch):
         per_token -= emb.nbytes - emb.nbytes // emb.n_out
     lane = gguf.metadata.get(LANE_KEY)
-    arch = gguf.metadata.get("general.architecture")
     return Summary(
         file=str(gguf.path), file_bytes=gguf.file_size, version=gguf.version,
         architecture=arch if isinstance(arch, str) else None,

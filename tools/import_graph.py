@@ -21,7 +21,7 @@ EMULATOR, EMULATOR_CALLER = "muser_torch_metal_emulator", "muser_torch.ops.metal
 
 # Layer of each top-level module or package, lowest first (docs/architecture.md).
 LAYERS = {
-    "errors": 0,
+    "errors": 0, "cache": 0,
     "formats": 1,
     "ops": 2,
     "nn": 3, "gguf_io": 3, "text": 3,

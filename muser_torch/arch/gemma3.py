@@ -28,8 +28,10 @@ from .spec import (DECODER_KEYS, LLAMA_CPP_TYPES, MAX_SIZE, Architecture, Decode
 
 ARCH = "gemma3"
 
+DEFAULT_PATTERN = 6   # llama.cpp's set_swa_pattern(6): every 6th layer global
+
 KEYS = DECODER_KEYS + (
-    Key("sliding_window_pattern", "attention.sliding_window_pattern", default=6),
+    Key("sliding_window_pattern", "attention.sliding_window_pattern", default=DEFAULT_PATTERN),
     Key("rope_base", "rope.freq_base", real=True, lo=1.0, hi=1e12, default=10000.0),
     Key("rope_base_local", "rope.freq_base_swa", real=True, lo=1.0, hi=1e12, default=10000.0),
     Key("rope_scale", "rope.scaling.factor", real=True, lo=1.0, hi=1e6, default=1.0),
@@ -43,7 +45,7 @@ class Gemma3Config(DecoderConfig):
     ARCH_NAME = ARCH
 
     vocab_size: int
-    sliding_window_pattern: int = 6
+    sliding_window_pattern: int = DEFAULT_PATTERN
     rope_base: float = 10000.0
     rope_base_local: float = 10000.0
     rope_scale: float = 1.0          # linear RoPE scaling of the global layers
@@ -51,9 +53,7 @@ class Gemma3Config(DecoderConfig):
 
     @property
     def query_scale(self) -> float:
-        if self.n_layers == 62:   # Gemma 3 27B (llama.cpp: LLM_TYPE_27B)
-            return (self.hidden / self.n_heads) ** -0.5
-        return self.head_dim ** -0.5
+        return query_pre_attn_scalar(self.n_layers, self.hidden, self.n_heads, self.head_dim) ** -0.5
 
     @classmethod
     def from_metadata(cls, md: dict[str, Any]) -> "Gemma3Config":
@@ -73,6 +73,19 @@ class Gemma3Config(DecoderConfig):
         cfg = cls(**values)
         cfg.check()
         return cfg
+
+
+def query_pre_attn_scalar(n_layers: int, hidden: int, n_heads: int, head_dim: int) -> float:
+    """What llama.cpp scales queries by the inverse square root of (its files
+    carry no key for it): the head size, except the 62-layer 27B model's
+    ``hidden / n_heads`` (llama.cpp: LLM_TYPE_27B)."""
+    return hidden / n_heads if n_layers == 62 else float(head_dim)
+
+
+def global_layers(n_layers: int, pattern: int = DEFAULT_PATTERN) -> tuple[bool, ...]:
+    """Which layers attend globally (``DecoderConfig.is_global``): every
+    ``pattern``-th, counted from the first."""
+    return tuple((i + 1) % pattern == 0 for i in range(n_layers))
 
 
 def _vocab_size(md: dict[str, Any]) -> int:

@@ -335,4 +335,4 @@ UNDERSTOOD = key_names(DECODER_KEYS, _OWN_KEYS, extra=(
 
 MUSE_GLIMMER = Architecture(ARCH, "Muse Glimmer", GlimmerConfig, TENSORS, FENCES,
                             check_metadata=check_lane_key, check_tensors=check_lane_tensors,
-                            understood=UNDERSTOOD)
+                            understood=UNDERSTOOD, lanes=LANES)

@@ -95,6 +95,10 @@ class Architecture:
     # Every ``<name>.*`` key the config reads (names after the prefix): any
     # other key under the prefix may change the math, so it is refused.
     understood: frozenset[str] = frozenset()
+    # The Muser-native lanes (``muser.weight_precision``) its files may declare,
+    # each with its own fences and checks; () for an architecture whose files
+    # are llama.cpp's only (the converter refuses a lane it does not have).
+    lanes: tuple[str, ...] = ()
 
     def check_keys(self, md: dict, where: str) -> None:
         """MetadataError for a ``<name>.*`` key this graph does not follow."""
@@ -175,9 +179,9 @@ class DecoderConfig:
                              f"head_count_kv {self.n_kv_heads}")
         if self.head_dim % 2:
             raise ValueError(f"{a}.attention.key_length {self.head_dim} must be even (RoPE)")
-        if self.sliding_window > self.context_length:
-            raise ValueError(f"{a}.attention.sliding_window {self.sliding_window} exceeds "
-                             f"context_length {self.context_length}")
+        # A sliding window wider than the context is admitted: it holds every
+        # position, as llama.cpp and transformers run it (the converter writes
+        # config.json's window as it is), and the cache caps it at the context.
 
 
 def number(key: str, v: Any, real: bool) -> "int | float":

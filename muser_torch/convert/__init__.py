@@ -1,17 +1,18 @@
 """``muser-torch convert``: Hugging Face safetensors checkpoints to GGUF, the
-file llama.cpp's converter (and ``llama-quantize``) would write, or a Muser
-lane (q4_k_xl, nvfp4; a ModelOpt NVFP4 checkpoint passes through without
-re-quantizing). ``convert(hf_dir, out, type)`` is the whole of it;
+file llama.cpp's converter (and ``llama-quantize``) would write, or, for Muse
+Glimmer, a Muser lane (q4_k_xl, nvfp4; a ModelOpt NVFP4 checkpoint passes
+through without re-quantizing). ``convert(hf_dir, out, type)`` is the whole of it;
 ``command`` is the CLI."""
 from __future__ import annotations
 
-from ..errors import (CheckpointError, ConfigMismatchError, ConvertError, RecipeError,
-                      TokenizerConvertError, UnsupportedArchitectureError)
+from ..errors import (CheckpointError, ConfigMismatchError, ConvertError, OutputExistsError,
+                      OutputPathError, RecipeError, TokenizerConvertError, UnsupportedArchitectureError)
 from .pipeline import ConvertResult, convert
 from .recipes import TYPES
 
 __all__ = ["convert", "ConvertResult", "TYPES", "ConvertError", "CheckpointError",
-           "ConfigMismatchError", "RecipeError", "TokenizerConvertError",
+           "ConfigMismatchError", "OutputExistsError", "OutputPathError",
+           "RecipeError", "TokenizerConvertError",
            "UnsupportedArchitectureError"]
 
 

@@ -19,12 +19,14 @@ def register(subparsers) -> None:
     p.add_argument("output", type=Path, help="the GGUF file to write (atomically)")
     p.add_argument("--type", choices=TYPES, default="f16",
                    help="f16/bf16/q8_0: llama.cpp's converter; q4_k_m: its converter + llama-quantize; "
-                        "q4_k_xl/nvfp4: the Muser lanes")
+                        "q4_k_xl/nvfp4: the Muser lanes (Muse Glimmer)")
     p.add_argument("--device", default="cpu", help="where quantization runs: cpu or cuda")
     p.add_argument("--imatrix", type=Path, help="llama.cpp's imatrix GGUF (for the K-quants)")
     p.add_argument("--pre-tokenizer", help="llama.cpp's name of a BPE pre-tokenizer its converter "
                                            "cannot identify by hash (e.g. 'qwen2')")
     p.add_argument("--threads", type=int, help="CPU threads (torch.set_num_threads)")
+    p.add_argument("--force", action="store_true",
+                   help="overwrite OUT if it exists (replaced only once the new file is complete)")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=main)
 
@@ -37,7 +39,8 @@ def main(args: argparse.Namespace) -> int:
             raise ValueError(f"--threads must be at least 1, got {args.threads}")
         torch.set_num_threads(args.threads)
     r = convert(args.hf_dir, args.output, args.type, device=args.device, imatrix=args.imatrix,
-                pre_tokenizer=args.pre_tokenizer, progress=False if args.no_progress else None)
+                pre_tokenizer=args.pre_tokenizer, progress=False if args.no_progress else None,
+                force=args.force)
     if r.skipped:
         print(f"left out {len(r.skipped)} tensors that are not the text model "
               f"(e.g. {r.skipped[0]}): a vision tower or projector is not converted")

@@ -19,8 +19,10 @@ from typing import Any, Callable
 
 import torch
 
+from ..arch import ARCHITECTURES
 from ..arch.names import TENSOR_NAMES
-from ..errors import ConfigMismatchError, ConvertError, RecipeError
+from ..errors import (ConfigMismatchError, ConvertError, OutputExistsError, OutputPathError,
+                      RecipeError)
 from ..formats import GGMLType, quantize
 from ..formats.types import NVFP4_GROUP
 from ..gguf_io import SCALE2_SUFFIX, SCALE_SUFFIX, save_gguf
@@ -28,7 +30,7 @@ from .checkpoint import Checkpoint
 from .imatrix import load_imatrix
 from .keys import collect_metadata
 from .nvfp4_source import NVFP4_COMPANIONS, is_nvfp4_checkpoint, packed_source
-from .recipes import TYPES, PlannedTensor, llama_quantize_order, plan_types
+from .recipes import LANES, TYPES, PlannedTensor, llama_quantize_order, plan_types
 from .rules import Family, family_of, permute_rows, text_hparams, text_tensor_name
 
 __all__ = ["convert", "ConvertResult"]
@@ -65,14 +67,17 @@ class _Source:
 
 def convert(hf_dir: "str | os.PathLike[str]", out: "str | os.PathLike[str]", type: str = "f16", *,
             device: str = "cpu", imatrix: "str | os.PathLike[str] | None" = None,
-            pre_tokenizer: str | None = None, progress: bool | None = None) -> ConvertResult:
+            pre_tokenizer: str | None = None, progress: bool | None = None,
+            force: bool = False) -> ConvertResult:
     """Convert the checkpoint at ``hf_dir`` into ``out`` (written atomically).
 
     ``type``: f16, bf16 or q8_0 (llama.cpp's converter), q4_k_m (its converter
-    then llama-quantize), q4_k_xl or nvfp4 (the Muser lanes; nvfp4 passes a
-    ModelOpt NVFP4 checkpoint's weights through bit for bit). ``imatrix``:
+    then llama-quantize), q4_k_xl or nvfp4 (the Muser lanes, for Muse Glimmer
+    only; nvfp4 passes a ModelOpt NVFP4 checkpoint's weights through bit for bit). ``imatrix``:
     llama.cpp's imatrix GGUF for the K-quants. ``pre_tokenizer`` names a BPE
-    pre-tokenizer llama.cpp cannot identify by hash. Raises ConvertError
+    pre-tokenizer llama.cpp cannot identify by hash. An existing ``out`` is
+    refused before the checkpoint is read (OutputExistsError) unless ``force``;
+    then it is replaced only when the new file is complete. Raises ConvertError
     subclasses naming what is wrong; nothing is left at ``out`` then."""
     t0 = time.perf_counter()
     if type not in TYPES:
@@ -86,6 +91,7 @@ def convert(hf_dir: "str | os.PathLike[str]", out: "str | os.PathLike[str]", typ
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ConvertError("--device cuda: no CUDA device is available to this torch")
     out = Path(out)
+    check_output(out, force)
     ck = Checkpoint(hf_dir)
     try:
         return _convert(ck, out, type, dev, imatrix, pre_tokenizer, progress, t0)
@@ -99,7 +105,9 @@ def _convert(ck: Checkpoint, out: Path, type: str, dev: torch.device, imatrix: A
     fam = family_of(ck.hparams)
     hp = text_hparams(ck.hparams)
     n_layers = _n_layers(hp)
+    fam.check(hp, n_layers)
     nvfp4_ck = is_nvfp4_checkpoint(ck)
+    _check_lane(ck, fam, type, nvfp4_ck)
     if nvfp4_ck and type != "nvfp4":
         raise RecipeError(f"{ck.dir}: an NVFP4 checkpoint (packed uint8 weights with E4M3 scales) "
                           f"converts only with --type nvfp4, which keeps its weights as they are; "
@@ -132,6 +140,33 @@ def _convert(ck: Checkpoint, out: Path, type: str, dev: torch.device, imatrix: A
               progress=progress if progress is not None else input_bytes >= 64 << 20)
     return ConvertResult(out, len(specs), input_bytes, out.stat().st_size, time.perf_counter() - t0,
                          skipped)
+
+
+def check_output(out: Path, force: bool) -> None:
+    """``out`` can take the file: its folder exists, it is not a directory, and
+    it is not an existing file unless ``force``. Checked first, so a mistaken
+    path costs no time (the file itself is written beside it and renamed)."""
+    if out.is_dir():
+        raise OutputPathError(f"{out} is a directory; give the path of the GGUF file to write")
+    if not out.parent.is_dir():
+        raise OutputPathError(f"{out}: the folder {out.parent} does not exist")
+    if (out.exists() or out.is_symlink()) and not force:
+        raise OutputExistsError(f"{out} exists; pass --force (force=True) to overwrite it")
+
+
+def _check_lane(ck: Checkpoint, fam: Family, type: str, nvfp4_ck: bool) -> None:
+    """A Muser lane only for an architecture whose table has it (a file of
+    another one declaring a lane would be refused by ``run``, or carry a lane
+    key nothing checks); checked before any tensor is read."""
+    arch = ARCHITECTURES[fam.gguf_arch]
+    if nvfp4_ck and "nvfp4" not in arch.lanes:
+        raise RecipeError(f"{ck.dir}: an NVFP4 checkpoint (packed uint8 weights with E4M3 scales) "
+                          f"converts only to the nvfp4 lane, and {arch.title} files have no Muser "
+                          f"lane (muser-torch runs them from llama.cpp's types)")
+    if type in LANES and type not in arch.lanes:
+        takes = ", ".join(t for t in TYPES if t not in LANES or t in arch.lanes)
+        raise RecipeError(f"--type {type} is a Muser lane, which {arch.title} files do not have "
+                          f"(muser-torch runs them from llama.cpp's types); {arch.title} takes {takes}")
 
 
 def _n_layers(hp: dict) -> int:

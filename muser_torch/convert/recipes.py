@@ -10,8 +10,10 @@
   whole 256-blocks; attn_v and ffn_down Q6_K on the ``use_more_bits``
   layers; then the fallbacks for rows not divisible by 256 (Q4_K -> Q5_0,
   Q5_K -> Q5_1, Q6_K -> Q8_0, F16 when not even 32 divides them).
-* ``q4_k_xl``, ``nvfp4``: the seed's Muser lanes (``arch/glimmer_recipe``);
-  a tensor whose rows cannot take the lane's type is refused (RecipeError).
+* ``q4_k_xl``, ``nvfp4``: the seed's Muser lanes (``arch/glimmer_recipe``),
+  for an architecture whose table has them (``Architecture.lanes``: Muse
+  Glimmer's); a tensor whose rows cannot take the lane's type is refused
+  (RecipeError).
 """
 from __future__ import annotations
 
@@ -19,12 +21,12 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from ..arch.glimmer_recipe import recipe_type
+from ..arch.muse_glimmer import LANES
 from ..errors import RecipeError
 from ..formats import GGMLType
 
 T = GGMLType
-TYPES = ("f16", "bf16", "q8_0", "q4_k_m", "q4_k_xl", "nvfp4")
-LANES = ("q4_k_xl", "nvfp4")
+TYPES = ("f16", "bf16", "q8_0", "q4_k_m") + LANES
 
 # general.file_type (llama.cpp's llama_ftype) each --type writes; the lanes have
 # none of their own in llama.cpp, so they say what most of their bytes are

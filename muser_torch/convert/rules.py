@@ -17,10 +17,11 @@ from typing import Any, Callable, Iterable
 
 import torch
 
+from ..arch import gemma3 as GEMMA3
 from ..arch import muse_glimmer as G
 from ..arch.names import TENSOR_NAMES
 from ..arch.spec import TensorSpec
-from ..errors import UnsupportedArchitectureError
+from ..errors import ConfigMismatchError, UnsupportedArchitectureError
 
 # HF per-layer module suffix -> names.py short name, per family; "model.layers.{i}." prefixes them.
 _LLAMA_LAYER = {
@@ -72,6 +73,9 @@ class Family:
     extra: Callable[[dict], Iterable[tuple[str, torch.Tensor]]] = field(default=lambda hp: ())
     # tensors the converter writes after a checkpoint tensor: (hp, GGUF name) -> [(name, tensor)]
     synthesized: Callable[[dict, str], list[tuple[str, torch.Tensor]]] = field(default=lambda hp, n: [])
+    # (hp, n_layers): ConfigMismatchError for a config.json value the file cannot
+    # carry (llama.cpp fixes it for the architecture and would compute another model)
+    check: Callable[[dict, int], None] = field(default=lambda hp, n: None)
 
     def shifts(self, gguf_name: str) -> bool:
         """Whether the converter adds ``norm_shift`` to this tensor."""
@@ -199,6 +203,30 @@ def _gemma3_keys(w: Any, hp: dict) -> None:
     w.add_head_count_kv(hp.get("num_key_value_heads", 4))
 
 
+def _gemma3_check(hp: dict, n_layers: int) -> None:
+    """The query scale and the local/global layers are not keys of a gemma3
+    file: llama.cpp fixes them (``arch/gemma3.py``). A config.json giving
+    others would convert into a file computing a different model."""
+    heads = hp.get("num_attention_heads", 8)
+    want = GEMMA3.query_pre_attn_scalar(n_layers, hp["hidden_size"], heads, hp.get("head_dim", 256))
+    got = hp.get("query_pre_attn_scalar")
+    if got is not None and float(got) != want:
+        raise ConfigMismatchError(
+            f"config.json's query_pre_attn_scalar is {got}, but a gemma3 file has no key for it: "
+            f"llama.cpp (and muser-torch) scale queries by 1/sqrt({want:g}) for this model, so "
+            f"the converted file would compute another model")
+    types = hp.get("layer_types")
+    if types is not None:
+        want_types = ["full_attention" if g else "sliding_attention"
+                      for g in GEMMA3.global_layers(n_layers)]
+        if list(types) != want_types:
+            i = next((i for i, (a, b) in enumerate(zip(types, want_types)) if a != b), len(types))
+            raise ConfigMismatchError(
+                f"config.json's layer_types differ from llama.cpp's gemma3 pattern (every "
+                f"{GEMMA3.DEFAULT_PATTERN}th layer global) at layer {i}; a gemma3 file has no key "
+                f"for another pattern, so the converted file would compute another model")
+
+
 # ---- extra tensors ----------------------------------------------------------------------
 
 def llama3_rope_factors(hp: dict) -> Iterable[tuple[str, torch.Tensor]]:
@@ -268,7 +296,7 @@ FAMILIES: tuple[Family, ...] = (
     Family("qwen2", ("Qwen2ForCausalLM", "Qwen2Model"), _LLAMA_LAYER, "qwen", _no_keys),
     Family("qwen3", ("Qwen3ForCausalLM",), _LLAMA_LAYER, "qwen", _no_keys),
     Family("gemma3", ("Gemma3ForCausalLM", "Gemma3ForConditionalGeneration"), _GEMMA_LAYER, "gemma3",
-           _gemma3_keys, norm_shift=1.0, trim_embedding=True),
+           _gemma3_keys, norm_shift=1.0, trim_embedding=True, check=_gemma3_check),
     Family(G.ARCH, ("MuseGlimmerForConditionalGeneration",), _glimmer_layer_names(), "glimmer",
            _glimmer_keys, permute_qk=True, norm_shift=1.0, shifted_rows=G.NORM_SHIFTED,
            synthesized=_glimmer_synthesized),

@@ -7,13 +7,20 @@ Three vocabularies, each the converter's:
   every piece with its score and type, padded to the config's vocab_size with
   ``[PADn]`` UNUSED tokens, then the added tokens of ``added_tokens.json``
   and ``tokenizer_config.json``'s ``added_tokens_decoder``;
-* Hugging Face's Llama BPE with byte fallback (``tokenizer.json`` only):
-  the same model, through gguf-py's ``LlamaHfVocab``;
-* byte-level BPE (``tokenizer.json``): ``"gpt2"``, the vocabulary by id
-  (holes as ``[PADn]``), added tokens CONTROL or USER_DEFINED, and the
+* BPE (``tokenizer.json``): ``"gpt2"``, the vocabulary by id (holes as
+  ``[PADn]``), added tokens CONTROL or USER_DEFINED, merges, and the
   pre-tokenizer named by the hash of the ids the tokenizer gives a fixed
   probe text (``pretokenizers.txt``). A hash not listed is refused, as the
-  converter refuses it; ``pre_tokenizer=`` names it explicitly instead.
+  converter refuses it; ``pre_tokenizer=`` names it explicitly instead. A
+  sentencepiece-style BPE (byte fallback, U+2581 for a space: Gemma's
+  ``tokenizer.json``) is llama.cpp's "gemma4" family; Gemma 3's own hash is
+  listed as "granite-embed-multi-311m", which llama.cpp reads the same way.
+
+A Llama-family ``tokenizer.json`` converted from sentencepiece, without its
+``tokenizer.model``, is refused: llama.cpp's converter writes it as a
+sentencepiece vocabulary whose scores are all -1000 (gguf-py's
+``LlamaHfVocab`` has no merge ranks to give), and that file tokenizes
+differently from the checkpoint.
 
 Special ids, add_bos/add_eos, merges and the chat template come from gguf-py's
 ``SpecialVocab``, the converter's own reader of those files. Keys go into a
@@ -67,11 +74,12 @@ def pre_tokenizer_name(tokenizer: Any, directory: Path) -> str:
     digest = sha256(str(tokenizer.encode(CHECK_TEXT)).encode()).hexdigest()
     name = _known().get(digest)
     if name is None:
+        hint = ("'gemma4': it is a sentencepiece-style BPE, as Gemma's" if is_sentencepiece_bpe(directory)
+                else "one of llama.cpp's names, e.g. 'llama-bpe', 'qwen2'")
         raise TokenizerConvertError(
             f"{directory}: the BPE pre-tokenizer of tokenizer.json is not one llama.cpp's converter "
             f"identifies (hash {digest}); it would be written wrong, so it is refused. If you know "
-            f"which it is, name it with --pre-tokenizer (one of llama.cpp's names, e.g. 'llama-bpe', "
-            f"'qwen2')")
+            f"which it is, name it with --pre-tokenizer ({hint})")
     return name
 
 
@@ -231,10 +239,11 @@ def write_vocab(writer: Any, directory: Path, hparams: dict, family: str,
                 writer.add_add_space_prefix(prefix)
         if has_spm:
             _write_spm(writer, directory, *_sentencepiece(directory, hparams))
-        elif _is_llama_hf(directory):
-            import gguf
-            rows = list(gguf.LlamaHfVocab(directory).all_tokens())
-            _write_spm(writer, directory, [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows])
+        elif is_sentencepiece_bpe(directory):
+            raise TokenizerConvertError(
+                f"{directory}: tokenizer.json is a sentencepiece-style BPE without its tokenizer.model; "
+                f"llama.cpp's converter writes it with no merge ranks (every score -1000), so the file "
+                f"would tokenize differently from the checkpoint: add the checkpoint's tokenizer.model")
         else:
             _gpt2(writer, directory, hparams, pre_tokenizer)
         return
@@ -246,8 +255,9 @@ def write_vocab(writer: Any, directory: Path, hparams: dict, family: str,
         _gpt2(writer, directory, hparams, pre_tokenizer)
 
 
-def _is_llama_hf(directory: Path) -> bool:
-    """tokenizer.json is a sentencepiece-style BPE with byte fallback (gguf-py's LlamaHfVocab)."""
+def is_sentencepiece_bpe(directory: Path) -> bool:
+    """tokenizer.json is a BPE converted from sentencepiece: byte fallback, and a
+    decoder sequence (U+2581 back to a space, bytes fused)."""
     tj = _read_json(directory / "tokenizer.json")
     model = tj.get("model", {})
     return (model.get("type") == "BPE" and bool(model.get("byte_fallback", False))

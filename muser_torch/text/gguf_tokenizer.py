@@ -26,6 +26,7 @@ from ..errors import ChatTemplateError, MetadataError
 from .chat_limits import ChatLimits
 from .metadata import (CHAT_TEMPLATE_KEY, LLAMA3_FAMILY_PRE, MODEL_KEY, PREFIX, VocabMetadata,
                        read_vocab_metadata)
+from . import spm_bpe, tokenizer_cache
 from .requirements import require
 
 MODELS = ("gpt2", "llama")
@@ -56,7 +57,8 @@ class GGUFTokenizer:
         if model not in MODELS:
             raise MetadataError(f"{MODEL_KEY} is {model!r}; this class builds {list(MODELS)}")
         vocab = read_vocab_metadata(md, model)
-        return cls(vocab, build_backend(vocab))
+        require("tokenizers")   # a cached tokenizer needs no transformers; a build does
+        return cls(vocab, tokenizer_cache.load_or_build(md, vocab, build_backend))
 
     @property
     def vocab_size(self) -> int:
@@ -133,10 +135,10 @@ def build_backend(vocab: VocabMetadata) -> Any:
     from transformers.integrations.gguf.gguf_tokenizer_mapping import (
         GGUF_PRE_TOKENIZER_SPLITS, convert_gguf_tokenizer)
 
-    if vocab.model == "gpt2":
+    if vocab.model == "gpt2" and vocab.pre not in spm_bpe.SPM_BPE_PRE:
         # A BPE file is split by its pre-tokenizer's regex before any merge; one
         # that transformers does not know would silently get GPT-2's.
-        known = sorted(set(GGUF_PRE_TOKENIZER_SPLITS) | {"gpt-2"})
+        known = sorted(set(GGUF_PRE_TOKENIZER_SPLITS) | {"gpt-2"} | spm_bpe.SPM_BPE_PRE)
         if vocab.pre not in known:
             found = "missing" if vocab.pre is None else f"{vocab.pre!r}"
             raise MetadataError(f"{PREFIX}pre is {found}; the BPE pre-tokenizers supported "
@@ -148,7 +150,10 @@ def build_backend(vocab: VocabMetadata) -> Any:
         if value is not None:
             tokenizer_dict[name] = value
     try:
-        backend, _ = convert_gguf_tokenizer(vocab.architecture, tokenizer_dict)
+        if vocab.model == "gpt2" and vocab.pre in spm_bpe.SPM_BPE_PRE:
+            backend = spm_bpe.backend(vocab)
+        else:
+            backend, _ = convert_gguf_tokenizer(vocab.architecture, tokenizer_dict)
     except Exception as e:  # the converter's complaint is about these keys' values
         raise MetadataError(f"{PREFIX}*: the {vocab.model!r} tokenizer could not be built "
                             f"from this vocabulary: {type(e).__name__}: {e}") from None

@@ -1,7 +1,8 @@
 """Small random Hugging Face checkpoints, written as a hub download looks: config.json
 from transformers' own config class, safetensors weights (optionally sharded
 with model.safetensors.index.json), and a real tokenizer trained here
-(sentencepiece's ``tokenizer.model`` for Llama and Gemma 3, a byte-level BPE
+(sentencepiece's ``tokenizer.model`` for Llama and Gemma 3, each with its
+family's settings, a byte-level BPE
 ``tokenizer.json`` for the Qwens) with its ``tokenizer_config.json`` and chat
 template. Weights are ``hf_files.random_hf_weights`` (transformers' parameter
 names and shapes, fresh values from a seed)."""
@@ -34,6 +35,8 @@ def hf_config(arch: str, *, vocab: int, n_layers: int = 2, hidden: int = 256, ff
                               tie_word_embeddings=tied, **extra)
     if head_dim is not None:
         kw["head_dim"] = head_dim
+    if arch == "gemma3":   # as the releases have it (the 27B aside): the file has no key for it
+        kw.setdefault("query_pre_attn_scalar", head_dim or cls().head_dim)
     if rope is not None:
         kw["rope_parameters"] = rope
     cfg = cls(**kw)
@@ -41,21 +44,37 @@ def hf_config(arch: str, *, vocab: int, n_layers: int = 2, hidden: int = 256, ff
     return cfg
 
 
-def write_sentencepiece(directory: Path, seed: int, vocab: int, template: str) -> int:
-    """tokenizer.model (sentencepiece BPE with byte fallback, Llama's settings) and
-    tokenizer_config.json; returns the piece count."""
+# sentencepiece settings and tokenizer_config.json of the two sentencepiece
+# families: Llama's (a dummy space prefix; <unk> <s> </s>) and Gemma's (no
+# prefix; <pad> <eos> <bos> <unk>, then control tokens such as <mask> and the
+# turn markers)
+_SPM = {
+    "llama": (dict(add_dummy_prefix=True, unk_id=0, bos_id=1, eos_id=2, pad_id=-1),
+              {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>",
+               "tokenizer_class": "LlamaTokenizer", "chat_template": LLAMA2_TEMPLATE}),
+    "gemma3": (dict(add_dummy_prefix=False, pad_id=0, eos_id=1, bos_id=2, unk_id=3,
+                    pad_piece="<pad>", eos_piece="<eos>", bos_piece="<bos>", unk_piece="<unk>",
+                    control_symbols=["<mask>", "<start_of_turn>", "<end_of_turn>"]),
+               {"bos_token": "<bos>", "eos_token": "<eos>", "unk_token": "<unk>",
+                "pad_token": "<pad>", "mask_token": "<mask>", "tokenizer_class": "GemmaTokenizer",
+                "chat_template": GEMMA_TEMPLATE}),
+}
+
+
+def write_sentencepiece(directory: Path, seed: int, vocab: int, family: str = "llama") -> int:
+    """tokenizer.model (sentencepiece BPE with byte fallback, ``family``'s settings:
+    "llama" or "gemma3") and tokenizer_config.json; returns the piece count."""
     import sentencepiece as spm
+    settings, config = _SPM[family]
     model = io.BytesIO()
     spm.SentencePieceTrainer.train(
         sentence_iterator=iter(corpus(seed)), model_writer=model, model_type="bpe",
         vocab_size=vocab, byte_fallback=True, character_coverage=0.98,
         normalization_rule_name="identity", remove_extra_whitespaces=False,
-        add_dummy_prefix=True, allow_whitespace_only_pieces=True, split_digits=True,
-        unk_id=0, bos_id=1, eos_id=2, pad_id=-1, minloglevel=2)
+        allow_whitespace_only_pieces=True, split_digits=True, minloglevel=2, **settings)
     (directory / "tokenizer.model").write_bytes(model.getvalue())
-    (directory / "tokenizer_config.json").write_text(json.dumps({
-        "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "add_bos_token": True,
-        "add_eos_token": False, "chat_template": template, "tokenizer_class": "LlamaTokenizer"}))
+    (directory / "tokenizer_config.json").write_text(json.dumps(
+        {**config, "add_bos_token": True, "add_eos_token": False}))
     return vocab
 
 
@@ -106,8 +125,7 @@ def write_checkpoint(directory: Path, arch: str, seed: int, *, dtype: torch.dtyp
     ``extra_vocab`` rows beyond the tokenizer (the converter pads or trims them)."""
     directory.mkdir(parents=True, exist_ok=True)
     if arch in ("llama", "gemma3"):
-        n_tok = write_sentencepiece(directory, seed, vocab,
-                                    LLAMA2_TEMPLATE if arch == "llama" else GEMMA_TEMPLATE)
+        n_tok = write_sentencepiece(directory, seed, vocab, arch)
     else:
         n_tok = write_byte_bpe(directory, seed, vocab, lowercase)
     cfg = hf_config(arch, vocab=n_tok + extra_vocab, **config)
@@ -136,12 +154,16 @@ def nvfp4_parts(n_out: int, n_in: int, gen: torch.Generator) -> dict[str, torch.
 def write_nvfp4_checkpoint(directory: Path, arch: str, seed: int, **config: Any
                            ) -> tuple[Path, Any, dict[str, torch.Tensor]]:
     """A random checkpoint in ModelOpt's NVFP4 layout: every linear of the
-    layers packed, the rest bf16; config.json carries its quantization_config."""
-    d, cfg, weights = write_checkpoint(directory, arch, seed, **config)
+    text layers packed, the rest bf16; config.json carries its
+    quantization_config. ``arch`` "muse-glimmer" writes a Muse Glimmer."""
+    if arch == "muse-glimmer":
+        d, cfg, weights = write_glimmer_checkpoint(directory, seed, **config)
+    else:
+        d, cfg, weights = write_checkpoint(directory, arch, seed, **config)
     gen = torch.Generator().manual_seed(seed + 17)
     out: dict[str, torch.Tensor] = {}
     for name, w in weights.items():
-        if name.endswith(".weight") and name.split(".")[-2] in NVFP4_LINEARS:
+        if name.endswith(".weight") and name.split(".")[-2] in NVFP4_LINEARS and "vision" not in name:
             base = name[:-len(".weight")]
             for k, v in nvfp4_parts(w.shape[0], w.shape[1], gen).items():
                 out[f"{base}.{k}"] = v

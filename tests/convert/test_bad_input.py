@@ -18,7 +18,7 @@ from muser_torch.convert import (CheckpointError, ConfigMismatchError, RecipeErr
                                  TokenizerConvertError, UnsupportedArchitectureError, convert)
 
 from ..gguf.helpers import fresh_seed  # noqa: E402
-from .checkpoints import save_weights, write_checkpoint  # noqa: E402
+from .checkpoints import save_weights, write_checkpoint, write_glimmer_checkpoint  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -123,9 +123,9 @@ def test_bad_checkpoint_is_refused_and_nothing_is_written(good, tmp_path, damage
     with pytest.raises(error, match=words):
         convert(d, out, "q8_0", progress=False)
     assert not out.exists() and not list(tmp_path.glob("*.partial"))
-    # an existing file at OUT stays as it was
+    # an existing file at OUT stays as it was, even under --force
     out.write_bytes(b"keep me")
-    assert cli_main(["convert", str(d), str(out), "--type", "f16", "--no-progress"]) == 2
+    assert cli_main(["convert", str(d), str(out), "--type", "f16", "--no-progress", "--force"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("muser-torch convert: error:") and "Traceback" not in err, err
     assert out.read_bytes() == b"keep me" and not list(tmp_path.glob("*.partial"))
@@ -147,11 +147,11 @@ def test_unidentified_pre_tokenizer_is_refused(good, tmp_path):
 def test_recipe_refuses_rows_it_cannot_take(tmp_path):
     """q4_k_xl needs rows of whole 256-blocks; an ffn of 96 is refused by name
     (llama.cpp's q4_k_m falls back instead, and so does ours)."""
-    d, _, _ = write_checkpoint(tmp_path / "narrow", "llama", fresh_seed(), n_layers=1, ffn=96)
+    d, _, _ = write_glimmer_checkpoint(tmp_path / "narrow", fresh_seed(), n_layers=1, ffn=96)
     with pytest.raises(RecipeError, match="ffn_down.*96.*q4_k_xl"):
-        convert(d, tmp_path / "x.gguf", "q4_k_xl", progress=False)
+        convert(d, tmp_path / "x.gguf", "q4_k_xl", progress=False, pre_tokenizer="qwen2")
     assert not (tmp_path / "x.gguf").exists()
-    convert(d, tmp_path / "m.gguf", "q4_k_m", progress=False)
+    convert(d, tmp_path / "m.gguf", "q4_k_m", progress=False, pre_tokenizer="qwen2")
     from muser_torch.gguf_io import load_gguf
     # the one layer is a use_more_bits layer: Q6_K, which rows of 96 cannot take -> Q8_0
     assert load_gguf(tmp_path / "m.gguf")["blk.0.ffn_down.weight"].type_name == "Q8_0"
@@ -164,3 +164,20 @@ def test_unknown_type_and_device(good, tmp_path, capsys):
     assert cli_main(["convert", str(d), str(tmp_path / "x.gguf"), "--device", "tpu"]) == 2
     assert "--device" in capsys.readouterr().err
     assert not (tmp_path / "x.gguf").exists()
+
+
+@pytest.mark.parametrize("change,words", [
+    ({"query_pre_attn_scalar": 256}, "query_pre_attn_scalar is 256.*1/sqrt\\(64\\)"),
+    ({"layer_types": ["full_attention", "sliding_attention"]}, "layer_types .* at layer 0"),
+])
+def test_gemma3_config_a_file_cannot_carry_is_refused(tmp_path, change, words, capsys):
+    """llama.cpp fixes Gemma 3's query scale (1/sqrt(head_dim)) and its layer
+    pattern (every 6th global); a config.json saying otherwise is refused
+    rather than converted into a file that computes another model."""
+    d, _, _ = write_checkpoint(tmp_path / "g", "gemma3", fresh_seed(), n_layers=2, head_dim=64)
+    _config_edit(d, **change)
+    with pytest.raises(ConfigMismatchError, match=words):
+        convert(d, tmp_path / "g.gguf", "f16", progress=False)
+    assert cli_main(["convert", str(d), str(tmp_path / "g.gguf")]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
+    assert not (tmp_path / "g.gguf").exists()

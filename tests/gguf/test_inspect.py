@@ -13,7 +13,9 @@ tokenizer. 4.81 holds both ways.
 from __future__ import annotations
 
 import json
+import math
 import resource
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -181,3 +183,48 @@ def test_cli_takes_several_files(tmp_path, capsys):
     out = capsys.readouterr()
     assert [json.loads(line)["architecture"] for line in out.out.splitlines()] == ["arch0", "arch1"]
     assert out.err.count("\n") == 1 and "version 7 is not supported" in out.err
+
+
+GEMMA_LAYOUT = Path(__file__).resolve().parents[2] / "docs" / "gemma-3-270m-q4_k_m.layout.json"
+
+
+def _gguf_py_bytes(type_name: str, ne) -> int:
+    """A tensor's bytes from gguf-py's block table (not ours)."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+    block, size = GGML_QUANT_SIZES[GGMLQuantizationType[type_name]]
+    return math.prod(ne) // block * size
+
+
+def test_gemma_bytes_per_token_count_the_tied_embedding(gemma_path):
+    """Gemma 3 270M has no output.weight: its lm_head reads the whole
+    262,144-row embedding every token, so a token reads every tensor of the
+    file, as gguf-py's own reader sizes them."""
+    from gguf import GGUFReader
+    sizes = {t.name: int(t.n_bytes) for t in GGUFReader(gemma_path).tensors}
+    assert "output.weight" not in sizes and len(sizes) == 236
+    s = summarize(load_gguf(gemma_path))
+    assert s.bytes_per_token == sum(sizes.values()) == s.tensor_bytes
+    assert sizes["token_embd.weight"] > s.bytes_per_token // 2    # the head is most of a token's reads
+
+
+@pytest.mark.parametrize("untied", [False, True])
+def test_gemma_layout_bytes_per_token(tmp_path, untied):
+    """docs/gemma-3-270m-q4_k_m.layout.json written as a sparse file: tied,
+    every tensor; with its own lm_head added (Q8_0, as llama-quantize types
+    one whose 640-element rows are not whole 256-blocks), the lm_head in full
+    and one row of the embedding."""
+    from gguf import GGUFValueType
+    layout = json.loads(GEMMA_LAYOUT.read_text())
+    tensors = [(t["name"], t["type"], tuple(t["ne"])) for t in layout["tensors"]]
+    if untied:
+        tensors.append(("output.weight", "Q8_0", (640, 262144)))
+    path = tmp_path / "gemma-shaped.gguf"
+    save_gguf(path, layout["metadata"], {n: (q, None, ne) for n, q, ne in tensors},
+              types={k: GGUFValueType(v) for k, v in layout["types"].items()}, progress=False)
+    sizes = {n: _gguf_py_bytes(q, ne) for n, q, ne in tensors}
+    want = sum(sizes.values())
+    if untied:
+        want -= sizes["token_embd.weight"] - sizes["token_embd.weight"] // 262144
+    s = summarize(load_gguf(path))
+    assert s.architecture == "gemma3" and s.tensor_bytes == sum(sizes.values())
+    assert s.bytes_per_token == want

@@ -19,7 +19,6 @@ CASES = {  # key -> (value, its GGUF type)
     "u32-max layers": ("muse-glimmer.block_count", 4294967295, V.UINT32),
     "a million layers": ("muse-glimmer.block_count", 1_000_000, V.UINT32),
     "1e308 window": ("muse-glimmer.attention.sliding_window", 1e308, V.FLOAT64),
-    "window past the context": ("muse-glimmer.attention.sliding_window", 97, V.UINT32),
     "2^40 context": ("muse-glimmer.context_length", 1 << 40, V.UINT64),
     "zero epsilon": ("muse-glimmer.attention.layer_norm_rms_epsilon", 0.0, V.FLOAT32),
     "epsilon 1": ("muse-glimmer.attention.layer_norm_rms_epsilon", 1.0, V.FLOAT32),

@@ -93,8 +93,6 @@ CASES = {
                          "gemma3.block_count is 1000000, but the file holds"),
     "1e308 window": (_md("gemma3.attention.sliding_window", 1e308, V.FLOAT64), MetadataError,
                      "gemma3.attention.sliding_window"),
-    "window past the context": (_md("gemma3.attention.sliding_window", 65), MetadataError,
-                                "sliding_window 65 exceeds context_length 64"),
     "heads not a multiple": (_md("gemma3.attention.head_count_kv", 3), MetadataError,
                              "head_count 2 is not a multiple of head_count_kv 3"),
     "value length": (_md("gemma3.attention.value_length", 64), MetadataError, "value_length"),
@@ -168,3 +166,17 @@ def test_final_softcap_caps_the_logits(tmp_path):
     assert float(raw.abs().max()) > 3.0, f"raw logits never reach the cap (seed {SEED})"
     err = rel_err(got, 3.0 * torch.tanh(raw.double() / 3.0))
     assert err < 1e-6 and float(got.abs().max()) <= 3.0, f"{err:.2e} (seed {SEED})"
+
+
+def test_a_window_past_the_context_is_global(tmp_path):
+    """A sliding window wider than the context (a checkpoint may say so, and
+    llama.cpp's converter writes it) is admitted and attends to every
+    position: the logits are those of a window equal to the context."""
+    paths = {w: write(tmp_path / f"w{w}.gguf", md=metadata(SMALL) | {"gemma3.attention.sliding_window": w})
+             for w in (SMALL.context_length, 10 * SMALL.context_length)}
+    ids = torch.randint(0, SMALL.vocab_size, (1, 40), generator=torch.Generator().manual_seed(SEED))
+    with torch.no_grad():
+        wide, exact = (muser_torch.from_gguf(p, dtype=torch.float32)(ids) for p in paths.values())
+        narrow = muser_torch.from_gguf(write(tmp_path / "w16.gguf"), dtype=torch.float32)(ids)
+    assert torch.equal(wide, exact), f"seed {SEED}"
+    assert rel_err(narrow, exact) > 1e-3, f"the window of 16 changes nothing in 40 tokens (seed {SEED})"

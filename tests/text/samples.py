@@ -19,6 +19,24 @@ FRAGMENTS = (
     "",
 )
 
+# One sample per script or kind of text, for comparing a converted file's
+# tokenizer with its checkpoint's: English, French, German, Chinese, Japanese,
+# Korean, Arabic, Hindi, Russian, emoji, code, mixed whitespace.
+MULTILINGUAL = (
+    "The quick brown fox jumps over the lazy dog. It's 3:45 p.m., isn't it?",
+    "Où est la bibliothèque ? Je voudrais un café crème, s'il vous plaît.",
+    "Größere Straßenbahnhaltestellen überqueren: Fußgänger müssen aufpassen.",
+    "我们今天去公园散步，天气很好。机器学习模型需要大量数据。",
+    "東京は日本の首都です。ひらがなとカタカナ、漢字を使います。",
+    "안녕하세요, 만나서 반갑습니다. 오늘 날씨가 좋네요.",
+    "مرحبا بالعالم، كيف حالك اليوم؟",
+    "नमस्ते दुनिया, आप कैसे हैं?",
+    "Съешь же ещё этих мягких французских булок, да выпей чаю.",
+    "Party time 🎉🚀 family 👨‍👩‍👧 flag 🇯🇵 skin 👍🏽 ✨",
+    "def f(x: int) -> int:\n    return x ** 2  # square\n\nprint(f(0x1F), [i for i in range(3)])\n",
+    "tabs\tand\t\tdouble  spaces   then\nnewlines\n\n\nand\r\nwindows \t \n trailing  ",
+)
+
 # Ranges random text is drawn from: ASCII, Latin-1, Latin Extended, Cyrillic,
 # Greek, CJK, Hiragana, Hangul, emoji, and whitespace.
 _RANGES = ((0x20, 0x7E), (0xC0, 0xFF), (0x100, 0x17F), (0x400, 0x45F), (0x391, 0x3C9),

@@ -17,6 +17,7 @@ import tempfile
 import warnings
 from pathlib import Path
 
+from ...cache import cache_dir
 from ...formats.layout import c_header as layout_header
 from ...formats.types import GGMLType
 
@@ -38,12 +39,6 @@ _LIB = "libmuser_cpu" + (".dylib" if sys.platform == "darwin" else ".so")
 
 
 # ---- the native library -----------------------------------------------------------
-
-def _cache_dir() -> Path:
-    base = os.environ.get("MUSER_CACHE_DIR") or os.environ.get("XDG_CACHE_HOME") \
-        or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "muser_torch"
-
 
 def _cpu_fingerprint() -> str:
     """CPU model and flags: -march=native code must not run on another CPU."""
@@ -117,7 +112,7 @@ def _build() -> ctypes.CDLL:
     parts = [header, version, _cpu_fingerprint().encode(), " ".join(flags).encode()]
     parts += [p.name.encode() + b"\0" + p.read_bytes() for p in sources]
     key = hashlib.sha256(b"\0".join(parts)).hexdigest()[:16]
-    build = _cache_dir() / f"cpu_kernels-{key}"
+    build = cache_dir() / f"cpu_kernels-{key}"
     if not (build / _LIB).exists():
         _compile(cc, flags, sources, header, build)
     lib = ctypes.CDLL(str(build / _LIB))

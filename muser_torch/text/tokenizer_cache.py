@@ -1,0 +1,138 @@
+"""Built tokenizers, cached on disk. Building one from a file's metadata can
+take seconds (Gemma 3's 262,144 tokens: transformers derives half a million
+merges from the scores); reading the ``tokenizers`` JSON of the result back
+takes a fraction of that.
+
+An entry is ``cache_dir()/tokenizers/<key>.json``. The key is the sha256 of
+every ``tokenizer.*`` key and value of the file, ``general.architecture``
+(transformers' conversion reads it), the source of the modules that build a
+tokenizer (this package's ``BUILDER_SOURCES``) and the versions of
+transformers and tokenizers, so a change to any of them misses. The entry is
+one header line (format, key, sha256 of the payload, token count) and the
+tokenizer's JSON, written to a temporary file and renamed into place. It is
+used only when its header names this key and format, its payload hashes to
+the header's digest, and it parses to a tokenizer with the file's token
+count; anything else is rebuilt and rewritten. A cache that cannot be
+written costs the next load a rebuild, nothing more."""
+from __future__ import annotations
+
+import functools
+from array import array
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from ..cache import cache_dir
+from .metadata import VocabMetadata
+
+FORMAT = 1
+# The modules whose code decides what a built tokenizer is.
+BUILDER_SOURCES = ("gguf_tokenizer.py", "spm_bpe.py", "metadata.py", "tokenizer_cache.py")
+_KEYED = ("tokenizer.", "general.architecture")
+
+
+@functools.lru_cache(maxsize=1)
+def _code_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    def installed(name: str) -> str:   # without importing it: transformers takes a second
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return "-"
+    here = Path(__file__).parent
+    h = hashlib.sha256(f"{FORMAT}\0{installed('transformers')}\0{installed('tokenizers')}".encode())
+    for name in BUILDER_SOURCES:
+        h.update(b"\0" + name.encode() + b"\0" + (here / name).read_bytes())
+    return h.hexdigest()
+
+
+def _feed(h: Any, v: Any) -> None:
+    """``v`` into the hash, typed and length-prefixed so that no two values
+    (a list of strings and one string, 1 and 1.0 and True) feed the same
+    bytes; a long list of one type goes in as one packed block."""
+    if hasattr(v, "tolist"):      # a numpy array or scalar in a caller's own dict
+        v = v.tolist()
+    if isinstance(v, (list, tuple)):
+        kinds = {type(x) for x in v}
+        if kinds == {str}:
+            parts = [x.encode("utf-8", "surrogatepass") for x in v]
+            h.update(b"S" + array("q", [len(v)] + [len(p) for p in parts]).tobytes() + b"".join(parts))
+        elif kinds == {float}:
+            h.update(b"F" + array("q", [len(v)]).tobytes() + array("d", v).tobytes())
+        elif kinds == {int} and all(-2**63 <= x < 2**63 for x in v):
+            h.update(b"I" + array("q", [len(v)]).tobytes() + array("q", v).tobytes())
+        else:
+            h.update(b"L" + array("q", [len(v)]).tobytes())
+            for x in v:
+                _feed(h, x)
+        return
+    text = repr(v).encode("utf-8", "surrogatepass")   # str, int, float, bool, None
+    h.update(type(v).__name__.encode() + array("q", [len(text)]).tobytes() + text)
+
+
+def cache_key(md: Mapping[str, Any]) -> str:
+    """The entry's name: every keyed metadata value and the code's version."""
+    h = hashlib.sha256(_code_version().encode())
+    for k in sorted(k for k in md if k.startswith(_KEYED)):
+        _feed(h, k)
+        _feed(h, md[k])
+    return h.hexdigest()
+
+
+def entry_path(key: str) -> Path:
+    return cache_dir() / "tokenizers" / f"{key}.json"
+
+
+def load(key: str, n_tokens: int) -> Any | None:
+    """The cached backend of ``key``, or None when there is no sound entry."""
+    from tokenizers import Tokenizer
+    try:
+        data = entry_path(key).read_bytes()
+        head, _, payload = data.partition(b"\n")
+        header = json.loads(head)
+        if (header.get("format"), header.get("key"), header.get("tokens")) != (FORMAT, key, n_tokens) \
+                or header.get("sha256") != hashlib.sha256(payload).hexdigest():
+            return None
+        backend = Tokenizer.from_str(payload.decode("utf-8"))
+    except Exception:   # missing, unreadable, truncated, not JSON, not a tokenizer
+        return None
+    if backend.get_vocab_size(with_added_tokens=True) != n_tokens:
+        return None
+    return backend
+
+
+def store(key: str, backend: Any, n_tokens: int) -> None:
+    """Write the entry atomically; a failure to write is not an error of the load."""
+    payload = backend.to_str().encode("utf-8")
+    header = json.dumps({"format": FORMAT, "key": key, "tokens": n_tokens,
+                         "sha256": hashlib.sha256(payload).hexdigest()}).encode()
+    path = entry_path(key)
+    tmp = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{key[:16]}-", suffix=".partial")
+        with os.fdopen(fd, "wb") as f:
+            f.write(header + b"\n" + payload)
+        os.replace(tmp, path)
+        tmp = None
+    except OSError:
+        pass
+    finally:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+
+
+def load_or_build(md: Mapping[str, Any], vocab: VocabMetadata,
+                  build: Callable[[VocabMetadata], Any]) -> Any:
+    """The backend of this metadata: from the cache, else ``build(vocab)`` and cached."""
+    key = cache_key(md)
+    n = len(vocab.tokens)
+    backend = load(key, n)
+    if backend is None:
+        backend = build(vocab)
+        store(key, backend, n)
+    return backend
