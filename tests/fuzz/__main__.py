@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
                         "give the same to --only to replay one")
     p.add_argument("--seed", type=int, default=None, help="default: $MUSER_FUZZ_SEED or random")
     p.add_argument("--workers", type=int, default=2, help="attempts at a time (default 2)")
-    p.add_argument("--timeout", type=float, default=20.0, help="seconds per attempt (default 20)")
+    p.add_argument("--timeout", type=float, default=20.0, help="CPU seconds per attempt (default 20; a blocked attempt: 10x that in wall time)")
     p.add_argument("--cap-mb", type=int, default=300,
                    help="memory cap: an attempt's RSS may grow by its file's size plus this")
     p.add_argument("--only", type=int, default=None, help="run just this mutant index")
@@ -160,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--known", action="store_true",
                    help="also replay the mutant of each fixed loader failure and chat template")
     p.add_argument("--known-timeout", type=float, default=5.0,
-                   help="seconds per known-failure replay (default 5)")
+                   help="CPU seconds per known-failure replay (default 5)")
     p.add_argument("--json", type=Path, default=None, help="write every result here")
     p.add_argument("--tmp", type=Path, default=None,
                    help="directory for the mutant files (default /dev/shm when present)")
