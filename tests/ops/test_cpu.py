@@ -4,7 +4,11 @@ row kernels matches the float64 reference."""
 from __future__ import annotations
 
 import dataclasses
+import os
 import random
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,11 +20,32 @@ from muser_torch.ops import cpu
 
 from .conftest import ALL_TYPES, NATIVE_TYPES, OTHER_MARCHES, Case, native_build_for, rel_err, x86_only
 
+ROOT = Path(__file__).resolve().parents[2]
+
 
 def test_native_builds_and_claims_its_types():
     assert cpu.native_available(), "the native CPU kernels failed to build"
     for qtype in GGMLType:
         assert cpu._native_decodes(qtype) == (qtype in NATIVE_TYPES), qtype.name
+
+
+def test_a_build_says_so_once(tmp_path):
+    """The first op call in an empty cache compiles the library and prints one
+    line saying so, naming the cache; with the cache warm it prints nothing.
+    (The compiler is run at -O0 here: the notice does not depend on the code.)"""
+    cc = tmp_path / "cc-O0"
+    cc.write_text(f'#!/bin/sh\nexec {os.environ.get("CC", "cc")} "$@" -O0\n')
+    cc.chmod(0o755)
+    env = dict(os.environ, MUSER_CACHE_DIR=str(tmp_path / "cache"), CC=str(cc),
+               PYTHONPATH=os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    code = "from muser_torch.ops import cpu; assert cpu.native_available()"
+    runs = [subprocess.run([sys.executable, "-W", "error", "-c", code], env=env, cwd=ROOT,
+                           capture_output=True, text=True) for _ in range(2)]
+    for r in runs:
+        assert r.returncode == 0, r.stderr[-3000:]
+    assert runs[0].stderr == (f"muser-torch: compiling CPU kernels (once, cached in "
+                              f"{tmp_path / 'cache' / 'muser_torch'})\n"), runs[0].stderr
+    assert runs[1].stderr == "", runs[1].stderr
 
 
 @pytest.mark.parametrize("qtype", NATIVE_TYPES, ids=lambda t: t.name)
