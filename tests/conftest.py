@@ -1,5 +1,18 @@
-"""Fixtures shared across the test tree."""
+"""Fixtures shared across the test tree, and the skip of ``slow`` tests
+without MUSER_SLOW_TESTS=1 (``tests/slow.py``)."""
 import pytest
+
+from .slow import ON as SLOW_TESTS
+from .slow import REASON as SLOW_REASON
+
+
+def pytest_collection_modifyitems(config, items):
+    if SLOW_TESTS:
+        return
+    skip = pytest.mark.skip(reason=SLOW_REASON)
+    for item in items:
+        if item.get_closest_marker("slow") is not None:
+            item.add_marker(skip)
 
 
 @pytest.fixture(scope="session")

@@ -243,13 +243,16 @@ def _proc_rss(pid: int) -> int:
 class Pool:
     """Up to ``workers`` children at a time, each with its own mutant file
     (a slot under ``tmp``); ``submit`` blocks while every slot is busy.
-    ``timeout_s`` is CPU seconds per attempt (see the module's docstring)."""
+    ``timeout_s`` is CPU seconds per attempt; a blocked attempt is a hang at
+    ``wall_factor`` times that in wall time (see the module's docstring)."""
 
     def __init__(self, workers: int, timeout_s: float, cap_mb: int, tmp: Path,
-                 target: Callable[[str, Callable], None] = run_stages) -> None:
+                 target: Callable[[str, Callable], None] = run_stages,
+                 wall_factor: float = WALL_FACTOR) -> None:
         self.workers = workers
         self.target = target
         self.timeout_s = timeout_s
+        self.wall_factor = wall_factor
         self.cap = cap_mb << 20
         self.free = [tmp / f"slot{i}.gguf" for i in range(workers)]
         self.running: dict[int, _Running] = {}
@@ -302,7 +305,7 @@ class Pool:
             run.sampled_peak = max(run.sampled_peak, rss)
             base = run.report.get("rss0", run.base_rss)
             if (_proc_cpu(run.pid) > run.timeout_s
-                    or now - run.started > WALL_FACTOR * run.timeout_s):
+                    or now - run.started > self.wall_factor * run.timeout_s):
                 run.killed = "hang"
             elif rss > base + run.cap:
                 run.killed = "over-cap"

@@ -17,7 +17,9 @@ from pathlib import Path
 from .runner import Pool, Result
 
 CAP_MB = 64
-TIMEOUT_S = 1.0    # CPU seconds; the honest behaviours take milliseconds
+# CPU seconds, and the wall time of the blocked one in those: the honest behaviours
+# take milliseconds of both, "rss" a few hundredths of a second before the watch kills it.
+TIMEOUT_S, WALL_FACTOR = 1.0, 3.0
 
 
 def target(path: str, say) -> None:
@@ -57,7 +59,7 @@ def main() -> int:
     import muser_torch  # noqa: F401  (the children inherit it, as in a real run)
     out = {}
     with tempfile.TemporaryDirectory() as tmp:
-        pool = Pool(2, TIMEOUT_S, CAP_MB, Path(tmp), target=target)
+        pool = Pool(2, TIMEOUT_S, CAP_MB, Path(tmp), target=target, wall_factor=WALL_FACTOR)
         for i, what in enumerate(BEHAVIOURS):
             pool.submit(lambda slot, what=what: slot.write_text(what), 16,
                         Result(i, what, (), "pending"))
