@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from . import slow
+
 ROOT = Path(__file__).resolve().parent.parent
 INSTALL = 'pip install -e ".[hf]"'
 
@@ -40,7 +42,7 @@ def _assert_one_line(proc: subprocess.CompletedProcess, command: str, module: st
                              f"{INSTALL}"), lines[0]
 
 
-@pytest.mark.parametrize("module", ["transformers", "tokenizers"])
+@pytest.mark.parametrize("module", ["transformers", slow.param("tokenizers")])
 def test_run_on_a_real_file_without_the_hf_extra_names_the_install(gemma_path, module):
     proc = _without(module, ["run", gemma_path, "--prompt", "Hi", "--max-new-tokens", "2"])
     _assert_one_line(proc, "run", module)
