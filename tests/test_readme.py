@@ -23,6 +23,7 @@ ELSEWHERE = {
     "model.safetensors.index.json": "a sharded checkpoint's index (the user's file)",
     "type_traits_cpu": "ggml's table",
     "tokenizer.model": "a checkpoint's sentencepiece model (the user's file)",
+    "tokenizer.chat_template": "a GGUF metadata key",
 }
 FILE = re.compile(r"^[\w.*-]+(?:/[\w.*-]*)*$")
 DOTTED = re.compile(r"^[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+$")
