@@ -3,10 +3,10 @@
     python models/make_demo.py [--ckpt models/build/demo_float.pt]
 
 Writes models/glimmer-demo-q4_k_xl.gguf and models/glimmer-demo-nvfp4.gguf
-with the seed's recipe (muser_torch.tiny.recipe_type), then evaluates the
+with the lanes' recipes (muser_torch.tiny.recipe_type; docs/muse-glimmer.md), then evaluates the
 float model and both files on the held-out standard-library files: perplexity
 per byte, bits per byte, and how often each lane's top token differs from the
-float model's (the seed's quality gates, Chapter 5 §5.8). The K-quants use an
+float model's (the lanes' quality figures, docs/muse-glimmer.md). The K-quants use an
 importance matrix (mean squared input of every projection over training
 text), as llama.cpp's imatrix does.
 """

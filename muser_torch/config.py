@@ -1,4 +1,4 @@
-"""Glimmer's configuration (GLIMMER.md). It lives with the rest of Glimmer's
+"""Glimmer's configuration (docs/muse-glimmer.md). It lives with the rest of Glimmer's
 facts in ``arch/muse_glimmer.py``; this module keeps the old import path."""
 from .arch.muse_glimmer import ARCH, KEYS, LANE_KEY, LANES, GlimmerConfig
 

@@ -1,6 +1,6 @@
 """``muser-torch inspect FILE [FILE ...] [--json]``: what GGUF files hold and what they cost.
 
-One row per tensor class, as in the seed's Figure 6.6: the label is the
+One row per tensor class, as in docs/muse-glimmer.md's benchmark shapes: the label is the
 tensor name without its ``blk.N.`` prefix, and tensors are grouped by
 (label, dtype, shape). Then the totals: parameters, tensor bytes, bits per
 weight, bytes read per decoded token, and the lane. Works on any GGUF, not
@@ -45,7 +45,7 @@ class TensorClass:
 
     @property
     def shape(self) -> str:
-        """``n_in→n_out`` for a matrix (Figure 6.6's notation), else the dims."""
+        """``n_in→n_out`` for a matrix (docs/muse-glimmer.md's notation), else the dims."""
         if len(self.ne) == 2:
             return f"{self.ne[0]}→{self.ne[1]}"
         return "×".join(map(str, self.ne)) or "scalar"

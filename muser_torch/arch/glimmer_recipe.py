@@ -1,5 +1,5 @@
-"""The seed's weight recipe for synthetic Glimmers (seed Chapter 6 §6.5,
-Figure 6.6; GLIMMER.md): which type each tensor gets, and its random weight.
+"""The Muser artifacts' weight recipes (docs/muse-glimmer.md, "The q4_k_xl
+recipe" and "The nvfp4 lane"): which type each tensor gets, and its random weight.
 
   q4_k_xl lane   Q4_K everywhere, except
                  ffn_down  Q6_K on even layers (26 of 52: "alternating by layer")
@@ -12,7 +12,7 @@ Figure 6.6; GLIMMER.md): which type each tensor gets, and its random weight.
 Weights are random packed blocks, not quantized floats (``formats.random_weight``
 with ``std``): each tensor's values have a chosen standard deviation
 (1/sqrt(n_in) for projections, 1 for the embedding); norms are float32 near 1.
-That makes a model of any size, the seed's 52 layers included, in the time it
+That makes a model of any size, the full 52 layers included, in the time it
 takes to draw random bytes, on any device, and it is still a valid file every
 reader must decode exactly.
 """
@@ -38,11 +38,11 @@ QK_SCALE = 3.87   # the release's qk_scale_factor: the converter's attn_q_norm v
 
 
 def recipe_type(config: GlimmerConfig, name: str) -> GGMLType:
-    """The GGML type of tensor ``name`` under the seed's recipe for the config's lane."""
+    """The GGML type of tensor ``name`` under the recipe of the config's lane."""
     if name.endswith("norm.weight"):
         return GGMLType.F32
     if config.weight_precision is None:
-        raise ValueError("the seed's recipe is a Muser lane's: weight_precision must be "
+        raise ValueError("the recipe is a Muser lane's: weight_precision must be "
                          "'q4_k_xl' or 'nvfp4', got None")
     if name == "token_embd.weight":
         return GGMLType.Q4_K
@@ -92,7 +92,7 @@ def plan(config: GlimmerConfig) -> list[tuple[str, GGMLType, int, int]]:
 
 def planned_bytes(config: GlimmerConfig) -> tuple[int, int]:
     """(tensor data bytes, weight parameters) of the file ``plan`` describes;
-    parameters exclude norms, as the seed counts them."""
+    parameters exclude norms, as docs/muse-glimmer.md counts them."""
     total = params = 0
     for name, qtype, n_out, n_in in plan(config):
         total += n_out * qtype.row_bytes(n_in)

@@ -29,7 +29,7 @@ embedding passes a weightless RMSNorm; ``attn_q_norm`` holds
 ``qk_scale_factor`` and ``attn_k_norm`` ones.
 
 Muser-native lanes: ``muser.weight_precision`` = ``q4_k_xl`` | ``nvfp4``
-declares one of the seed's artifacts; its projections are then fenced to
+declares one of the Muser engine's artifacts (docs/muse-glimmer.md); its projections are then fenced to
 the accelerated types (NVFP4_E2M1 with companions only in the nvfp4 lane).
 A file without the key is a llama.cpp file: every type llama.cpp's
 quantizer writes, and no NVFP4_E2M1.
@@ -240,7 +240,8 @@ TENSORS = tensor_table(
 # Muser's NVFP4_E2M1 whose lane is checked with the tensors).
 FENCES = {P: LLAMA_CPP_TYPES | {GGMLType.NVFP4_E2M1}, E: LLAMA_CPP_TYPES,
           N: frozenset({GGMLType.F32})}
-# The Muser-native lanes' fences (GLIMMER.md: what the accelerated path admits).
+# The Muser-native lanes' fences: what the engine's accelerated path admits
+# (docs/muse-glimmer.md, "The lanes and their fences").
 LANE_FENCES = {P: frozenset({GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K, GGMLType.NVFP4_E2M1,
                              GGMLType.F16}),
                E: frozenset({GGMLType.Q4_K, GGMLType.F16}),

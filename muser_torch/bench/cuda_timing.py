@@ -1,4 +1,4 @@
-"""Timing on CUDA for the benchmarks (DESIGN.md, "CUDA (Triton) lessons").
+"""Timing on CUDA for the benchmarks (docs/performance.md says why this way).
 
 Every op is captured in a CUDA graph that calls it once for each of several
 copies of its weights (>= ``ROTATE_BYTES`` in all, so nothing is served from

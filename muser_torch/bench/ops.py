@@ -1,6 +1,7 @@
-"""``muser-torch bench ops``: time ``muser::qmatmul`` at the seed's shapes.
+"""``muser-torch bench ops``: time ``muser::qmatmul`` at Muse Glimmer's shapes.
 
-Shapes and types are Chapter 6, Figure 6.6 (the release path). For every
+Shapes and types are the q4_k_xl artifact's (docs/muse-glimmer.md, "The
+benchmark shapes"). For every
 shape and token count it prints, measured in the same run: time per call,
 GB/s of packed weight bytes, that rate as a fraction of the device's read
 bandwidth (a large ``sum`` over uint8 viewed as int64), and the speed-up over
@@ -43,7 +44,7 @@ class Shape:
 # float32 output alone is 1.65 GB.
 MAX_TOKENS = 2048
 
-# Figure 6.6 (release path; the draft rows are left out).
+# docs/muse-glimmer.md, "The benchmark shapes": one decoded token of the q4_k_xl artifact.
 SHAPES = (
     Shape("attn_q", GGMLType.Q4_K, 6656, 4096),
     Shape("attn_k/v", GGMLType.Q4_K, 6656, 256),
@@ -221,7 +222,7 @@ def main(args: argparse.Namespace) -> int:
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("ops", help="qmatmul at the seed's shapes (Figure 6.6)")
+    p = subparsers.add_parser("ops", help="qmatmul at Muse Glimmer's shapes (docs/muse-glimmer.md)")
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda", "mps"))
     p.add_argument("--shapes", nargs="+", metavar="LABEL",
                    help=f"subset of: {' '.join(s.label for s in SHAPES)}")

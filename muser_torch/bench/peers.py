@@ -10,8 +10,8 @@ steps, timed on the host clock. The prompt is the same seeded random ids for
 everyone.
 
 llama.cpp comes from ``llama-cpp-python`` when it is installed, or from a
-``llama-bench`` binary given with ``--llama-bench`` (``shared/tools/peers``
-builds one; its own pp/tg tok/s, no load time); otherwise its row says why
+``llama-bench`` binary given with ``--llama-bench`` (built from llama.cpp's
+source, e.g. the sdist ``tools/peers.sh`` fetches; its own pp/tg tok/s, no load time); otherwise its row says why
 it is absent. Numbers are printed, never asserted.
 """
 from __future__ import annotations
@@ -169,7 +169,7 @@ def _measure(name: str, path: Path, threads: int, prompt_len: int, decode: int,
     if name == "llama.cpp" and not _importable("llama_cpp"):
         return {"note": "llama-cpp-python is not installed; pass --llama-bench PATH for a native build"}
     if name == "llama.cpp" and device != "cpu":
-        return {"note": "the llama.cpp CUDA peer is timed by shared/tools/peers/llamacpp_cuda_mulmat.sh"}
+        return {"note": "the llama.cpp CUDA peer is not timed here: muser-torch bench triton --what peer"}
     cmd = [sys.executable, "-m", "muser_torch.bench.peers", "--one", name, str(path), str(threads),
            str(prompt_len), str(decode), device]
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))

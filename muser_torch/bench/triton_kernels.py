@@ -3,7 +3,7 @@ the Triton kernels on a CUDA device, each timed in a CUDA graph over rotating
 weight copies (``cuda_timing``).
 
 Sections (``--what``):
-  ops    Figure 6.6 shapes (``bench.ops.SHAPES``) x token counts: time, GB/s of
+  ops    Muse Glimmer's shapes (``bench.ops.SHAPES``) x token counts: time, GB/s of
          packed bytes, fraction of read bandwidth, the rung that ran, and the
          ratios to dequantize-in-torch + F.linear and to a dense fp16 F.linear
          of the same shape (both timed in the same run).

@@ -5,7 +5,7 @@ Such a checkpoint stores a quantized linear ``X.weight`` as uint8
 ``X.weight_scale`` float8_e4m3fn ``[n_out, n_in/16]`` (one scale per 16
 inputs of a row) and ``X.weight_scale_2`` float32 (one per tensor), plus an
 activation ``X.input_scale`` that weight-only inference does not use. That
-is the Muser-native NVFP4 lane bit for bit (GLIMMER.md): the payload becomes
+is the Muser-native NVFP4 lane bit for bit (docs/muse-glimmer.md): the payload becomes
 ``X.weight`` of type NVFP4_E2M1 (1000), the scales ``X.weight_scale`` of
 F8_E4M3FN (1001), the global scale ``X.weight_scale_2`` of F32, so
 ``w = e2m1(code) * e4m3(scale) * scale_2`` holds exactly as in the checkpoint.

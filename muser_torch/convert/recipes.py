@@ -10,7 +10,7 @@
   whole 256-blocks; attn_v and ffn_down Q6_K on the ``use_more_bits``
   layers; then the fallbacks for rows not divisible by 256 (Q4_K -> Q5_0,
   Q5_K -> Q5_1, Q6_K -> Q8_0, F16 when not even 32 divides them).
-* ``q4_k_xl``, ``nvfp4``: the seed's Muser lanes (``arch/glimmer_recipe``),
+* ``q4_k_xl``, ``nvfp4``: the Muser lanes (``arch/glimmer_recipe``, docs/muse-glimmer.md),
   for an architecture whose table has them (``Architecture.lanes``: Muse
   Glimmer's); a tensor whose rows cannot take the lane's type is refused
   (RecipeError).
@@ -42,7 +42,7 @@ class _Lane:
 
 
 def lane_type(lane: str, name: str) -> GGMLType:
-    """The seed's recipe (``arch/glimmer_recipe``) for tensor ``name`` in ``lane``."""
+    """The Muser lane's recipe (``arch/glimmer_recipe``) for tensor ``name`` in ``lane``."""
     return recipe_type(_Lane(lane), name)
 
 

@@ -11,7 +11,7 @@ Q4_K, 144 bytes                       Q5_K, 176 bytes
   sub-block 2g) and element 64g + 32 + l (high nibble, sub-block 2g + 1);
   Q5_K's bit j of qh[l] is the fifth bit of element 32j + l.
 
-The 6-bit scale strip (Chapter 6, Figure 6.3), one row per byte:
+The 6-bit scale strip, one row per byte (docs/muse-glimmer.md works one block by hand):
 
   byte      b7 b6 | b5 .. b0
   0..3      sc4..7 hi2 | sc0..3

@@ -8,7 +8,7 @@ Two ways to set them:
   scale field of either sign between 2^-10 and 2^-4, E4M3 scales between 1/4
   and 4 (of either sign where the format is signed, E4M3FN), so values span
   several binades;
-* ``std=s``: the seed's recipe for synthetic models: one scale per tensor,
+* ``std=s``: the Muser recipes' synthetic models: one scale per tensor,
   mins that centre the codes on zero, chosen so the values have about ``s``
   standard deviation (measured once per type at unit scale).
 

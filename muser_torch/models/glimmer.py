@@ -11,7 +11,7 @@ defines it:
   times ``sigmoid(attn_gate(x))`` before ``attn_output``;
 * logits: the untied lm_head times ``logit_scale``, then ``c * tanh(l / c)``.
 
-Projections are plain ``nn.Linear`` when the model is built from a config
+Projections are plain ``torch.nn.Linear`` when the model is built from a config
 (that is how the demo is trained); ``from_gguf`` and ``random`` put
 ``QLinear`` / ``QEmbedding`` over packed bytes in their place, so the forward
 code is the same for float and packed weights."""
@@ -72,7 +72,7 @@ class Glimmer(Decoder):
     @classmethod
     def random(cls, config: GlimmerConfig, device: torch.device | str | None = None,
                dtype: torch.dtype = torch.float16, seed: int = 0) -> "Glimmer":
-        """Random packed weights made directly on ``device`` in the seed's recipe
+        """Random packed weights made directly on ``device`` in the lane's recipe
         (``config.weight_precision`` picks the lane; ``arch/glimmer_recipe.py``), at any
         shape including the full 52-layer geometry: random bytes with sane
         scale fields, no file and no float copy of any weight."""

@@ -1,5 +1,5 @@
 """Synthetic Glimmers: the file writer (``writer.py``) and ``muser-torch
-make-tiny`` (``cli.py``) over the seed's weight recipe, which is a fact of
+make-tiny`` (``cli.py``) over the Muser lanes' weight recipes, which is a fact of
 the architecture and lives in ``arch/glimmer_recipe.py``."""
 from ..arch.glimmer_recipe import (SEED_CONFIG, plan, planned_bytes, recipe_type, recipe_weight,
                                    tensor_std)

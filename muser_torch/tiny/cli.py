@@ -1,5 +1,5 @@
 """``muser-torch make-tiny``: write a deterministic synthetic Muse Glimmer GGUF
-(``general.architecture = "muse-glimmer"``) in one of the seed's lanes."""
+(``general.architecture = "muse-glimmer"``) in one of the Muser lanes (docs/muse-glimmer.md)."""
 from __future__ import annotations
 
 import argparse

@@ -1,4 +1,4 @@
-"""Writing a synthetic Muse Glimmer GGUF in the seed's recipe (``arch/glimmer_recipe.py``)."""
+"""Writing a synthetic Muse Glimmer GGUF in a Muser lane's recipe (``arch/glimmer_recipe.py``)."""
 from __future__ import annotations
 
 import os

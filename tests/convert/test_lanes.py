@@ -4,7 +4,7 @@ file's weights dequantize to E2M1 x E4M3 x scale_2 of the checkpoint,
 computed here in float64 from the bit definitions and correctly rounded to
 float32, with the q/k row permutation applied to both payload and scales),
 its 16-bit tensors follow the q4_k_xl recipe; q4_k_xl and nvfp4 from a 16-bit
-checkpoint follow the seed's recipe (``arch/glimmer_recipe``) and write
+checkpoint follow the lane's recipe (``arch/glimmer_recipe``) and write
 ``muser.weight_precision``."""
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """A converted file tokenizes as its checkpoint does: for each kind of
-tokenizer a checkpoint can ship, the file's tokenizer (``model.tokenizer``,
+tokenizer a checkpoint can ship, the file's tokenizer (``Decoder.tokenizer``,
 built from the ``tokenizer.ggml.*`` keys ``convert`` wrote) gives the ids
 transformers' ``AutoTokenizer`` gives on the checkpoint directory, for twelve
 samples (``MULTILINGUAL``: eight scripts, emoji, code, mixed whitespace), with

@@ -1,5 +1,5 @@
-"""dequantize: bit-exact against gguf's numpy dequantize, the seed's worked
-Q4_K block (Chapter 6, section 6.3), and clear errors for bad input.
+"""dequantize: bit-exact against gguf's numpy dequantize, the worked
+Q4_K block of docs/muse-glimmer.md, and clear errors for bad input.
 
 ``dequantize`` runs the native kernel on CPU and ``dequantize_reference``
 (vectorized torch) everywhere; both are held to gguf."""
@@ -170,8 +170,8 @@ def test_nvfp4_e2m1_against_float64_formula() -> None:
     assert torch.allclose(out.double(), ref, rtol=1e-7, atol=0), f"seed {seed}"
 
 
-def seed_q4_k_block() -> bytes:
-    """The hand-built super-block of Chapter 6, section 6.3."""
+def worked_q4_k_block() -> bytes:
+    """The hand-built super-block of docs/muse-glimmer.md ("A worked Q4_K block")."""
     block = bytearray(144)
     block[0:2] = bytes([0x00, 0x28])                 # d = 2^-5
     block[2:4] = bytes([0x00, 0x20])                 # dmin = 2^-7
@@ -181,16 +181,16 @@ def seed_q4_k_block() -> bytes:
     return bytes(block)
 
 
-def test_seed_worked_q4_k_block() -> None:
-    packed = torch.frombuffer(bytearray(seed_q4_k_block()), dtype=torch.uint8).reshape(1, 144)
+def test_worked_q4_k_block() -> None:
+    packed = torch.frombuffer(bytearray(worked_q4_k_block()), dtype=torch.uint8).reshape(1, 144)
     y = dequantize(packed, GGMLType.Q4_K, 256)[0]
     assert (y[0].item(), y[32].item(), y[64].item()) == (8.71875, 1.75, 16.4375)
     ref = gguf.dequantize(packed.numpy(), gguf.GGMLQuantizationType.Q4_K).reshape(-1)
     assert np.array_equal(y.numpy(), ref)
 
 
-def test_seed_block_scale_strip() -> None:
-    sc, m = unpack_scale_min_k4(torch.tensor(list(seed_q4_k_block()[4:16]), dtype=torch.uint8).view(1, 12))
+def test_worked_block_scale_strip() -> None:
+    sc, m = unpack_scale_min_k4(torch.tensor(list(worked_q4_k_block()[4:16]), dtype=torch.uint8).view(1, 12))
     assert sc.tolist() == [[20, 12, 44, 8, 33, 25, 17, 9]]
     assert m.tolist() == [[4, 16, 8, 24, 12, 20, 28, 36]]
 

@@ -38,7 +38,7 @@ def every_type_id() -> list[int]:
 
 def geometry(type_id: int) -> tuple[int, int]:
     """Block (elements, bytes) asked of ggml itself (the reference); the
-    Muser-native ids come from the contract (GLIMMER.md)."""
+    Muser-native ids come from docs/muse-glimmer.md ("The lanes and their fences")."""
     if type_id in (1000, 1001):
         return {1000: (16, 8), 1001: (1, 1)}[type_id]
     return ggml_block_size(type_id)
@@ -106,7 +106,7 @@ def raw_gguf(kvs: list[bytes], infos: list[bytes], tensor_data: bytes = b"", *,
     return RawFile(bytes(out), marks)
 
 
-# ---- NVFP4_E2M1 reference (GLIMMER.md) -------------------------------------------
+# ---- NVFP4_E2M1 reference (docs/muse-glimmer.md) ----------------------------------------
 
 E2M1 = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6], np.float32)
 

@@ -1,14 +1,14 @@
-"""``muser-torch inspect``: Figure 6.6's table and the seed's totals on a
-sparse file with the release shapes, and the CLI on a small file.
+"""``muser-torch inspect``: the tensor classes and totals of
+docs/muse-glimmer.md on a sparse file with the full shapes, and the CLI on a
+small file.
 
-The seed gives 27,853,389,824 parameters and 4.81 bits/weight, and calls the
-artifact 16,756,681,056 bytes. The projections, embedding and lm_head of
-GLIMMER.md sum to 16,737,949,696 bytes; the released architecture's F32
-norms (4 per layer and output_norm, 209 x 6656, plus the 104 q/k norms of
-128) add 5,617,664 (1,404,416 parameters), giving 16,743,567,360 tensor
-bytes. The remaining 13,113,696 bytes of the seed's figure are not tensor
-data: it is the file size, whose header carries the 202,048-token
-tokenizer. 4.81 holds both ways.
+docs/muse-glimmer.md ("The geometry") gives 27,853,389,824 parameters, 4.81
+bits/weight and a 16,756,681,056-byte artifact. Its projections, embedding
+and lm_head sum to 16,737,949,696 bytes; the F32 norms (4 per layer and
+output_norm, 209 x 6656, plus the 104 q/k norms of 128) add 5,617,664
+(1,404,416 parameters), giving 16,743,567,360 tensor bytes. The remaining
+13,113,696 bytes of the artifact are not tensor data: its header carries the
+202,048-token tokenizer. 4.81 holds both ways.
 """
 from __future__ import annotations
 
@@ -33,9 +33,9 @@ SEED = GlimmerConfig(context_length=131072, hidden=6656, ffn=19968, n_layers=52,
                      n_kv_heads=2, head_dim=128, rms_eps=float(np.float32(1e-6)),
                      sliding_window=2048, sliding_window_pattern=4, rope_base=1e6,
                      vocab_size=202048)
-SEED_PARAMS = 27_853_389_824          # seed: projections + embedding + lm_head
-SEED_LM_HEAD_BYTES = 924_571_648       # seed §6.5: 26 blocks/row x 176 B x 202,048 rows
-SEED_Q_MATRIX_BYTES = 15_335_424       # seed §6.6: 3,744 B/row x 4,096 rows
+SEED_PARAMS = 27_853_389_824          # projections + embedding + lm_head (docs/muse-glimmer.md)
+SEED_LM_HEAD_BYTES = 924_571_648       # 26 blocks/row x 176 B x 202,048 rows (docs/muse-glimmer.md)
+SEED_Q_MATRIX_BYTES = 15_335_424       # 3,744 B/row x 4,096 rows (docs/muse-glimmer.md)
 SEED_ARTIFACT_BYTES = 16_756_681_056
 
 
@@ -85,7 +85,7 @@ def test_seed_artifact_totals(seed_file):
     rows = {(c.label, c.dtype, c.shape): (c.count, c.bytes) for c in s.classes}
     assert rows[("output.weight", "Q5_K", "6656→202048")] == (1, SEED_LM_HEAD_BYTES)
     assert rows[("attn_q.weight", "Q4_K", "6656→4096")] == (52, 52 * SEED_Q_MATRIX_BYTES)
-    # Figure 6.6's multiplicities (q and gate, gate and up are separate rows here).
+    # The benchmark shapes' counts (docs/muse-glimmer.md) (q and gate, gate and up are separate rows here).
     counts = {k: c for k, (c, _) in rows.items()}
     assert counts[("attn_gate.weight", "Q4_K", "6656→4096")] == 52
     assert counts[("attn_k.weight", "Q4_K", "6656→256")] + counts[("attn_v.weight", "Q4_K", "6656→256")] == 78

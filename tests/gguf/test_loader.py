@@ -1,4 +1,4 @@
-"""Fail-closed admission (GLIMMER.md) and weight binding, on tiny Muse Glimmer files."""
+"""Fail-closed admission (docs/muse-glimmer.md) and weight binding, on tiny Muse Glimmer files."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -24,7 +24,7 @@ NVFP4_PROJECTIONS = ("attn_q", "attn_k", "attn_v", "attn_gate", "ffn_up", "ffn_d
 
 
 def glimmer_tensors(cfg: GlimmerConfig, rng: np.random.Generator | None, *, lane="q4_k_xl") -> dict:
-    """Every tensor of ``cfg`` in the seed's recipe: Q4_K, Q6_K on odd-layer attn_v
+    """Every tensor of ``cfg`` in a q4_k_xl-like recipe: Q4_K, Q6_K on odd-layer attn_v
     and ffn_down, Q5_K lm_head, F32 norms; the nvfp4 lane swaps most projections
     to NVFP4_E2M1 with companions. ``rng`` None gives zero bytes (sparse)."""
     out = {}

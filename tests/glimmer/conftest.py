@@ -1,4 +1,4 @@
-"""Fixtures: small synthetic Muse Glimmer GGUFs in the seed's two lanes, drawn fresh each session.
+"""Fixtures: small synthetic Muse Glimmer GGUFs in the two Muser lanes, drawn fresh each session.
 
 Every test reports ``SEED`` in its assertion messages; set MUSER_TEST_SEED to
 replay a failure."""

@@ -1,5 +1,5 @@
 """An independent float64 Muse Glimmer forward for tests, written from
-GLIMMER.md ("The math (released model)").
+docs/muse-glimmer.md ("The math, and where each point comes from").
 
 It shares no code with muser_torch: weights come in as a dict of GGUF tensor
 names -> float64 [n_out, n_in] (dequantized by the caller), and attention is

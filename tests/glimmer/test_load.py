@@ -1,4 +1,4 @@
-"""``Glimmer.from_gguf`` refuses every fail-closed case of GLIMMER.md with a
+"""``Glimmer.from_gguf`` refuses every fail-closed case of docs/muse-glimmer.md with a
 message naming what is wrong, and binds the file's bytes without copying."""
 from __future__ import annotations
 

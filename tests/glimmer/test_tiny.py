@@ -1,4 +1,4 @@
-"""make-tiny: the seed's recipe, exact byte accounting, determinism, and the
+"""make-tiny: the lanes' recipes, exact byte accounting, determinism, and the
 random packed weights' scales."""
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from .conftest import SEED
 
 
 def test_seed_geometry_matches_the_seed_numbers():
-    """Figure 6.6 / GLIMMER.md: 27,853,389,824 parameters; the recipe's tensor
+    """docs/muse-glimmer.md ("The geometry"): 27,853,389,824 parameters; the recipe's tensor
     bytes are the artifact's 16,756,681,056 less its header (tokenizer
     strings etc., which this count leaves out): 16,737,949,696 bytes of
     projections and embedding plus the F32 norms of the released

@@ -1,5 +1,5 @@
 """The muser ops inside ops.use_backend("metal-emulator"): the CPU dispatch hands CPU tensors
-to ops/metal.py, which runs the .metal kernels through the emulator."""
+to ops/metal, which runs the .metal kernels through the emulator."""
 from __future__ import annotations
 
 import pytest

@@ -2,7 +2,7 @@
 and without CUDA unless TRITON_INTERPRET=1 (Triton's CPU interpreter runs the
 same kernels on CPU tensors, with smaller shapes).
 
-Types are ``ops/cuda.py``'s ``SUPPORTED`` and token counts come from its
+Types are ``ops/cuda``'s ``SUPPORTED`` and token counts come from its
 ``LADDER``, so every rung of every type is exercised. References: gguf's
 numpy ``dequantize`` (bit for bit) and a float64 matmul of the dequantized
 weight. Random data is drawn fresh each run; the seed is in every assertion

@@ -1,7 +1,7 @@
-/* Shared declarations of the CPU kernels (muser_torch/ops/cpu_kernels/).
+/* Shared declarations of the CPU kernels (muser_torch/ops/cpu/).
  *
  * Plain C (no torch headers), so the whole folder compiles in about two
- * seconds on first use; muser_torch/ops/cpu.py builds every .c file here in
+ * seconds on first use; muser_torch/ops/cpu/build.py builds every .c file here in
  * one compiler call with -O3 -pthread -ffp-contract=off and calls the
  * library through ctypes with tensor data pointers.
  *
