@@ -20,13 +20,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="GGUF K-quant and NVFP4 weights, kept packed, as PyTorch ops.")
     sub = parser.add_subparsers(dest="command", required=True)
     for name in _COMMANDS:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as e:
-            if e.name != name:
-                raise
-            continue  # subcommand not built yet
-        module.register(sub)
+        importlib.import_module(name).register(sub)
     return parser
 
 

@@ -29,14 +29,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from .arch import Architecture, Role, architecture_of
-from .arch.muse_glimmer import MUSE_GLIMMER, GlimmerConfig
 from .arch.spec import describe, expand
 from .errors import CompanionError, DtypeFenceError, MetadataError, ShapeMismatchError, TensorSetError
 from .formats import GGMLType, PackedWeight
 from .formats.types import NEEDS_COMPANIONS
 from .gguf_io import SCALE2_SUFFIX, SCALE_SUFFIX, GGUFFile, GGUFTensor
 
-__all__ = ["check", "admit", "Admitted", "expected_tensors", "Role", "PackedWeight",
+__all__ = ["check", "admit", "Admitted", "Role", "PackedWeight",
            "packed_weight", "bind_weights"]
 
 
@@ -105,13 +104,6 @@ def check(gguf: GGUFFile, arch: Architecture | None = None) -> Admitted:
     if arch.check_tensors is not None:
         arch.check_tensors(gguf, cfg)
     return Admitted(arch, cfg, frozenset(groups))
-
-
-def expected_tensors(cfg: GlimmerConfig) -> dict[str, tuple[Role, tuple[int, ...]]]:
-    """Every tensor a Muse Glimmer of this config has -> (role, GGUF ``ne``),
-    from its table (``arch/muse_glimmer.py``)."""
-    rows = expand(MUSE_GLIMMER, cfg)
-    return {name: (spec.role, spec.shape(cfg)) for name, (spec, _) in rows.items()}
 
 
 def _config(arch: Architecture, md: dict, where: str) -> Any:

@@ -139,10 +139,6 @@ def _runtime_object(root: Path, key: str, inc: Path) -> Path:
     return obj
 
 
-def _c_string(s: str) -> str:
-    return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-
 def _wrappers(kernels: list[Kernel]) -> str:
     kind = {"buffer": "EMU_PARAM_BUFFER", "builtin": "EMU_PARAM_BUILTIN", "threadgroup": "EMU_PARAM_THREADGROUP"}
     out = ['\n# 1 "<emulator wrappers>"']

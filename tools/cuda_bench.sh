@@ -1,11 +1,11 @@
 #!/bin/bash
-# One H200 call for issue 36: CUDA tests of the layer ops and the models, then
+# One H200 call: CUDA tests of the layer ops and the models, then
 # decode of random-weight files with real layouts (tools/layouts, written by
 # muser_torch.bench.shaped) and of Muse Glimmer's seed geometry: tok/s in a CUDA
 # graph and the kernels of one token. Run from the repo root on the device:
 #   bash tools/cuda_bench.sh [tests] [gemma] [llama8b] [glimmer] [profile]
 # Logs go to $OUT (or /tmp/cuda-bench). llama.cpp is not built here; its figures
-# are issue 36's, from the same kind of H200 (docs/performance.md says which).
+# are recorded ones from the same kind of H200 (docs/performance.md says which).
 set -uo pipefail
 OUT=${OUT:-/tmp/cuda-bench}; mkdir -p "$OUT"
 if ls .whl/*.whl >/dev/null 2>&1; then   # gguf and other pure-Python wheels the image lacks

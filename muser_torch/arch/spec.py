@@ -35,8 +35,8 @@ class Role(Enum):
     BIAS = "bias"      # a projection's float bias; its module path names the projection's .bias
 
 
-# Every type the CPU, CUDA and Metal kernels compute for qmatmul and embedding
-# (issue 14): the types llama.cpp's presets write.
+# The types llama.cpp's quantization presets write: every one of them runs on the
+# CPU, CUDA and Metal qmatmul and embedding kernels.
 LLAMA_CPP_TYPES = frozenset({GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q4_0,
                              GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0,
                              GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K})

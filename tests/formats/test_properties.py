@@ -23,7 +23,7 @@ from muser_torch.ops import cpu
 from .ggml_ref import lib, quantize_chunk
 
 SETTINGS = settings(max_examples=int(os.environ.get("MUSER_HYPOTHESIS_EXAMPLES", "60")), deadline=None, suppress_health_check=[HealthCheck.too_slow])
-NATIVE = [t for t in GGMLType if cpu._native_decodes(t)]
+NATIVE = sorted(cpu.NATIVE_TYPES) if cpu.native_available() else []
 # every type ggml quantizes that we do (NVFP4_E2M1 is ours alone)
 GGML_QUANTIZES = [GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0,
                   GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K, GGMLType.F16, GGMLType.BF16,

@@ -1,8 +1,8 @@
-"""Model-loader failures (issue 13). ``KNOWN_LOADER_FAILURES`` lists the open
+"""Model-loader failures. ``KNOWN_LOADER_FAILURES`` lists the open
 ones: a bad outcome (untyped, crash, hang, over-cap) on a mutant that matches
-one is counted under its name instead of failing the run. It is empty: the
-three issue 13 named are fixed, and ``LOADER_REGRESSIONS`` keeps their
-mutants, which every run replays and ``test_fuzz`` holds to ok or typed.
+one is counted under its name instead of failing the run. It is empty: no bad
+outcome is excused. ``LOADER_REGRESSIONS`` keeps the mutants of three
+failures the harness found, which every run replays and ``test_fuzz`` holds to ok or typed.
 
 Each entry names the metadata keys whose mutation shows the failure, the
 stage it happens in, and the reason.
@@ -39,8 +39,7 @@ LOADER_REGRESSIONS: tuple[Known, ...] = (
           ("tokenizer.ggml.bos_token_id", "+inf FLOAT32")),
 )
 
-# Issue 24: chat templates that hung or exhausted the machine before renders
-# were bounded. Replayed on every file (they render only where the file's
+# Chat templates that hang or exhaust the machine when a render is unbounded. Replayed on every file (they render only where the file's
 # tokenizer has a chat template: the Gemma file, not the byte-level demos),
 # held to a typed ChatTemplateError in the chat stage where they render.
 TEMPLATE_REGRESSIONS: tuple[Known, ...] = tuple(

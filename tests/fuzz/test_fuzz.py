@@ -1,10 +1,10 @@
-"""The bounded CI run of the fuzz harness (issue 13).
+"""The bounded CI run of the fuzz harness (docs/fuzz.md).
 
 One ``python -m tests.fuzz`` subprocess (a fresh process: the fork server
 must not inherit this one's threads) mutates both demo lanes and, when the
 test extra is installed, the Gemma 3 270M file, with a seed printed here and
 replayable with MUSER_FUZZ_SEED. Every mutant must end ok or in a typed
-refusal; the loader failures issue 13 named are replayed every run and held
+refusal; the loader failures it once found (known.py) are replayed every run and held
 to the same (known.py). A self-test shows the runner detects each outcome it counts.
 """
 from __future__ import annotations
@@ -123,7 +123,7 @@ def _replays(rep: dict, known) -> list[dict]:
 @pytest.mark.parametrize("known", [k if k in TEMPLATES_REPLAYED else slow.param(k)
                                    for k in TEMPLATE_REGRESSIONS], ids=lambda k: k.name)
 def test_the_issue_templates_stop_at_their_bounds(fuzz, known):
-    """Issue 24's templates, put into each file: where the file's tokenizer
+    """The hostile templates of ``known.TEMPLATE_REGRESSIONS``, put into each file: where the file's tokenizer
     renders templates (the Gemma file) each ends in a ChatTemplateError in the
     chat stage, within the memory cap; the byte-level demos ignore them."""
     seed, files, tables = fuzz

@@ -1,10 +1,10 @@
-"""Mutants of the tokenizer and its chat template (issue 24): the metadata a
+"""Mutants of the tokenizer and its chat template: the metadata a
 tokenizer is built from, edited consistently enough to reach the tokenizer's
 own checks (a vocabulary one token short or long, a duplicate token, token
 types or scores of the wrong length or with a bad entry, special ids at or
 past the end, merges naming a token not in the vocabulary, a key deleted),
 and ``tokenizer.chat_template`` put in or replaced: hostile templates (the
-issue's four and more), well-behaved ones, and well-behaved ones with random
+four of ``known.TEMPLATE_REGRESSIONS`` and more), well-behaved ones, and well-behaved ones with random
 edits (which mostly do not compile, or fail while rendering).
 
 Values come from the unmutated base file, read once with ``load_gguf``.

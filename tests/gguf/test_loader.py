@@ -10,10 +10,12 @@ from gguf.constants import GGMLQuantizationType
 from gguf.quants import dequantize as gguf_dequantize
 
 from muser_torch import GGMLType, load_gguf, save_gguf
+from muser_torch.arch.muse_glimmer import MUSE_GLIMMER
+from muser_torch.arch.spec import expand
 from muser_torch.config import GlimmerConfig
 from muser_torch.errors import (CompanionError, DtypeFenceError, LaneError, MetadataError,
                                 ShapeMismatchError, TensorSetError)
-from muser_torch.loader import admit, bind_weights, expected_tensors, packed_weight
+from muser_torch.loader import admit, bind_weights, packed_weight
 
 from .helpers import finite_kquant, fresh_seed, nvfp4_reference, random_nvfp4
 
@@ -28,7 +30,8 @@ def glimmer_tensors(cfg: GlimmerConfig, rng: np.random.Generator | None, *, lane
     and ffn_down, Q5_K lm_head, F32 norms; the nvfp4 lane swaps most projections
     to NVFP4_E2M1 with companions. ``rng`` None gives zero bytes (sparse)."""
     out = {}
-    for name, (role, ne) in expected_tensors(cfg).items():
+    for name, (spec, _) in expand(MUSE_GLIMMER, cfg).items():
+        role, ne = spec.role, spec.shape(cfg)
         part = name.split(".")[-2]
         layer = int(name.split(".")[1]) if name.startswith("blk.") else 0
         n_in, n_out = ne[0], (ne[1] if len(ne) > 1 else 1)

@@ -1,5 +1,6 @@
 """Admission bounds every metadata number by what the model can use and every
-count by what the file holds (issue 13's known failures 1-3): each refusal is
+count by what the file holds (the fuzz harness's loader regressions,
+``tests/fuzz/known.py``): each refusal is
 a MetadataError naming the key, reached without building anything per claimed
 layer (measured as Python memory allocated, not time)."""
 from __future__ import annotations
@@ -28,7 +29,7 @@ CASES = {  # key -> (value, its GGUF type)
     "u64-max heads": ("muse-glimmer.attention.head_count", (1 << 64) - 1, V.UINT64),
     "infinite bos id": ("tokenizer.ggml.bos_token_id", float("inf"), V.FLOAT32),
     "infinite eos id": ("tokenizer.ggml.eos_token_id", float("-inf"), V.FLOAT32),
-    # Muse Glimmer's own keys (issue 21)
+    # Muse Glimmer's own keys
     "zero softcap": ("muse-glimmer.final_logit_softcapping", 0.0, V.FLOAT32),
     "negative softcap": ("muse-glimmer.final_logit_softcapping", -20.0, V.FLOAT32),
     "NaN logit scale": ("muse-glimmer.logit_scale", float("nan"), V.FLOAT32),

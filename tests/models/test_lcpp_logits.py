@@ -4,7 +4,7 @@ names; else these tests skip).
 
 Both numerics modes must give llama.cpp's 64-token greedy continuation of a
 fixed prompt. The last-position logits are compared too and their relative
-error printed: issue 22 asks 1e-3 of ``ggml`` mode, which is not reached
+error printed: 1e-3 of ``ggml`` mode would be the goal, and is not reached
 (measured 2026-12-02: exact 2.6%, ggml 5.6-6.6%; docs/cpu.md says where the
 rest comes from: llama.cpp's f16 KV cache and flash attention, its f16 GELU
 table, and its repacked Q4_K kernels), so that bound is not asserted.

@@ -70,7 +70,7 @@ def test_bad_ids_are_refused_by_the_byte_tokenizer(key, value):
 
 
 def test_float32_infinite_bos_in_a_file_is_a_metadata_error(tmp_path):
-    """Issue 13, known failure 2: a Glimmer file whose BOS id is FLOAT32 inf."""
+    """A Glimmer file whose BOS id is FLOAT32 inf (a fuzz finding, ``tests/fuzz/known.py``)."""
     from muser_torch import Glimmer
     from muser_torch.config import GlimmerConfig
     from muser_torch.tiny import write_tiny

@@ -75,14 +75,6 @@ def use_native(enabled: bool):
         _native_enabled = old
 
 
-@functools.lru_cache(maxsize=None)
-def _native_decodes(qtype: GGMLType) -> bool:
-    """Whether the library itself claims ``qtype`` with formats' geometry."""
-    lib = _native_lib()
-    return lib is not None and lib.muser_geometry(int(qtype), qtype.block_elems,
-                                                  qtype.block_bytes) == 0
-
-
 def _native_for(qtype: GGMLType) -> ctypes.CDLL | None:
     """The library, when it is enabled, loads and runs ``qtype``; else None."""
     if not _native_enabled or qtype not in NATIVE_TYPES:
@@ -280,8 +272,8 @@ class Rung:
 #   gemm             5.7-7.6   5.7-7.9   5.7-7.7   5.8-7.6   9.4-12.5   17.4-23.0
 # and the same at the demo's 256x768 shapes (9 tokens: 48-76 us vs 48-55 us).
 #
-# F16 and BF16 take the native rungs too (they went to the tiles until
-# 2026-12-01): random 2048x2048, native rung vs tiles, best of 15 interleaved,
+# F16 and BF16 take the native rungs too, which beat the tiles: random 2048x2048,
+# native rung vs tiles, best of 15 interleaved,
 # on the 2-core AMD EPYC (AVX2, no AVX-512) host with its neighbours busy, ms:
 #   1 thread (CPU time)  tokens 1       4        8        128
 #   F16  native / tiles     0.80/1.49  1.23/2.65  2.48/5.47  15.5/15.9

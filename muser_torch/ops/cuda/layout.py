@@ -29,7 +29,7 @@ __all__ = sorted([*_CONSTANTS, *_TYPE_IDS, "TILE", "require"])
 
 def require(condition: bool, what: str) -> None:
     """Refuse to import kernels whose word loads assume something about a layout
-    that ``formats/layout.py`` no longer says (the Metal prelude's static_asserts,
+    that ``formats/layout.py`` does not declare (the Metal prelude's static_asserts,
     for Triton)."""
     if not condition:
         raise RuntimeError(f"the Triton kernels assume {what}, which formats/layout.py "
