@@ -109,26 +109,38 @@ class _Packed(nn.Module):
         return f"{self.qtype.name}, in_features={self.n_in}, out_features={self.n_out}"
 
 
+# The projections' arithmetic, one value for a whole model: "exact" (float
+# activations, every device) or "ggml" (ggml's 8-bit activations; the native
+# CPU kernels only). ``run --numerics`` offers these; the default is "exact".
 NUMERICS = ("exact", "ggml")
 
 
-def check_numerics(numerics: str, device: torch.device | str | None = None) -> str:
-    """``numerics`` when it is one of ``NUMERICS`` (and ggml's runs on ``device``)."""
+def check_numerics(numerics: str, device: torch.device | str | None = None,
+                   backend: str | None = None) -> str:
+    """``numerics`` when it is one of ``NUMERICS`` and can be honoured on
+    ``device`` with the CPU ``backend`` (default: ``ops.chosen_backend()``);
+    else one ValueError naming the combination. The one check of the value."""
     if numerics not in NUMERICS:
         raise ValueError(f"numerics must be one of {NUMERICS}, got {numerics!r}")
-    if numerics == "ggml" and device is not None and torch.device(device).type != "cpu":
-        raise ValueError(f"numerics='ggml' runs on the CPU, not {torch.device(device).type}; "
-                         "use numerics='exact' there")
+    if numerics == "ggml":
+        if device is not None and torch.device(device).type != "cpu":
+            raise ValueError(f"numerics='ggml' runs on the CPU, not {torch.device(device).type}; "
+                             "use numerics='exact' there")
+        backend = backend or ops.chosen_backend()
+        if backend != "native":
+            raise ValueError(f"numerics='ggml' runs on the native CPU kernels, not the {backend} "
+                             "backend; use numerics='exact' with it")
     return numerics
 
 
 def set_numerics(model: nn.Module, numerics: str) -> nn.Module:
-    """Set ``numerics`` on every QLinear in ``model``; returns the model."""
-    check_numerics(numerics)
-    for m in model.modules():
-        if isinstance(m, QLinear):
-            check_numerics(numerics, m.packed.device)
-            m.numerics = numerics
+    """Set ``numerics`` on every QLinear in ``model``, checked once against the
+    devices its weights are on; returns the model."""
+    layers = [m for m in model.modules() if isinstance(m, QLinear)]
+    for device in sorted({m.packed.device.type for m in layers}) or [None]:
+        check_numerics(numerics, device)
+    for m in layers:
+        m.numerics = numerics
     return model
 
 

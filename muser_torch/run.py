@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from .nn import NUMERICS, check_numerics
 from .text.chat_limits import DEFAULT_MAX_CHARS, DEFAULT_SECONDS, MESSAGES_FACTOR, ChatLimits
 
 MODELS_DIR = Path(__file__).resolve().parents[1] / "models"
@@ -68,22 +69,11 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return DTYPES[name]
 
 
-# The projections' arithmetic of run and bench on the CPU when --numerics is
-# auto (nn.NUMERICS; accelerators always compute "exact").
-DEFAULT_CPU_NUMERICS = "exact"
-
-
 def add_numerics_arg(p) -> None:
-    p.add_argument("--numerics", choices=("auto", "exact", "ggml"), default="auto",
-                   help="projection arithmetic: exact (float activations, matches transformers), "
-                        "ggml (8-bit activations as llama.cpp's CPU backend; CPU only); "
-                        f"auto = {DEFAULT_CPU_NUMERICS} on CPU, exact elsewhere")
-
-
-def resolve_numerics(name: str, device: torch.device) -> str:
-    if name == "auto":
-        return DEFAULT_CPU_NUMERICS if device.type == "cpu" else "exact"
-    return name
+    p.add_argument("--numerics", choices=NUMERICS, default=NUMERICS[0],
+                   help="projection arithmetic: exact (float activations, matches transformers; "
+                        "the default), ggml (8-bit activations as llama.cpp's CPU backend; the "
+                        "native CPU kernels only)")
 
 
 def add_threads_arg(p) -> None:
@@ -170,10 +160,13 @@ def main(args: argparse.Namespace) -> int:
     device = resolve_device(args.device)
     if args.backend == "metal-emulator" and device.type != "cpu":
         raise ValueError(f"--backend metal-emulator runs on CPU tensors; got --device {device.type}")
+    try:
+        check_numerics(args.numerics, device, args.backend)
+    except ValueError as e:
+        raise ValueError(f"--numerics {args.numerics} --backend {args.backend}: {e}") from None
     apply_threads(args.threads)
     model = from_gguf(path, device=device, dtype=resolve_dtype(args.dtype, device),
-                      progress=path.stat().st_size > 256 << 20,
-                      numerics=resolve_numerics(args.numerics, device))
+                      progress=path.stat().st_size > 256 << 20, numerics=args.numerics)
     tok = model.tokenizer
     if tok is None:
         raise ValueError(f"{path} carries no tokenizer (no tokenizer.ggml.* keys, or "

@@ -1,6 +1,7 @@
 """The package's layering (docs/architecture.md) holds: imports (at module
 level or inside functions) only go down the layers, there is no import
-circle, and the Metal emulator stays apart."""
+circle, the Metal emulator stays apart, and the model layer names no backend
+folder."""
 import subprocess
 import sys
 from pathlib import Path
@@ -82,3 +83,17 @@ def test_the_checker_keeps_the_emulator_apart(tmp_path, monkeypatch, capsys):
     out = capsys.readouterr().out
     assert f"emulator: muser_torch.ops.unpack imports {emu}" in out
     assert f"emulator: {emu}.emulator imports muser_torch" in out
+
+
+def test_the_checker_keeps_backends_out_of_the_model_layer(tmp_path, monkeypatch, capsys):
+    """models/ asks ``muser_torch.ops`` (``ops.warm_up``, ``ops.backend``); naming a
+    backend folder, even inside a function, is a violation."""
+    import_graph = _plant(tmp_path, monkeypatch, {
+        "muser_torch/__init__.py": "", "muser_torch/ops/__init__.py": "def warm_up(m):\n    pass\n",
+        "muser_torch/ops/cuda/__init__.py": "", "muser_torch/ops/cuda/warm.py": "def warm_up(m):\n    pass\n",
+        "muser_torch/models/__init__.py": "from .. import ops\n"})
+    assert import_graph.main() == 0
+    (tmp_path / "muser_torch" / "models" / "assembly.py").write_text(
+        "def f(m):\n    from ..ops.cuda.warm import warm_up\n    return warm_up(m)\n")
+    assert import_graph.main() == 1
+    assert "backend: muser_torch.models.assembly imports muser_torch.ops.cuda.warm" in capsys.readouterr().out

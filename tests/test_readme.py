@@ -254,13 +254,16 @@ def _tree_path() -> re.Pattern:
 
 def _missing_paths(line: str, here: Path = ROOT) -> list[str]:
     """The paths of ours that ``line`` names and the repository lacks (a path
-    may stop where a placeholder starts: ``models/glimmer-demo-<lane>.gguf``)."""
+    may stop where a placeholder starts, ``models/glimmer-demo-<lane>.gguf``, or
+    name a module's attribute, ``bench/cuda_timing.graph_time``)."""
     found = []
     for m in _tree_path().findall(line):
         p = m.rstrip(".")
         if any(p == e or (e.endswith("/") and p.startswith(e)) for e in ELSEWHERE):
             continue
-        if not (_exists(p) or _exists(p + ".py") or _exists(p + "*") or (here / p).exists()):
+        attribute = re.fullmatch(r"(.+)\.[A-Za-z_]\w*", p)
+        if not (_exists(p) or _exists(p + ".py") or _exists(p + "*") or (here / p).exists()
+                or (attribute and _exists(attribute.group(1) + ".py"))):
             found.append(p)
     return found
 
@@ -296,5 +299,7 @@ def test_the_checks_find_what_does_not_exist(tmp_path):
     fake.write_text('"""Kernels in ``ops/cuda.py`` and ``muser_torch.ops.nothing``."""\n')
     assert set(_docstring_misses(fake)) == {"path ops/cuda.py", "name muser_torch.ops.nothing"}
     assert _missing_paths("built by ops/cpu.py from ops/cpu/build.py") == ["ops/cpu.py"]
+    assert _missing_paths("bench/cuda_timing.graph_time, bench/cuda_timing.nothing/x") == \
+        ["bench/cuda_timing.nothing/x"]
     assert OUTSIDE_BOOK.search("the seed's Figure 6.6 shapes") and OUTSIDE_BOOK.search("\u00a76.3")
     assert MARKDOWN.findall("see GLIMMER.md and docs/cpu.md") == ["GLIMMER.md", "docs/cpu.md"]

@@ -1,5 +1,6 @@
 """Check muser_torch's layering: the imports between its layers
-(``docs/architecture.md``) go only downward, and no import circle exists.
+(``docs/architecture.md``) go only downward, no import circle exists, and the
+model layer names no backend folder (``ops/cpu``, ``ops/cuda``, ``ops/metal``).
 
     python tools/import_graph.py            # prints violations; exit 1 if any
 
@@ -18,6 +19,12 @@ ROOT = Path(__file__).resolve().parent.parent / "muser_torch"
 # The Metal emulator is a package of its own beside muser_torch: it imports
 # nothing from muser_torch, and ops/metal is its one caller.
 EMULATOR, EMULATOR_CALLER = "muser_torch_metal_emulator", "muser_torch.ops.metal"
+
+# The backend folders: only ops/ itself and the commands (layer 8: the benchmarks
+# time kernels) import them. The model layer asks ops/ (``ops.warm_up``,
+# ``ops.backend``) and never names a backend.
+BACKENDS = ("muser_torch.ops.cpu", "muser_torch.ops.cuda", "muser_torch.ops.metal")
+BACKEND_FREE = ("models",)
 
 # Layer of each top-level module or package, lowest first (docs/architecture.md).
 LAYERS = {
@@ -84,6 +91,10 @@ def main() -> int:
     for p in sorted(emulator.rglob("*.py")) if emulator.is_dir() else ():
         if any(t.split(".")[0] == "muser_torch" for t in module_imports(p)):
             bad.append(f"emulator: {_module_of(p)} imports muser_torch; the emulator stands alone")
+    for m in sorted(raw):
+        for t in sorted(raw[m]):
+            if _top(m) in BACKEND_FREE and any(t == b or t.startswith(b + ".") for b in BACKENDS):
+                bad.append(f"backend: {m} imports {t}; {_top(m)}/ asks muser_torch.ops instead")
     for m, targets in sorted(graph.items()):
         for t in sorted(targets):
             a, b = _top(m), _top(t)

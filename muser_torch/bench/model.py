@@ -3,8 +3,9 @@ Glimmer, with the weight bytes each decode token reads and the bandwidth that
 implies.
 
 MODEL is a GGUF file, ``demo`` (the bundled demo, default) or ``seed``: random
-packed weights in the full 52-layer geometry (docs/muse-glimmer.md) (``Glimmer.random``, made on the
-device, no file), with ``--layers`` of the 52 so it fits the machine at hand.
+packed weights in the full 52-layer geometry of docs/muse-glimmer.md
+(``Glimmer.random``, made on the device, no file), with ``--layers`` of the
+52 so it fits the machine at hand.
 Numbers are measured in this run and printed, never asserted.
 
 On CUDA it also replays one decode step captured in a CUDA graph, which
@@ -21,7 +22,7 @@ from pathlib import Path
 import torch
 
 from ..run import (DEMO, add_dtype_arg, add_numerics_arg, add_threads_arg, apply_threads,
-                   model_path, resolve_device, resolve_dtype, resolve_numerics, synchronize)
+                   model_path, resolve_device, resolve_dtype, synchronize)
 
 
 def register(subparsers) -> None:
@@ -29,7 +30,7 @@ def register(subparsers) -> None:
     p.add_argument("model", nargs="?", default="demo",
                    help="a GGUF path, 'demo' (bundled demo, default) or 'seed' (random seed-geometry layers)")
     p.add_argument("--lane", choices=tuple(DEMO), default="q4_k_xl")
-    p.add_argument("--layers", type=int, default=2, help="layers of the full 52-layer geometry (with 'seed')")
+    p.add_argument("--layers", type=int, default=2, help="layers of the 52-layer geometry (with 'seed')")
     p.add_argument("--device", default="cpu")
     add_dtype_arg(p)
     add_numerics_arg(p)
@@ -54,7 +55,7 @@ def build(args: argparse.Namespace, device: torch.device, dtype: torch.dtype):
     from ..nn import set_numerics
     from ..tiny import SEED_CONFIG
 
-    numerics = resolve_numerics(args.numerics, device)
+    numerics = args.numerics
     if args.model == "seed":
         from ..arch.muse_glimmer import reference_pattern
         config = replace(SEED_CONFIG, n_layers=args.layers, weight_precision=args.lane,
@@ -65,7 +66,7 @@ def build(args: argparse.Namespace, device: torch.device, dtype: torch.dtype):
     return from_gguf(path, device=device, dtype=dtype, numerics=numerics), f"{path.name} ({numerics})"
 
 
-GRAPH_REPS = 4   # cuda_timing.graph_time (bench/cuda_timing.py) replays 5 x GRAPH_REPS + 1 times
+GRAPH_REPS = 4   # bench/cuda_timing.graph_time replays 5 x GRAPH_REPS + 1 times
 PREFILL_REPS = 3  # warm prefills timed after the first call; the best is printed
 
 

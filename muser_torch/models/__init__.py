@@ -39,5 +39,5 @@ def from_gguf(path: str | os.PathLike, device: torch.device | str | None = None,
     cls = MODELS[architecture_of(gguf.metadata, gguf.path.name).name]
     device = torch.device(device if device is not None else "cpu")
     check_numerics(numerics, device)
-    model = cls.from_file(gguf, device, dtype or cls.default_dtype(device), progress)
+    model = cls.from_file(gguf, device, dtype, progress)
     return set_numerics(model, numerics)

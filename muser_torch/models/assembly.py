@@ -11,6 +11,7 @@ from typing import Any, Callable
 import torch
 import torch.nn as nn
 
+from .. import ops
 from ..arch.spec import Role, expand
 from ..errors import MetadataError
 from ..formats import PackedWeight
@@ -52,13 +53,8 @@ def assemble(cls: Any, config: Any, groups: frozenset[str], get: GetWeight,
     model.tokenizer = tokenizer
     if device.type == "cuda":   # one read of x for q/k/v and gate/up (the weights are copies here)
         join_projections(model)
-    if device.type == "cuda":   # compile every kernel the forward can launch now, not at its first call
-        try:
-            from ..ops.cuda.warm import warm_up   # needs Triton: imported only for a CUDA model
-        except ImportError:
-            pass
-        else:
-            model.warm_up_s = warm_up(model, dtype, max_tokens=getattr(config, "context_length", None))
+    # the device's backend prepares every kernel the forward can launch now, not at its first call
+    model.warm_up_s = ops.warm_up(model, dtype, max_tokens=getattr(config, "context_length", None))
     return model
 
 

@@ -33,9 +33,7 @@ class Decoder(nn.Module, Generation):
     ARCH: Architecture
     # dtype of the embedding rows before ``embed_scale`` (None: the activation dtype)
     EMBED_DTYPE: torch.dtype | None = None
-    # activation dtype of ``from_gguf`` when none is given (None: float32 on
-    # CPU, ACCEL_DTYPE on an accelerator)
-    DEFAULT_DTYPE: torch.dtype | None = None
+    # activation dtype of ``from_gguf`` on an accelerator when none is given (float32 on CPU)
     ACCEL_DTYPE: torch.dtype = torch.float16
 
     def __init__(self, config: Any, layers: Sequence[nn.Module], *, embed_scale: float = 1.0,
@@ -220,8 +218,8 @@ class Decoder(nn.Module, Generation):
         Projections become ``QLinear`` over the file's packed bytes (the memory
         map itself on CPU, one copy on an accelerator), the embedding a
         ``QEmbedding``; norms are float32. ``dtype`` is the activation dtype
-        (default: ``DEFAULT_DTYPE``, else float32 on CPU and ``ACCEL_DTYPE`` on
-        an accelerator)."""
+        (default: ``default_dtype(device)``, float32 on CPU and ``ACCEL_DTYPE``
+        on an accelerator, as ``muser_torch.from_gguf``)."""
         return cls.from_file(load_gguf(path), device, dtype, progress)
 
     @classmethod
@@ -237,7 +235,7 @@ class Decoder(nn.Module, Generation):
                                 f"tokens but the model's vocabulary ({cls.ARCH.name}.vocab_size, "
                                 f"the embedding's rows) is {rows:,}")
         device = torch.device(device if device is not None else "cpu")
-        dtype = dtype or cls.DEFAULT_DTYPE or cls.default_dtype(device)
+        dtype = dtype or cls.default_dtype(device)
 
         def get(name, n_out, n_in):  # shapes and companions were admitted above
             return packed_weight(gguf, name)

@@ -43,7 +43,6 @@ class TransformerBlock(SandwichBlock):
 
 class Glimmer(Decoder):
     ARCH = MUSE_GLIMMER
-    DEFAULT_DTYPE = torch.float16   # Glimmer.from_gguf's default (muser_torch.from_gguf: float32 on CPU)
 
     def __init__(self, config: GlimmerConfig):
         super().__init__(config, [TransformerBlock(config, il) for il in range(config.n_layers)],
@@ -71,15 +70,16 @@ class Glimmer(Decoder):
 
     @classmethod
     def random(cls, config: GlimmerConfig, device: torch.device | str | None = None,
-               dtype: torch.dtype = torch.float16, seed: int = 0) -> "Glimmer":
+               dtype: torch.dtype | None = None, seed: int = 0) -> "Glimmer":
         """Random packed weights made directly on ``device`` in the lane's recipe
         (``config.weight_precision`` picks the lane; ``arch/glimmer_recipe.py``), at any
         shape including the full 52-layer geometry: random bytes with sane
-        scale fields, no file and no float copy of any weight."""
+        scale fields, no file and no float copy of any weight. ``dtype`` defaults
+        as ``from_gguf``'s does."""
         device = torch.device(device if device is not None else "cpu")
         gen = torch.Generator(device=device).manual_seed(seed)
 
         def get(name, n_out, n_in):
             return recipe_weight(config, name, n_out, n_in, gen, device)
 
-        return assemble(cls, config, frozenset(), get, device, dtype, None)
+        return assemble(cls, config, frozenset(), get, device, dtype or cls.default_dtype(device), None)

@@ -67,7 +67,7 @@ from .checks import (MAX_DIM, check_args, check_call, check_dims, check_ids_in_r
                      check_qtype, default_kernel, implemented_types)
 from .choice import CPU_BACKENDS, chosen_backend, use_backend
 
-__all__ = ["qmatmul", "qmatmul_ggml", "qmatmul_t", "dequantize", "embedding", "check_args", "backend",
+__all__ = ["qmatmul", "qmatmul_ggml", "qmatmul_t", "dequantize", "embedding", "check_args", "backend", "warm_up",
            "implemented_types", "use_backend", "chosen_backend", "CPU_BACKENDS"]
 
 _COMPANIONS = "Tensor? scales=None, Tensor? scale_2=None"
@@ -155,6 +155,9 @@ def _default_qmatmul_ggml(x: Tensor, packed: Tensor, qtype: int, n_out: int, n_i
     if x.device.type != "cpu":
         raise ValueError(f"muser.qmatmul_ggml: ggml numerics run on the CPU, got a "
                          f"{x.device.type} tensor (use numerics='exact' there)")
+    if chosen_backend() != "native":
+        raise ValueError(f"muser.qmatmul_ggml: ggml numerics run on the native CPU kernels, not "
+                         f"inside use_backend({chosen_backend()!r}) (use numerics='exact' there)")
     from . import cpu
     return cpu.qmatmul_ggml(x, packed, qtype, n_out, n_in, scales, scale_2)
 
@@ -302,6 +305,16 @@ _BACKENDS: dict = {}   # device type -> its loaded kernel module
 def backend(device_type: str):
     """The loaded kernel module of ``device_type`` ('cuda', 'mps'), or None."""
     return _BACKENDS.get(device_type)
+
+
+def warm_up(model: torch.nn.Module, dtype: torch.dtype, max_tokens: int | None = None) -> float:
+    """Ask the backend of each device ``model``'s tensors sit on to prepare the
+    kernels its forwards will launch, for ``dtype`` activations and calls of at
+    most ``max_tokens`` tokens; returns the seconds it took. A backend that
+    compiles nothing at run time (CPU, Metal) defines no ``warm_up``: 0.0."""
+    devices = sorted({t.device.type for t in (*model.parameters(), *model.buffers())})
+    prepare = [getattr(_BACKENDS.get(d), "warm_up", None) for d in devices]
+    return sum(fn(model, dtype, max_tokens=max_tokens) for fn in prepare if fn is not None)
 
 
 # device type -> (the backend folder that registers its kernels, whether the device is here)

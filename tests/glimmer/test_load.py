@@ -140,6 +140,17 @@ def test_cpu_weights_view_the_memory_map(tiny_files):
     assert file_ptr == mod_ptr, "packed weights were copied out of the memory map"
 
 
+def test_both_entry_points_compute_in_float32_on_the_cpu(tiny_files):
+    """``Glimmer.from_gguf`` and ``muser_torch.from_gguf`` read one file into one
+    numerics: float32 activations (and cache) on the CPU unless asked otherwise."""
+    import muser_torch
+    path = tiny_files["q4_k_xl"]
+    for model in (Glimmer.from_gguf(path), muser_torch.from_gguf(path)):
+        assert type(model) is Glimmer and model.activation_dtype == torch.float32
+        tokens = torch.tensor([[1, 2, 3]])
+        assert model(tokens).dtype == torch.float32
+
+
 def test_weight_bytes_per_token_counts_the_file(tiny_files):
     """Every tensor's bytes once, except the embedding: one row of it."""
     for lane, path in tiny_files.items():

@@ -57,10 +57,10 @@ def test_incremental_decode_matches_full_forward(tiny_files, lane):
 
 
 def test_f16_cache_and_activations_stay_close(tiny_files):
-    """The default f16 model with its f16 cache tracks the float32 model."""
+    """A float16 model with its f16 cache tracks the float32 model."""
     path = tiny_files["q4_k_xl"]
     ref = Glimmer.from_gguf(path, dtype=torch.float32)
-    half = Glimmer.from_gguf(path)  # float16 activations, f16 KV cache
+    half = Glimmer.from_gguf(path, dtype=torch.float16)  # float16 activations, f16 KV cache
     tokens = _tokens(24, batch=1, salt=2)
     want = ref(tokens)[0]
     half.setup_cache(1, 24)

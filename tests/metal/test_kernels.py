@@ -30,9 +30,9 @@ def test_every_type_and_rung_has_its_kernel():
 
 
 def test_ladder():
-    assert [metal.rung_for(n).kernel for n in TOKEN_COUNTS] == \
+    assert [metal.rung_for(GGMLType.Q4_K, n).name for n in TOKEN_COUNTS] == \
         ["mv", "ext", "ext", "ext", "ext", "ext", "mm", "mm", "mm", "mm"]
-    assert [r.kernel for r in metal.LADDER] == ["mv", "ext", "mm"]
+    assert [r.name for r in metal.LADDER] == ["mv", "ext", "mm"]
 
 
 def test_the_source_is_ascii_and_plain_msl():
@@ -57,7 +57,7 @@ def test_qmatmul_every_rung(qtype, n_out, n_in, lane_schedule):
         ref = x.double() @ w.T
         assert y.shape == (n_tok, n_out) and y.dtype == torch.float32
         err = rel_err(y, ref)
-        assert err < 1e-5, (f"{qtype.name} rung {metal.rung_for(n_tok).kernel} n_tok={n_tok} schedule="
+        assert err < 1e-5, (f"{qtype.name} rung {metal.rung_for(qtype, n_tok).name} n_tok={n_tok} schedule="
                             f"{lane_schedule}: rel err {err:.3g} (seed {seed})")
 
 

@@ -51,6 +51,7 @@ from ...formats import dequantize_reference as _ref_dequantize
 from ...formats.floats import e4m3fn_table
 from ...formats.nvfp4 import ue4m3_half_table
 from ...formats.types import GGMLType
+from ..ladder import first_rung, takes
 from .build import NATIVE_MAX_TOKENS, NATIVE_TYPES, _native_lib, native_available  # noqa: F401
 
 FUSED_MAX_TOKENS = 8           # the fused rung's top; measured, see LADDER
@@ -241,11 +242,15 @@ def _tiles(x2, packed, qtype, n_out, n_in, scales, scale_2) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class Rung:
-    """One rung of the CPU matmul ladder."""
+    """One rung of the CPU matmul ladder (``ops.ladder.Rung``'s shape)."""
     name: str
     max_tokens: int | None              # the most activation rows it takes (None: any)
     native: bool                        # runs in the native library (NATIVE_TYPES only)
     kernel: Callable[..., torch.Tensor]
+
+    def serves(self, qtype: GGMLType, tokens: int, dtype: torch.dtype = torch.float32) -> bool:
+        """Native rungs serve the types the library runs, the others the rest; any dtype."""
+        return self.native == (_native_for(qtype) is not None) and takes(self.max_tokens, tokens)
 
 
 # qmatmul runs the first rung whose max_tokens covers the call, among the
@@ -290,13 +295,9 @@ LADDER: tuple[Rung, ...] = (
 )
 
 
-def rung_for(qtype: GGMLType, tokens: int) -> Rung:
-    """The ladder's rung for ``tokens`` activation rows of a ``qtype`` weight."""
-    native = _native_for(qtype) is not None
-    for rung in LADDER:
-        if rung.native == native and (rung.max_tokens is None or tokens <= rung.max_tokens):
-            return rung
-    raise AssertionError(f"LADDER has no rung for {qtype.name} at {tokens} tokens")
+def rung_for(qtype: GGMLType, tokens: int, dtype: torch.dtype = torch.float32) -> Rung:
+    """The ladder's rung for ``tokens`` activation rows of ``dtype`` against a ``qtype`` weight."""
+    return first_rung(LADDER, qtype, tokens, dtype, "the CPU ladder")
 
 
 def qmatmul(x: torch.Tensor, packed: torch.Tensor, qtype: int, n_out: int, n_in: int,

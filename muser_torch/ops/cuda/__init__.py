@@ -57,11 +57,13 @@ import triton
 from ...formats.companions import companion_args
 from ...formats.types import GGMLType
 from ..checks import register_kernels, register_layer_kernels
+from ..ladder import first_rung, takes
 from . import int8dot as i8
 from . import layer
 from . import kquant as tk
 from . import tile as tt
 from .layout import TILE
+from .warm import warm_up  # noqa: F401  (ops.warm_up asks for it)
 
 T = GGMLType
 SUPPORTED = frozenset({T.F32, T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0,
@@ -84,7 +86,7 @@ class Launch:
 
 @dataclass(frozen=True)
 class Rung:
-    """One rung of the ladder: it takes up to ``max_tokens`` activation rows
+    """One rung of the ladder (``ops.ladder.Rung``'s shape): it takes up to ``max_tokens`` activation rows
     (None: any number), serves the types ``launch`` names with their launch
     parameters, and runs ``run(x2, packed, qt, n_out, n_in, scales, scale_2,
     launch)`` on ``x2[M, n_in]``, returning ``[M, n_out]`` in x's dtype, for
@@ -95,8 +97,8 @@ class Rung:
     run: Callable[..., torch.Tensor]
     dtypes: frozenset[torch.dtype] | None = None
 
-    def serves(self, qt: GGMLType, tokens: int, dtype: torch.dtype) -> bool:
-        return (qt in self.launch and (self.max_tokens is None or tokens <= self.max_tokens)
+    def serves(self, qtype: GGMLType, tokens: int, dtype: torch.dtype) -> bool:
+        return (qtype in self.launch and takes(self.max_tokens, tokens)
                 and (self.dtypes is None or dtype in self.dtypes))
 
     @property
@@ -353,9 +355,9 @@ for _t in SUPPORTED:   # every supported type has a kernel at every token count 
                                    f"of {_dt}")
 
 
-def rung_for(qt: GGMLType, tokens: int, dtype: torch.dtype = torch.float32) -> Rung:
-    """The rung ``qmatmul`` runs for ``tokens`` activation rows of ``qt`` in ``dtype``."""
-    return _rung_for(qt, min(tokens, _LONGEST), dtype)
+def rung_for(qtype: GGMLType, tokens: int, dtype: torch.dtype = torch.float32) -> Rung:
+    """The rung ``qmatmul`` runs for ``tokens`` activation rows of ``qtype`` in ``dtype``."""
+    return _rung_for(qtype, min(tokens, _LONGEST), dtype)
 
 
 _LONGEST = 1 + max(r.max_tokens for r in LADDER if r.max_tokens is not None)
@@ -363,10 +365,7 @@ _LONGEST = 1 + max(r.max_tokens for r in LADDER if r.max_tokens is not None)
 
 @functools.lru_cache(maxsize=None)   # eager calls pay the ladder walk once per key
 def _rung_for(qt: GGMLType, tokens: int, dtype: torch.dtype) -> Rung:
-    for rung in LADDER:
-        if rung.serves(qt, tokens, dtype):
-            return rung
-    raise ValueError(f"the CUDA kernels do not support {qt.name}")
+    return first_rung(LADDER, qt, tokens, dtype, "the CUDA ladder")
 
 
 def run_rung(rung: "Rung | str", x2: torch.Tensor, packed: torch.Tensor, qt: GGMLType,

@@ -28,6 +28,7 @@ from ...formats.layout import c_header
 from ...formats.types import GGMLType
 from ..checks import check_ids_in_range, register_kernels
 from ..choice import chosen_backend
+from ..ladder import first_rung, takes
 
 __all__ = ["qmatmul", "dequantize", "embedding", "kernel_name", "rung_for", "source",
            "SUPPORTED", "LADDER", "KERNEL_KINDS"]
@@ -61,11 +62,16 @@ def _cdiv(a: int, b: int) -> int:
 
 @dataclass(frozen=True)
 class Rung:
-    """One qmatmul kernel: the largest token count it takes (None: any above
-    the rung before) and its launch, threads and group size for (n_tok, n_out)."""
-    kernel: str
+    """One qmatmul kernel (``ops.ladder.Rung``'s shape): its kind (the kernel
+    is ``kernel_name(qtype, name)``), the largest token count it takes (None:
+    any above the rung before) and its launch, threads and group size for
+    (n_tok, n_out). Every rung serves every type of ``SUPPORTED``, any dtype."""
+    name: str
     max_tokens: int | None
     launch: Callable[[int, int], tuple[tuple[int, ...], tuple[int, ...]]]
+
+    def serves(self, qtype: GGMLType, tokens: int, dtype: torch.dtype = torch.float32) -> bool:
+        return qtype in SUPPORTED and takes(self.max_tokens, tokens)
 
 
 def _rows_launch(n_tok: int, n_out: int):
@@ -83,13 +89,13 @@ LADDER = (
     Rung("mm", None, _tiles_launch),
 )
 # Every kernel a supported type has: the ladder's rungs, dequantize, embedding.
-KERNEL_KINDS = tuple(r.kernel for r in LADDER) + ("dequant", "embed")
+KERNEL_KINDS = tuple(r.name for r in LADDER) + ("dequant", "embed")
 _GROUP_OF = {"mv": MV_THREADS, "ext": MV_THREADS, "mm": MM_THREADS, "dequant": FLAT_GROUP, "embed": FLAT_GROUP}
 
 
-def rung_for(n_tok: int) -> Rung:
-    """The qmatmul rung for ``n_tok`` activation rows (the first that takes them)."""
-    return next(r for r in LADDER if r.max_tokens is None or n_tok <= r.max_tokens)
+def rung_for(qtype: GGMLType, tokens: int, dtype: torch.dtype = torch.float32) -> Rung:
+    """The qmatmul rung for ``tokens`` activation rows against a ``qtype`` weight."""
+    return first_rung(LADDER, qtype, tokens, dtype, "the Metal ladder")
 
 
 def kernel_name(qtype: "GGMLType | int", kind: str) -> str:
@@ -231,8 +237,8 @@ def qmatmul(x, packed, qtype, n_out, n_in, scales=None, scale_2=None):
     y = torch.empty(n_tok, n_out, dtype=torch.float32, device=x.device)
     if n_tok:
         W, S, S2 = _weights(qt, packed, scales, scale_2)
-        rung = rung_for(n_tok)
-        k = _kernel(x.device, kernel_name(qt, rung.kernel), "qmatmul")
+        rung = rung_for(qt, n_tok, x.dtype)
+        k = _kernel(x.device, kernel_name(qt, rung.name), "qmatmul")
         threads, group = rung.launch(n_tok, n_out)
         k(W, S, S2, xf, y, n_out, n_in, n_tok, threads=threads, group_size=group)
     return y.reshape(*lead, n_out).to(x.dtype)

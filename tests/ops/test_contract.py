@@ -1,0 +1,112 @@
+"""The backend contract the model layer relies on (docs/architecture.md):
+
+* every backend's ladder has ``ops.ladder.Rung``'s shape and one
+  ``rung_for(qtype, tokens, dtype)``, which returns the first rung of its
+  ``LADDER`` that serves the call;
+* ``ops.warm_up(model, ...)`` asks the backend of the model's device, and
+  only it, to prepare its kernels (models/ names no backend folder:
+  ``tests/test_layers.py``);
+* ``numerics`` is checked in one function, and a combination that cannot be
+  honoured (ggml's numerics on a backend without them) is refused in one line
+  by the CLI, the loader and the op alike.
+"""
+from __future__ import annotations
+
+import importlib
+import inspect
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from muser_torch import ops
+from muser_torch.formats.types import GGMLType
+from muser_torch.nn import NUMERICS, check_numerics
+from muser_torch.ops.ladder import Rung, first_rung
+
+from .conftest import Case
+
+
+def _backends() -> list:
+    found = []
+    for name in ("cpu", "metal", "cuda"):
+        try:
+            found.append(importlib.import_module(f"muser_torch.ops.{name}"))
+        except ImportError:   # cuda/ without Triton
+            pass
+    return found
+
+
+BACKENDS = _backends()
+
+
+@pytest.mark.parametrize("backend", BACKENDS, ids=lambda m: m.__name__.rsplit(".", 1)[1])
+def test_every_ladder_has_one_shape(backend):
+    assert list(inspect.signature(backend.rung_for).parameters) == ["qtype", "tokens", "dtype"]
+    assert backend.LADDER and all(isinstance(r, Rung) for r in backend.LADDER)
+    assert len({r.name for r in backend.LADDER}) == len(backend.LADDER)
+    qtype = GGMLType.Q4_K
+    for tokens in (1, 2, 8, 9, 17, 65, 600):
+        for dtype in (torch.float32, torch.float16):
+            rung = backend.rung_for(qtype, tokens, dtype)
+            assert rung in backend.LADDER and rung.serves(qtype, tokens, dtype)
+            before = backend.LADDER[:backend.LADDER.index(rung)]
+            assert not any(r.serves(qtype, tokens, dtype) for r in before), (rung.name, tokens)
+
+
+def test_a_ladder_without_a_rung_refuses_by_name():
+    class Only:
+        name, max_tokens = "one", 1
+
+        def serves(self, qtype, tokens, dtype):
+            return tokens == 1
+
+    assert isinstance(Only(), Rung)
+    with pytest.raises(ValueError, match="the test ladder: no rung .* Q4_K at 2 tokens"):
+        first_rung((Only(),), GGMLType.Q4_K, 2, torch.float32, "the test ladder")
+
+
+def test_warm_up_asks_the_backend_of_the_models_device(monkeypatch):
+    model = torch.nn.Linear(4, 4)
+    assert ops.warm_up(model, torch.float32) == 0.0        # the CPU compiles nothing at run time
+    calls = []
+
+    def prepare(module, dtype, max_tokens=None):
+        calls.append((module, dtype, max_tokens))
+        return 1.5
+
+    monkeypatch.setitem(ops._BACKENDS, "cpu", SimpleNamespace(warm_up=prepare))
+    monkeypatch.setitem(ops._BACKENDS, "cuda", SimpleNamespace(warm_up=lambda *a, **k: 1 / 0))
+    assert ops.warm_up(model, torch.float16, max_tokens=64) == 1.5
+    assert calls == [(model, torch.float16, 64)]
+
+
+def test_numerics_is_one_value_checked_in_one_place():
+    assert NUMERICS == ("exact", "ggml")
+    assert check_numerics("ggml", "cpu", "native") == "ggml"
+    for args, words in ((("int8",), "numerics must be one of"),
+                        (("ggml", "meta"), "runs on the CPU, not meta"),
+                        (("ggml", "cpu", "metal-emulator"), "not the metal-emulator backend")):
+        with pytest.raises(ValueError, match=words) as e:
+            check_numerics(*args)
+        assert "\n" not in str(e.value)
+    with ops.use_backend("metal-emulator"):
+        with pytest.raises(ValueError, match="metal-emulator"):
+            check_numerics("ggml", "cpu")       # the chosen backend by default
+        assert check_numerics("exact", "cpu") == "exact"
+
+
+def test_ggml_numerics_are_refused_inside_the_emulator_not_skipped():
+    w = Case(GGMLType.Q4_K, 6, blocks=1)
+    x = torch.randn(2, w.n_in)
+    with ops.use_backend("metal-emulator"):
+        with pytest.raises(ValueError, match="qmatmul_ggml: .*native CPU kernels"):
+            ops.qmatmul_ggml(x, w.packed, GGMLType.Q4_K, w.n_out, w.n_in)
+
+
+def test_the_cli_refuses_ggml_numerics_on_the_emulator_in_one_line(capsys):
+    from muser_torch.cli import main
+    assert main(["run", "--numerics", "ggml", "--backend", "metal-emulator",
+                 "--max-new-tokens", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--numerics ggml --backend metal-emulator" in err, err
