@@ -1,6 +1,6 @@
 """muser-torch: GGUF K-quant and NVFP4 weights, kept packed, as PyTorch ops."""
 from .formats import GGMLType, quantize
-from .ops.unpack import dequantize
+from .ops.dequant import dequantize
 from .errors import GGUFError
 from .gguf_io import GGUFFile, load_gguf, save_gguf
 from .nn import QEmbedding, QLinear

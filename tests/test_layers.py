@@ -77,11 +77,11 @@ def test_the_checker_keeps_the_emulator_apart(tmp_path, monkeypatch, capsys):
         f"{emu}/__init__.py": "", f"{emu}/emulator.py": "import struct\n"})
     assert import_graph.EMULATOR == emu
     assert import_graph.main() == 0            # ops/metal, its one caller, may
-    (tmp_path / "muser_torch" / "ops" / "unpack.py").write_text(f"import {emu}.emulator\n")
+    (tmp_path / "muser_torch" / "ops" / "dequant.py").write_text(f"import {emu}.emulator\n")
     (tmp_path / emu / "emulator.py").write_text("def f():\n    from muser_torch.ops import checks\n")
     assert import_graph.main() == 1
     out = capsys.readouterr().out
-    assert f"emulator: muser_torch.ops.unpack imports {emu}" in out
+    assert f"emulator: muser_torch.ops.dequant imports {emu}" in out
     assert f"emulator: {emu}.emulator imports muser_torch" in out
 
 

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from ..formats import GGMLType, dequantize_reference, quantize
-from ..ops.unpack import dequantize
+from ..ops.dequant import dequantize
 
 TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K",
          "F16", "BF16", "NVFP4", "NVFP4_E2M1")

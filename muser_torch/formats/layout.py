@@ -20,7 +20,7 @@ QK_LEGACY = 32      # elements in a Q4_0 .. Q8_0 block
 QK_NVFP4 = 64       # elements in a llama.cpp NVFP4 block (4 sub-blocks of 16)
 NVFP4_GROUP = 16    # inputs sharing one E4M3 scale (both NVFP4 formats)
 
-KINDS = ("f16", "bf16", "f32", "u8", "i8", "ue4m3", "e4m3")
+FIELD_KINDS = ("f16", "bf16", "f32", "u8", "i8", "ue4m3", "e4m3")
 
 
 @dataclass(frozen=True)
@@ -68,7 +68,7 @@ def layout(block_elems: int, *fields: tuple[str, int, str],
     """A Layout from (name, bytes, kind) triples in struct order; offsets follow."""
     out, offset = [], 0
     for name, nbytes, kind in fields:
-        if kind not in KINDS:
+        if kind not in FIELD_KINDS:
             raise ValueError(f"field {name!r}: unknown kind {kind!r}")
         out.append(Field(name, nbytes, kind, offset))
         offset += nbytes

@@ -15,7 +15,7 @@ import torch
 from ..errors import CompanionError, UnsupportedTypeError
 from ..formats import GGMLType
 from ..formats.types import NEEDS_COMPANIONS, NVFP4_GROUP
-from ..ops.unpack import dequantize
+from ..ops.dequant import dequantize
 from .types import SCALE2_SUFFIX, SCALE_SUFFIX, GGUFValueType, _ggml_type, type_name
 
 @dataclass(frozen=True, eq=False)

@@ -46,7 +46,7 @@ implementation included (``checks.default_kernel``), is built by ``checks.checke
 backend runs ``check_args`` (the fake kernels call it too).
 
 Metal emulation is chosen explicitly, never by an environment variable:
-inside ``with use_backend("metal-emulator"):`` (``choice.py``) the CPU path calls
+inside ``with use_backend("metal-emulator"):`` (``backend_choice.py``) the CPU path calls
 ``ops/metal``'s function of the same name on the CPU tensors, which runs
 the .metal kernels through the CPU emulator (an op metal/ does not define,
 such as ``qmatmul_t``, stays on the CPU kernels); without ops/metal it
@@ -65,7 +65,7 @@ from torch import Tensor
 from ..formats.companions import companion_args
 from .checks import (MAX_DIM, check_args, check_call, check_dims, check_ids_in_range,  # noqa: F401
                      check_qtype, default_kernel, implemented_types)
-from .choice import CPU_BACKENDS, chosen_backend, use_backend
+from .backend_choice import CPU_BACKENDS, chosen_backend, use_backend
 
 __all__ = ["qmatmul", "qmatmul_ggml", "qmatmul_t", "dequantize", "embedding", "check_args", "backend", "warm_up",
            "implemented_types", "use_backend", "chosen_backend", "CPU_BACKENDS"]

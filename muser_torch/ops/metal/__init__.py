@@ -27,7 +27,7 @@ from ...formats.companions import companion_args
 from ...formats.layout import c_header
 from ...formats.types import GGMLType
 from ..checks import check_ids_in_range, register_kernels
-from ..choice import chosen_backend
+from ..backend_choice import chosen_backend
 from ..ladder import first_rung, takes
 
 __all__ = ["qmatmul", "dequantize", "embedding", "kernel_name", "rung_for", "source",
