@@ -1,8 +1,13 @@
 """The ``muser`` operators: every torch.library schema, its fake (meta)
-implementation and its autograd formula live here, the argument checks and
-the one way kernels are registered behind them in ``checks.py``; kernels live
-beside it, one folder per backend (``cpu/``, ``cuda/``, ``metal/``),
-each holding its dispatch, its ladder table and its kernel sources.
+implementation and its autograd formula live here, with the Python wrappers
+and the questions the model layer asks a backend (``backend``, ``warm_up``).
+The argument checks and the one way kernels are registered behind them are
+``checks.py``; the default implementations for CPU tensors ``defaults.py``
+and the choice of CPU backend ``backend_choice.py``; the layer ops
+``layer.py``; kernels live
+beside it, one folder per backend (``cpu/``, ``cuda/``, ``metal/``), each
+holding its dispatch, its ladder table (``ladder.Rung``'s shape) and its
+kernel sources.
 
 Schemas (namespace ``muser``)::
 
@@ -37,8 +42,8 @@ and ``scale_2`` (float32, one element); other types take neither.
 * ``embedding``: rows ``ids`` of W as float32 ``[*ids.shape, n_in]``
   (float32 so the caller picks the activation dtype; the rows are exact).
 
-Backends: the default implementation runs ``cpu/`` on CPU tensors and
-raises ValueError for a device with no kernel. ``cuda/`` and ``metal/``
+Backends: the default implementation (``defaults.CPU_DEFAULTS``) runs
+``cpu/`` on CPU tensors and raises ValueError for a device with no kernel. ``cuda/`` and ``metal/``
 register theirs with ``checks.register_kernels("cuda" | "mps", {op: fn})``,
 ``fn`` taking the schema's arguments in order; they are imported here when
 present and their device is available. Every kernel, the default
@@ -66,6 +71,7 @@ from ..formats.companions import companion_args
 from .checks import (MAX_DIM, check_args, check_call, check_dims, check_ids_in_range,  # noqa: F401
                      check_qtype, default_kernel, implemented_types)
 from .backend_choice import CPU_BACKENDS, chosen_backend, use_backend
+from .defaults import CPU_DEFAULTS
 
 __all__ = ["qmatmul", "qmatmul_ggml", "qmatmul_t", "dequantize", "embedding", "check_args", "backend", "warm_up",
            "implemented_types", "use_backend", "chosen_backend", "CPU_BACKENDS"]
@@ -90,39 +96,18 @@ def _normalize(where, qtype, scales, scale_2, device, n_out=None, n_in=None):
     return qtype, scales, scale_2
 
 
-def _backend_for(op: str, device: torch.device):
-    """The kernel module for a device with no registered kernel of its own."""
-    if device.type != "cpu":
-        raise ValueError(f"muser.{op}: no kernel for device {device.type!r} (CPU kernels are "
-                         f"built in; cuda and mps need ops/cuda or ops/metal and the device)")
-    if chosen_backend() == "metal-emulator":
-        if importlib.util.find_spec(f"{__name__}.metal") is None:
-            raise ValueError(f"muser.{op}: use_backend('metal-emulator'), but muser_torch/ops/metal "
-                             "(the Metal kernels) is not installed")
-        from . import metal
-        if hasattr(metal, op):
-            return metal
-    from . import cpu
-    return cpu
-
-
-def _define(op: str, operand: str, fn):
+def _define(op: str, operand: str):
     """Define ``muser::<op>`` (``operand`` leads the weight; "" for none) with
-    ``fn`` behind the op's checks as its default implementation."""
+    ``defaults``' CPU-tensor implementation behind the op's checks as its
+    default implementation."""
     head = f"Tensor {operand}, " if operand else ""
-    return torch.library.custom_op(f"muser::{op}", mutates_args=(),
-                                   schema=f"({head}{_WEIGHT}) -> Tensor")(default_kernel(op, fn))
+    return torch.library.custom_op(f"muser::{op}", mutates_args=(), schema=f"({head}{_WEIGHT}) -> Tensor")(
+        default_kernel(op, CPU_DEFAULTS[op]))
 
 
 # ---- qmatmul ------------------------------------------------------------------------------
 
-def _default_qmatmul(x: Tensor, packed: Tensor, qtype: int, n_out: int, n_in: int,
-                     scales: Tensor | None = None, scale_2: Tensor | None = None) -> Tensor:
-    """``x[..., n_in] @ W.T`` in x's dtype; default implementation (CPU)."""
-    return _backend_for("qmatmul", x.device).qmatmul(x, packed, qtype, n_out, n_in, scales, scale_2)
-
-
-_qmatmul = _define("qmatmul", "x", _default_qmatmul)
+_qmatmul = _define("qmatmul", "x")
 
 
 @_qmatmul.register_fake
@@ -149,20 +134,7 @@ _qmatmul.register_autograd(_qmatmul_backward, setup_context=_save_weight)
 
 # ---- qmatmul_ggml (ggml's 8-bit activations) -------------------------------------------------
 
-def _default_qmatmul_ggml(x: Tensor, packed: Tensor, qtype: int, n_out: int, n_in: int,
-                          scales: Tensor | None = None, scale_2: Tensor | None = None) -> Tensor:
-    """``x[..., n_in] @ W.T`` in ggml's numerics; CPU only."""
-    if x.device.type != "cpu":
-        raise ValueError(f"muser.qmatmul_ggml: ggml numerics run on the CPU, got a "
-                         f"{x.device.type} tensor (use numerics='exact' there)")
-    if chosen_backend() != "native":
-        raise ValueError(f"muser.qmatmul_ggml: ggml numerics run on the native CPU kernels, not "
-                         f"inside use_backend({chosen_backend()!r}) (use numerics='exact' there)")
-    from . import cpu
-    return cpu.qmatmul_ggml(x, packed, qtype, n_out, n_in, scales, scale_2)
-
-
-_qmatmul_ggml = _define("qmatmul_ggml", "x", _default_qmatmul_ggml)
+_qmatmul_ggml = _define("qmatmul_ggml", "x")
 
 
 @_qmatmul_ggml.register_fake
@@ -176,29 +148,7 @@ _qmatmul_ggml.register_autograd(_qmatmul_backward, setup_context=_save_weight)
 
 # ---- qmatmul_t (the gradient for x) -------------------------------------------------------
 
-def _default_qmatmul_t(g: Tensor, packed: Tensor, qtype: int, n_out: int, n_in: int,
-                       scales: Tensor | None = None, scale_2: Tensor | None = None) -> Tensor:
-    """``g[..., n_out] @ W`` in g's dtype; default implementation."""
-    if g.device.type == "cpu":
-        return _backend_for("qmatmul_t", g.device).qmatmul_t(g, packed, qtype, n_out, n_in,
-                                                              scales, scale_2)
-    return _qmatmul_t_tiled(g, packed, qtype, n_out, n_in, scales, scale_2)
-
-
-def _qmatmul_t_tiled(g, packed, qtype, n_out, n_in, scales, scale_2, tile_bytes=16 << 20):
-    """Any device with a ``muser::dequantize`` kernel: W in row tiles."""
-    g2 = g.reshape(-1, n_out).to(torch.float32)
-    out = torch.zeros(g2.shape[0], n_in, dtype=torch.float32, device=g.device)
-    step = max(1, tile_bytes // (4 * n_in))
-    for r0 in range(0, n_out, step):
-        r1 = min(n_out, r0 + step)
-        s = None if scales is None else scales[r0:r1]
-        w = torch.ops.muser.dequantize(packed[r0:r1], qtype, r1 - r0, n_in, s, scale_2)
-        out.addmm_(g2[:, r0:r1], w)
-    return out.reshape(*g.shape[:-1], n_in).to(g.dtype)
-
-
-_qmatmul_t = _define("qmatmul_t", "g", _default_qmatmul_t)
+_qmatmul_t = _define("qmatmul_t", "g")
 
 
 @_qmatmul_t.register_fake
@@ -218,14 +168,7 @@ _qmatmul_t.register_autograd(_qmatmul_t_backward, setup_context=_save_weight)
 
 # ---- dequantize ------------------------------------------------------------------------------
 
-def _default_dequantize(packed: Tensor, qtype: int, n_out: int, n_in: int,
-                        scales: Tensor | None = None, scale_2: Tensor | None = None) -> Tensor:
-    """W as float32 ``[n_out, n_in]``; default implementation (CPU)."""
-    return _backend_for("dequantize", packed.device).dequantize(packed, qtype, n_out, n_in,
-                                                                  scales, scale_2)
-
-
-_dequantize = _define("dequantize", "", _default_dequantize)
+_dequantize = _define("dequantize", "")
 
 
 @_dequantize.register_fake
@@ -236,15 +179,7 @@ def _(packed, qtype, n_out, n_in, scales=None, scale_2=None):
 
 # ---- embedding -------------------------------------------------------------------------------
 
-def _default_embedding(ids: Tensor, packed: Tensor, qtype: int, n_out: int, n_in: int,
-                       scales: Tensor | None = None, scale_2: Tensor | None = None) -> Tensor:
-    """Rows ``ids`` of W as float32 ``[*ids.shape, n_in]``; default implementation (CPU)."""
-    check_ids_in_range("embedding", ids, n_out)
-    return _backend_for("embedding", ids.device).embedding(ids, packed, qtype, n_out, n_in,
-                                                           scales, scale_2)
-
-
-_embedding = _define("embedding", "ids", _default_embedding)
+_embedding = _define("embedding", "ids")
 
 
 @_embedding.register_fake

@@ -29,3 +29,4 @@ def use_backend(name: str):
 def chosen_backend() -> str:
     """The CPU backend ``use_backend`` selected ("native" outside any block)."""
     return _chosen
+

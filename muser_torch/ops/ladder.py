@@ -3,20 +3,22 @@
 Every backend folder (``cpu/``, ``cuda/``, ``metal/``) holds its ladder as
 one table, ``LADDER``: rungs in the order they are tried, each a kernel and
 the calls it takes. Each rung has the :class:`Rung` shape, and each backend's
-``rung_for(qtype, tokens, dtype)`` is :func:`first_rung` over its table, so
-the tests, the benchmarks and the docs ask every backend the same question.
+``rung_for(qtype, tokens, dtype)`` returns the first rung of its table that
+serves the call (a loop in the backend's own module, so a call never comes
+back into it from here), so the tests, the benchmarks and the docs ask every
+backend the same question.
 What a rung runs (a C function, a Triton launch, a .metal kernel name) stays
 the backend's own.
 """
 from __future__ import annotations
 
-from typing import Protocol, Sequence, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 import torch
 
 from ..formats.types import GGMLType
 
-__all__ = ["Rung", "first_rung", "takes"]
+__all__ = ["Rung", "takes", "no_rung"]
 
 
 @runtime_checkable
@@ -36,12 +38,7 @@ def takes(max_tokens: int | None, tokens: int) -> bool:
     return max_tokens is None or tokens <= max_tokens
 
 
-def first_rung(ladder: Sequence[Rung], qtype: GGMLType, tokens: int, dtype: torch.dtype,
-               where: str) -> Rung:
-    """The first rung of ``ladder`` that serves the call; ValueError naming
-    ``where`` (the backend) when none does."""
-    for rung in ladder:
-        if rung.serves(qtype, tokens, dtype):
-            return rung
-    raise ValueError(f"{where}: no rung of the ladder runs {GGMLType(qtype).name} at {tokens} "
-                     f"tokens of {dtype}")
+def no_rung(where: str, qtype: GGMLType, tokens: int, dtype: torch.dtype) -> str:
+    """The message of a ladder (``where``) without a rung for the call."""
+    return (f"{where}: no rung of the ladder runs {GGMLType(qtype).name} at {tokens} tokens "
+            f"of {dtype}")

@@ -22,7 +22,7 @@ import torch
 from muser_torch import ops
 from muser_torch.formats.types import GGMLType
 from muser_torch.nn import NUMERICS, check_numerics
-from muser_torch.ops.ladder import Rung, first_rung
+from muser_torch.ops.ladder import Rung
 
 from .conftest import Case
 
@@ -54,16 +54,11 @@ def test_every_ladder_has_one_shape(backend):
             assert not any(r.serves(qtype, tokens, dtype) for r in before), (rung.name, tokens)
 
 
-def test_a_ladder_without_a_rung_refuses_by_name():
-    class Only:
-        name, max_tokens = "one", 1
-
-        def serves(self, qtype, tokens, dtype):
-            return tokens == 1
-
-    assert isinstance(Only(), Rung)
-    with pytest.raises(ValueError, match="the test ladder: no rung .* Q4_K at 2 tokens"):
-        first_rung((Only(),), GGMLType.Q4_K, 2, torch.float32, "the test ladder")
+def test_a_ladder_without_a_rung_refuses_by_name(monkeypatch):
+    from muser_torch.ops import cpu
+    monkeypatch.setattr(cpu, "LADDER", cpu.LADDER[:1])          # the fused rung alone: 8 tokens at most
+    with pytest.raises(ValueError, match="the CPU ladder: no rung .* Q4_K at 9 tokens"):
+        cpu.rung_for(GGMLType.Q4_K, 9)
 
 
 def test_warm_up_asks_the_backend_of_the_models_device(monkeypatch):

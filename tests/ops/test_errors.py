@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import muser_torch.ops as ops
+from muser_torch.ops import defaults
 from muser_torch.formats.types import GGMLType
 
 from .conftest import Case, ref_dequantize
@@ -95,7 +96,7 @@ def test_direct_torch_ops_call_is_checked(q4k):
 
 def test_device_without_kernel():
     with pytest.raises(ValueError, match=r"muser\.qmatmul: no kernel for device 'xpu'"):
-        ops._backend_for("qmatmul", torch.device("xpu"))
+        defaults._backend_for("qmatmul", torch.device("xpu"))
 
 
 def test_metal_emulation_without_mps_module(q4k, monkeypatch):

@@ -51,7 +51,7 @@ from ...formats import dequantize_reference as _ref_dequantize
 from ...formats.floats import e4m3fn_table
 from ...formats.nvfp4 import ue4m3_half_table
 from ...formats.types import GGMLType
-from ..ladder import first_rung, takes
+from ..ladder import no_rung, takes
 from .build import NATIVE_MAX_TOKENS, NATIVE_TYPES, _native_lib, native_available  # noqa: F401
 
 FUSED_MAX_TOKENS = 8           # the fused rung's top; measured, see LADDER
@@ -297,7 +297,10 @@ LADDER: tuple[Rung, ...] = (
 
 def rung_for(qtype: GGMLType, tokens: int, dtype: torch.dtype = torch.float32) -> Rung:
     """The ladder's rung for ``tokens`` activation rows of ``dtype`` against a ``qtype`` weight."""
-    return first_rung(LADDER, qtype, tokens, dtype, "the CPU ladder")
+    for rung in LADDER:
+        if rung.serves(qtype, tokens, dtype):
+            return rung
+    raise ValueError(no_rung("the CPU ladder", qtype, tokens, dtype))
 
 
 def qmatmul(x: torch.Tensor, packed: torch.Tensor, qtype: int, n_out: int, n_in: int,

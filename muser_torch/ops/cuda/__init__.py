@@ -57,7 +57,7 @@ import triton
 from ...formats.companions import companion_args
 from ...formats.types import GGMLType
 from ..checks import register_kernels, register_layer_kernels
-from ..ladder import first_rung, takes
+from ..ladder import no_rung, takes
 from . import int8dot as i8
 from . import layer
 from . import kquant as tk
@@ -365,7 +365,10 @@ _LONGEST = 1 + max(r.max_tokens for r in LADDER if r.max_tokens is not None)
 
 @functools.lru_cache(maxsize=None)   # eager calls pay the ladder walk once per key
 def _rung_for(qt: GGMLType, tokens: int, dtype: torch.dtype) -> Rung:
-    return first_rung(LADDER, qt, tokens, dtype, "the CUDA ladder")
+    for rung in LADDER:
+        if rung.serves(qt, tokens, dtype):
+            return rung
+    raise ValueError(no_rung("the CUDA ladder", qt, tokens, dtype))
 
 
 def run_rung(rung: "Rung | str", x2: torch.Tensor, packed: torch.Tensor, qt: GGMLType,

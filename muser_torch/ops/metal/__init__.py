@@ -28,7 +28,7 @@ from ...formats.layout import c_header
 from ...formats.types import GGMLType
 from ..checks import check_ids_in_range, register_kernels
 from ..backend_choice import chosen_backend
-from ..ladder import first_rung, takes
+from ..ladder import no_rung, takes
 
 __all__ = ["qmatmul", "dequantize", "embedding", "kernel_name", "rung_for", "source",
            "SUPPORTED", "LADDER", "KERNEL_KINDS"]
@@ -95,7 +95,10 @@ _GROUP_OF = {"mv": MV_THREADS, "ext": MV_THREADS, "mm": MM_THREADS, "dequant": F
 
 def rung_for(qtype: GGMLType, tokens: int, dtype: torch.dtype = torch.float32) -> Rung:
     """The qmatmul rung for ``tokens`` activation rows against a ``qtype`` weight."""
-    return first_rung(LADDER, qtype, tokens, dtype, "the Metal ladder")
+    for rung in LADDER:
+        if rung.serves(qtype, tokens, dtype):
+            return rung
+    raise ValueError(no_rung("the Metal ladder", qtype, tokens, dtype))
 
 
 def kernel_name(qtype: "GGMLType | int", kind: str) -> str:

@@ -1,0 +1,100 @@
+"""The ops' default implementations (``CPU_DEFAULTS``: each op's function for
+CPU tensors, in schema order), which run the backend ``use_backend`` chose:
+``ops/cpu``, or ``ops/metal`` through the emulator.
+
+``ops/__init__.py`` registers them behind the op boundary's checks
+(``checks.default_kernel``), so a CPU call goes torch.ops -> ``checks`` ->
+here -> ``ops/cpu`` (or ``ops/metal``), never back into a module it left.
+Devices with kernels of their own (CUDA, MPS) reach only ``qmatmul_t``, which
+their backends leave to the row tiles over their ``dequantize``.
+"""
+from __future__ import annotations
+
+import importlib.util
+from typing import Callable
+
+import torch
+from torch import Tensor
+
+from .backend_choice import chosen_backend
+from .checks import check_ids_in_range
+
+__all__ = ["CPU_DEFAULTS"]
+
+def _backend_for(op: str, device: torch.device):
+    """The kernel module for a device with no registered kernel of its own."""
+    if device.type != "cpu":
+        raise ValueError(f"muser.{op}: no kernel for device {device.type!r} (CPU kernels are "
+                         f"built in; cuda and mps need ops/cuda or ops/metal and the device)")
+    if chosen_backend() == "metal-emulator":
+        if importlib.util.find_spec(f"{__package__}.metal") is None:
+            raise ValueError(f"muser.{op}: use_backend('metal-emulator'), but muser_torch/ops/metal "
+                             "(the Metal kernels) is not installed")
+        from . import metal
+        if hasattr(metal, op):
+            return metal
+    from . import cpu
+    return cpu
+
+
+def qmatmul(x: Tensor, packed: Tensor, qtype: int, n_out: int, n_in: int,
+            scales: Tensor | None = None, scale_2: Tensor | None = None) -> Tensor:
+    """``x[..., n_in] @ W.T`` in x's dtype; default implementation (CPU)."""
+    return _backend_for("qmatmul", x.device).qmatmul(x, packed, qtype, n_out, n_in, scales, scale_2)
+
+
+def qmatmul_ggml(x: Tensor, packed: Tensor, qtype: int, n_out: int, n_in: int,
+                 scales: Tensor | None = None, scale_2: Tensor | None = None) -> Tensor:
+    """``x[..., n_in] @ W.T`` in ggml's numerics; CPU only."""
+    if x.device.type != "cpu":
+        raise ValueError(f"muser.qmatmul_ggml: ggml numerics run on the CPU, got a "
+                         f"{x.device.type} tensor (use numerics='exact' there)")
+    if chosen_backend() != "native":
+        raise ValueError(f"muser.qmatmul_ggml: ggml numerics run on the native CPU kernels, not "
+                         f"inside use_backend({chosen_backend()!r}) (use numerics='exact' there)")
+    from . import cpu
+    return cpu.qmatmul_ggml(x, packed, qtype, n_out, n_in, scales, scale_2)
+
+
+def qmatmul_t(g: Tensor, packed: Tensor, qtype: int, n_out: int, n_in: int,
+              scales: Tensor | None = None, scale_2: Tensor | None = None) -> Tensor:
+    """``g[..., n_out] @ W`` in g's dtype; default implementation, also of
+    devices whose backend registers no ``qmatmul_t`` (W in row tiles there)."""
+    if g.device.type == "cpu":
+        return _backend_for("qmatmul_t", g.device).qmatmul_t(g, packed, qtype, n_out, n_in,
+                                                             scales, scale_2)
+    return _qmatmul_t_tiled(g, packed, qtype, n_out, n_in, scales, scale_2)
+
+
+def _qmatmul_t_tiled(g, packed, qtype, n_out, n_in, scales, scale_2, tile_bytes=16 << 20):
+    """Any device with a ``muser::dequantize`` kernel: W in row tiles."""
+    g2 = g.reshape(-1, n_out).to(torch.float32)
+    out = torch.zeros(g2.shape[0], n_in, dtype=torch.float32, device=g.device)
+    step = max(1, tile_bytes // (4 * n_in))
+    for r0 in range(0, n_out, step):
+        r1 = min(n_out, r0 + step)
+        s = None if scales is None else scales[r0:r1]
+        w = torch.ops.muser.dequantize(packed[r0:r1], qtype, r1 - r0, n_in, s, scale_2)
+        out.addmm_(g2[:, r0:r1], w)
+    return out.reshape(*g.shape[:-1], n_in).to(g.dtype)
+
+
+def dequantize(packed: Tensor, qtype: int, n_out: int, n_in: int,
+               scales: Tensor | None = None, scale_2: Tensor | None = None) -> Tensor:
+    """W as float32 ``[n_out, n_in]``; default implementation (CPU)."""
+    return _backend_for("dequantize", packed.device).dequantize(packed, qtype, n_out, n_in,
+                                                                scales, scale_2)
+
+
+def embedding(ids: Tensor, packed: Tensor, qtype: int, n_out: int, n_in: int,
+              scales: Tensor | None = None, scale_2: Tensor | None = None) -> Tensor:
+    """Rows ``ids`` of W as float32 ``[*ids.shape, n_in]``; default implementation (CPU)."""
+    check_ids_in_range("embedding", ids, n_out)
+    return _backend_for("embedding", ids.device).embedding(ids, packed, qtype, n_out, n_in,
+                                                           scales, scale_2)
+
+
+CPU_DEFAULTS: dict[str, Callable[..., Tensor]] = {
+    "qmatmul": qmatmul, "qmatmul_ggml": qmatmul_ggml, "qmatmul_t": qmatmul_t,
+    "dequantize": dequantize, "embedding": embedding,
+}
