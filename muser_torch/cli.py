@@ -8,7 +8,7 @@ import sys
 
 # module -> it adds one subcommand (bench adds its own sub-subcommands)
 _COMMANDS = ("muser_torch.run", "muser_torch.inspect", "muser_torch.tiny", "muser_torch.bench",
-             "muser_torch.convert")
+             "muser_torch.convert", "muser_torch.serve")
 
 
 def build_parser() -> argparse.ArgumentParser:
