@@ -17,7 +17,8 @@ import torch
 import uvicorn
 
 from muser_torch.serve.app import create_app
-from muser_torch.serve.scheduler import Scheduler
+from muser_torch.serve.sampling import SamplingParams
+from muser_torch.serve.scheduler import Failure, Finish, Job, Piece, Scheduler
 from muser_torch.text.chat_limits import ChatLimits
 
 HANG_S = 300.0
@@ -44,12 +45,12 @@ class Live:
 
 @contextmanager
 def serving(model, *, slots: int = 4, queue: int = 16, context: int = 512, start: bool = True,
-            limits: ChatLimits | None = None) -> Iterator[Live]:
+            limits: ChatLimits | None = None, **app_kw) -> Iterator[Live]:
     """The app over a fresh scheduler of ``model``, served on 127.0.0.1 at a
     free port. ``start=False`` leaves the decode loop stopped (requests
     queue up) until the test calls ``live.scheduler.start()``."""
     scheduler = Scheduler(model, slots, queue, context)
-    app = create_app(scheduler, MODEL_ID, limits)
+    app = create_app(scheduler, MODEL_ID, limits, **app_kw)
     sock = socket.create_server(("127.0.0.1", 0))
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
@@ -79,3 +80,59 @@ def text_of(model, new: Sequence[int]) -> str:
     """The text of generated ids, the stop token left out."""
     stops = set(model.tokenizer.stop_ids)
     return model.tokenizer.decode([t for t in new if t not in stops])
+
+
+def chatml(messages: Sequence[dict]) -> str:
+    """The default template's prompt, written out by hand (docs/serve.md)."""
+    turns = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
+    return turns + "<|im_start|>assistant\n"
+
+
+class Collect:
+    """A job's sink: its events, and ``done`` once it ended."""
+
+    def __init__(self, on_piece=None) -> None:
+        self.events: list = []
+        self.done = threading.Event()
+        self.on_piece = on_piece
+
+    def __call__(self, ev) -> None:
+        self.events.append(ev)
+        if isinstance(ev, (Finish, Failure)):
+            self.done.set()
+        elif self.on_piece is not None:
+            self.on_piece(self)
+
+    def wait(self) -> "Collect":
+        assert self.done.wait(HANG_S), "hang guard: the job did not end"
+        return self
+
+    @property
+    def tokens(self) -> list[int]:
+        return [t for ev in self.events if isinstance(ev, Piece) for t in ev.tokens]
+
+    @property
+    def pieces(self) -> list[Piece]:
+        return [ev for ev in self.events if isinstance(ev, Piece)]
+
+    @property
+    def end(self):
+        return self.events[-1]
+
+
+def run_jobs(model, jobs: list[tuple[list[int], SamplingParams]], slots: int, queue: int = 16,
+         context: int = 512) -> tuple[list[Collect], Scheduler]:
+    """Submit every job before the loop starts (so the first turn fills every
+    slot), run them to the end, stop the loop."""
+    sched = Scheduler(model, slots, queue, context)
+    sinks = []
+    for ids, params in jobs:
+        sinks.append(Collect())
+        sched.submit(Job(ids, params, sinks[-1]))
+    sched.start()
+    try:
+        for s in sinks:
+            s.wait()
+    finally:
+        sched.stop()
+    return sinks, sched

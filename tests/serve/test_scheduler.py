@@ -5,76 +5,25 @@ failing forward."""
 from __future__ import annotations
 
 import os
-import threading
 
 import pytest
 import torch
 
 from muser_torch.serve.sampling import SamplingParams
-from muser_torch.serve.scheduler import Failure, Finish, Job, Piece, QueueFull, Scheduler
+from muser_torch.serve.scheduler import Failure, Finish, Job, QueueFull, Scheduler
 from muser_torch.text.byte_tokenizer import ByteTokenizer
 
-from .harness import HANG_S, greedy
+from .harness import Collect, greedy, run_jobs
 
 SEED = int.from_bytes(os.urandom(4), "little")
 PROMPTS = ["def main(", "import os\n", "class Foo:\n    ", "x = [", "    return self._"]
-
-
-class Collect:
-    """A job's sink: its events, and ``done`` once it ended."""
-
-    def __init__(self, on_piece=None) -> None:
-        self.events: list = []
-        self.done = threading.Event()
-        self.on_piece = on_piece
-
-    def __call__(self, ev) -> None:
-        self.events.append(ev)
-        if isinstance(ev, (Finish, Failure)):
-            self.done.set()
-        elif self.on_piece is not None:
-            self.on_piece(self)
-
-    def wait(self) -> "Collect":
-        assert self.done.wait(HANG_S), "hang guard: the job did not end"
-        return self
-
-    @property
-    def tokens(self) -> list[int]:
-        return [t for ev in self.events if isinstance(ev, Piece) for t in ev.tokens]
-
-    @property
-    def pieces(self) -> list[Piece]:
-        return [ev for ev in self.events if isinstance(ev, Piece)]
-
-    @property
-    def end(self):
-        return self.events[-1]
-
-
-def _run(model, jobs: list[tuple[list[int], SamplingParams]], slots: int, queue: int = 16,
-         context: int = 512) -> tuple[list[Collect], Scheduler]:
-    """Submit every job before the loop starts (so the first turn fills every
-    slot), run them to the end, stop the loop."""
-    sched = Scheduler(model, slots, queue, context)
-    sinks = []
-    for ids, params in jobs:
-        sinks.append(Collect())
-        sched.submit(Job(ids, params, sinks[-1]))
-    sched.start()
-    try:
-        for s in sinks:
-            s.wait()
-    finally:
-        sched.stop()
-    return sinks, sched
 
 
 def test_batched_greedy_equals_generate(demo_model):
     tok = demo_model.tokenizer
     ids = [tok.encode(p) for p in PROMPTS]
     want = [greedy(demo_model, i, 24) for i in ids]
-    sinks, sched = _run(demo_model, [(i, SamplingParams(max_tokens=24, temperature=0.0))
+    sinks, sched = run_jobs(demo_model, [(i, SamplingParams(max_tokens=24, temperature=0.0))
                                      for i in ids], slots=3)
     assert sched.stats.max_batch == 3       # three decoded in one forward; two waited for a slot
     for p, s, w in zip(PROMPTS, sinks, want):
@@ -89,10 +38,10 @@ def test_seeded_sampling_is_generate_alone_and_batched(demo_model):
     params = SamplingParams(max_tokens=20, temperature=0.9, top_k=40, top_p=0.95, seed=SEED)
     want = demo_model.generate(torch.tensor(ids), 20, temperature=0.9, top_k=40, top_p=0.95,
                                seed=SEED)[len(ids):].tolist()
-    alone, _ = _run(demo_model, [(ids, params)], slots=4)
+    alone, _ = run_jobs(demo_model, [(ids, params)], slots=4)
     others = [(tok.encode(p), SamplingParams(max_tokens=20, temperature=1.0, seed=SEED + k))
               for k, p in enumerate(PROMPTS[:3], 1)]
-    batched, sched = _run(demo_model, [*others, (ids, params)], slots=4)
+    batched, sched = run_jobs(demo_model, [*others, (ids, params)], slots=4)
     assert sched.stats.max_batch == 4
     assert alone[0].tokens == want, f"seed {SEED}"
     assert batched[-1].tokens == want, f"seed {SEED}"
@@ -154,7 +103,7 @@ def test_a_prompt_must_leave_room_for_one_token(demo_model):
         sched.submit(Job([65] * 16, SamplingParams(), Collect()))
     with pytest.raises(ValueError, match="a prompt of 0 tokens"):
         sched.submit(Job([], SamplingParams(), Collect()))
-    sinks, _ = _run(demo_model, [([65] * 15, SamplingParams(temperature=0.0))], slots=1,
+    sinks, _ = run_jobs(demo_model, [([65] * 15, SamplingParams(temperature=0.0))], slots=1,
                     context=16)
     assert sinks[0].end == Finish("length", 15, 1)   # the context ends it after one token
 
@@ -170,7 +119,7 @@ def test_a_stop_token_ends_generation_unshown(demo_model, monkeypatch):
     stop = ref[5]
     k = ref.index(stop)
     monkeypatch.setattr(demo_model, "tokenizer", _StopsAt(stop))
-    sinks, _ = _run(demo_model, [(ids, SamplingParams(max_tokens=24, temperature=0.0))], slots=2)
+    sinks, _ = run_jobs(demo_model, [(ids, SamplingParams(max_tokens=24, temperature=0.0))], slots=2)
     s = sinks[0]
     assert s.tokens == ref[:k + 1]
     assert s.end == Finish("stop", len(ids), k + 1)
@@ -196,7 +145,7 @@ class _Poisoned:
 def test_a_failing_forward_fails_its_job_and_the_loop_serves_on(demo_model):
     tok = demo_model.tokenizer
     good = tok.encode("x = [")
-    sinks, sched = _run(_Poisoned(demo_model), [
+    sinks, sched = run_jobs(_Poisoned(demo_model), [
         (tok.encode("abc") + [_Poisoned.POISON], SamplingParams(max_tokens=4)),
         (good, SamplingParams(max_tokens=4, temperature=0.0))], slots=1)
     assert sinks[0].end == Failure("decoding failed: RuntimeError: poisoned prompt")
