@@ -69,10 +69,12 @@ class TokenPicker:
 
 class StopStrings:
     """Feed text as it settles; ``feed`` returns ``(text safe to release,
-    whether a stop string ended it)``. On a stop the text is cut before the
-    earliest stop string and nothing after it is ever released. Otherwise
-    the longest tail that is the start of some stop string is held back
-    until more text decides it; ``flush`` releases it at the end."""
+    whether a stop string ended it)``. Generation stops as soon as some stop
+    string is complete (as llama.cpp's server does): the text is cut before
+    the earliest-starting complete one, and nothing after that is ever
+    released. Until then the longest tail that is the start of some stop
+    string is held back until more text decides it; ``flush`` releases it at
+    the end."""
 
     def __init__(self, stops: tuple[str, ...]) -> None:
         if any(not s for s in stops):

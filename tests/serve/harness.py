@@ -8,6 +8,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable, Iterator, Sequence
@@ -65,6 +66,21 @@ def serving(model, *, slots: int = 4, queue: int = 16, context: int = 512, start
         thread.join(HANG_S)
         scheduler.stop()
         sock.close()
+
+
+def queued_completions(model, prompts: Sequence[str], max_tokens: int, slots: int,
+                       context: int = 512) -> tuple[list, int]:
+    """Greedy completions of ``prompts`` sent together while the decode loop
+    is stopped, so that its first turn takes them all: the client's answers,
+    and the largest batch one decode step ran."""
+    with serving(model, slots=slots, context=context, start=False) as live:
+        client = live.client()
+        with ThreadPoolExecutor(len(prompts)) as pool:
+            futures = [pool.submit(client.completions.create, model=MODEL_ID, prompt=p,
+                                   max_tokens=max_tokens, temperature=0) for p in prompts]
+            wait_until(lambda: live.scheduler.load()["queued"] == len(prompts), "queued requests")
+            live.scheduler.start()
+            return [f.result() for f in futures], live.scheduler.stats.max_batch
 
 
 def greedy(model, ids: Sequence[int], n: int) -> list[int]:

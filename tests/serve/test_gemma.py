@@ -5,11 +5,9 @@ the file's end-of-turn token is among the stops. Few tokens: a step of this
 model takes a tenth of a second or more on the CPU."""
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
-
 from muser_torch.serve.sampling import SamplingParams
 
-from .harness import MODEL_ID, chatml, greedy, run_jobs, serving, text_of, wait_until
+from .harness import MODEL_ID, chatml, greedy, queued_completions, run_jobs, serving, text_of
 
 SAY = [{"role": "user", "content": "Say hello."}]
 PROMPTS = ["The capital of France is", "def fibonacci(n):"]
@@ -44,15 +42,8 @@ def test_chat_without_a_template_is_chatml_cut_at_its_end_of_turn(gemma_model):
 def test_batched_completions_equal_generate(gemma_model):
     tok = gemma_model.tokenizer
     refs = [greedy(gemma_model, tok.encode(p), 6) for p in PROMPTS]
-    with serving(gemma_model, slots=2, context=64, start=False) as live:
-        client = live.client()
-        with ThreadPoolExecutor(len(PROMPTS)) as pool:
-            futures = [pool.submit(client.completions.create, model=MODEL_ID, prompt=p,
-                                   max_tokens=6, temperature=0) for p in PROMPTS]
-            wait_until(lambda: live.scheduler.load()["queued"] == len(PROMPTS), "queued requests")
-            live.scheduler.start()
-            got = [f.result() for f in futures]
-        assert live.scheduler.stats.max_batch == len(PROMPTS)
+    got, max_batch = queued_completions(gemma_model, PROMPTS, 6, slots=2, context=64)
+    assert max_batch == len(PROMPTS)
     for res, ref in zip(got, refs):
         assert res.choices[0].text == text_of(gemma_model, ref)
         assert res.usage.completion_tokens == len(ref)

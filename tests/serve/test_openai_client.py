@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
-from .harness import MODEL_ID, chatml, greedy, serving, text_of, wait_until
+from .harness import MODEL_ID, chatml, greedy, queued_completions, serving, text_of
 
 SEED = int.from_bytes(os.urandom(4), "little")
 CHAT = [{"role": "system", "content": "You write Python."},
@@ -127,16 +127,9 @@ def test_same_seed_same_answer_alone_or_batched_different_seeds_differ(demo_mode
 def test_concurrent_requests_decode_batched_and_equal_generate(demo_model):
     tok = demo_model.tokenizer
     want = [text_of(demo_model, greedy(demo_model, tok.encode(p), 24)) for p in PROMPTS]
-    with serving(demo_model, slots=4, start=False) as live:
-        client = live.client()
-        with ThreadPoolExecutor(len(PROMPTS)) as pool:
-            futures = [pool.submit(client.completions.create, model=MODEL_ID, prompt=p,
-                                   max_tokens=24, temperature=0) for p in PROMPTS]
-            wait_until(lambda: live.scheduler.load()["queued"] == len(PROMPTS), "4 queued requests")
-            live.scheduler.start()
-            got = [f.result().choices[0].text for f in futures]
-        assert live.scheduler.stats.max_batch == len(PROMPTS)
-    assert got == want
+    got, max_batch = queued_completions(demo_model, PROMPTS, 24, slots=4)
+    assert max_batch == len(PROMPTS)
+    assert [res.choices[0].text for res in got] == want
 
 
 def _logprobs_ref(model, ids: list[int], new: list[int]) -> torch.Tensor:

@@ -1,5 +1,6 @@
 """Stop strings and settling text, on fresh random data against plain references:
-the text cut before the earliest stop, and the tokenizer's decode of every id."""
+the text cut at the first stop string to complete, and the tokenizer's decode
+of every id."""
 from __future__ import annotations
 
 import os
@@ -20,17 +21,28 @@ def _pieces(rng: random.Random, text: str) -> list[str]:
     return [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)])]
 
 
-def test_stop_strings_cut_at_the_earliest_and_never_release_past_it():
+def _first_stop(text: str, ends: list[int], stops: tuple[str, ...]) -> tuple[str, bool]:
+    """The reference: at the first piece boundary where some stop string is
+    complete, the text before the earliest-starting complete one."""
+    for end in ends:
+        starts = [i for i in (text[:end].find(s) for s in stops) if i >= 0]
+        if starts:
+            return text[:min(starts)], True
+    return text, False
+
+
+def test_stop_strings_cut_at_the_first_complete_one_and_never_release_past_it():
     rng = random.Random(SEED)
     for case in range(2000):
         text = "".join(rng.choice("abc<|>") for _ in range(rng.randint(0, 40)))
         stops = tuple("".join(rng.choice("abc<|>") for _ in range(rng.randint(1, 5)))
                       for _ in range(rng.randint(1, 3)))
-        starts = [i for i in (text.find(s) for s in stops) if i >= 0]
-        want = text[:min(starts)] if starts else text
+        pieces = _pieces(rng, text)
+        want, stopped = _first_stop(text, [len("".join(pieces[:k + 1])) for k in range(len(pieces))],
+                                    stops)
         s = StopStrings(stops)
         out, hit = "", False
-        for piece in _pieces(rng, text):
+        for piece in pieces:
             released, hit = s.feed(piece)
             out += released
             assert want.startswith(out), f"seed {SEED} case {case}: released {out!r} past {want!r}"
@@ -38,7 +50,7 @@ def test_stop_strings_cut_at_the_earliest_and_never_release_past_it():
                 break
         if not hit:
             out += s.flush()
-        assert (out, hit) == (want, bool(starts)), f"seed {SEED} case {case}: {text!r} {stops!r}"
+        assert (out, hit) == (want, stopped), f"seed {SEED} case {case}: {pieces!r} {stops!r}"
 
 
 def test_without_stop_strings_everything_is_released_at_once():
