@@ -6,6 +6,9 @@ import argparse
 import importlib
 import sys
 
+from .errors import MissingExtraError
+from .text.requirements import missing_from
+
 # module -> it adds one subcommand (bench adds its own sub-subcommands)
 _COMMANDS = ("muser_torch.run", "muser_torch.inspect", "muser_torch.tiny", "muser_torch.bench",
              "muser_torch.convert", "muser_torch.serve")
@@ -33,7 +36,14 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
         return 130
-    except (ValueError, OSError) as e:  # includes GGUFError: a clear message, no traceback
+    except ModuleNotFoundError as e:   # an optional package: the install command, in one line
+        refusal = missing_from(e)
+        if refusal is None:
+            raise
+        print(f"muser-torch {args.command}: error: {refusal}", file=sys.stderr)
+        return 2
+    except (ValueError, OSError, MissingExtraError) as e:
+        # GGUFError and the other typed refusals: a clear one-line message, no traceback
         print(f"muser-torch {args.command}: error: {e}", file=sys.stderr)
         return 2
 

@@ -104,3 +104,11 @@ class RecipeError(ConvertError):
 
 class TokenizerConvertError(ConvertError):
     """The tokenizer files are missing or name a pre-tokenizer llama.cpp cannot identify."""
+
+
+# ---- optional packages ---------------------------------------------------------------
+
+class MissingExtraError(ImportError):
+    """A package of an optional extra (``text.requirements.EXTRAS``) is not
+    installed; the message names the install command, and the CLI prints it
+    as one line (exit 2)."""

@@ -15,6 +15,7 @@ import itertools
 import json
 import os
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -180,6 +181,9 @@ def build(source: str, only: frozenset[str] | None = None,
     lib, meta = out / "kernels.so", out / "kernels.json"
     if lib.exists() and meta.exists():
         return lib, _meta_from_json(meta.read_text())
+    what = f"{len(only)} Metal kernel(s)" if only is not None else "a Metal library"
+    print(f"muser-torch: compiling {what} for the emulator with g++ (once, cached in {root})",
+          file=sys.stderr, flush=True)
     inc = _include_dir(root, key)
     runtime = _runtime_object(root, key, inc)
     _precompiled_shim(root, inc)

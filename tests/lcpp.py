@@ -1,19 +1,19 @@
 """llama.cpp's own numbers for a file, the independent oracle of the tests that
-compare with llama.cpp: ``lcpp_logits`` (built by
-``shared/tools/peers/build_lcpp_logits.sh``), named by MUSER_LCPP_LOGITS.
-Without it those tests skip."""
+compare with llama.cpp: ``lcpp_logits`` (``tools/peers/lcpp_logits.cpp``,
+built by ``tools/peers.sh``; MUSER_LCPP_LOGITS names another build).
+Without it those tests skip, saying so."""
 from __future__ import annotations
 
-import os
 import subprocess
-from pathlib import Path
 
 import pytest
 import torch
 
-BINARY = os.environ.get("MUSER_LCPP_LOGITS")
-SKIP_REASON = "set MUSER_LCPP_LOGITS to llama.cpp's lcpp_logits binary"
-available = bool(BINARY) and Path(BINARY).is_file()
+from .peer_bins import binary, is_built, skip_reason
+
+BINARY = binary("lcpp_logits", "MUSER_LCPP_LOGITS")
+SKIP_REASON = skip_reason("lcpp_logits", "MUSER_LCPP_LOGITS")
+available = is_built(BINARY)
 
 
 def skip_unless_available() -> None:

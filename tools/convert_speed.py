@@ -92,7 +92,7 @@ def main() -> int:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--llama-quantize", default=os.environ.get(
-        "MUSER_LLAMA_QUANTIZE", "/work/peers/llama.cpp/build/bin/llama-quantize"))
+        "MUSER_LLAMA_QUANTIZE", Path.home() / ".cache/muser-torch/peers/bin/llama-quantize"))
     args = p.parse_args()
     shape = llama_shape(args.params)
     ck = args.dir / f"llama-{args.params:.0e}"

@@ -1,7 +1,8 @@
 """Where one decode token's GPU time goes (CUDA): every kernel of an eager
-decode step, with launches and GPU microseconds per token, after a prompt.
+decode step, with launches and GPU microseconds per token, after a prompt
+(``--prefill``: of the prompt's prefill instead).
 
-    python tools/decode_kernels.py FILE.gguf|seed [--prompt 512] [--steps 8] [--top 25]
+    python tools/decode_kernels.py FILE.gguf|seed [--prompt 512] [--steps 8] [--top 25] [--prefill]
 
 ``seed`` is Muse Glimmer's full 52-layer geometry with random packed weights
 made on the GPU (``bench model seed``). Prints kernels per token and per
@@ -38,6 +39,8 @@ def main() -> None:
     ap.add_argument("--prompt", type=int, default=512)
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--prefill", action="store_true",
+                    help="profile the prompt's prefill (one call, into a fresh cache) instead")
     a = ap.parse_args()
     m = load(a.model)
     c = m.config
@@ -52,7 +55,11 @@ def main() -> None:
         t0 = time.perf_counter()
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             for _ in range(a.steps):
-                tok = m(tok, slots)[:, -1].argmax(-1, keepdim=True)
+                if a.prefill:
+                    m.reset()
+                    m(prompt.cuda(), slots, last_only=True)
+                else:
+                    tok = m(tok, slots)[:, -1].argmax(-1, keepdim=True)
             torch.cuda.synchronize()
         wall = (time.perf_counter() - t0) / a.steps
     k = collections.defaultdict(lambda: [0, 0.0])
@@ -67,7 +74,8 @@ def main() -> None:
     def share(keys):
         return sum(t for name, (_, t) in k.items() if any(s in name.lower() for s in keys)) / n
     mm, att = share(MATMUL), share(ATTENTION)
-    print(f"{a.model}: {c.n_layers} layers; per token: {launches:.0f} kernels "
+    what = f"per {a.prompt}-token prefill" if a.prefill else "per token"
+    print(f"{a.model}: {c.n_layers} layers; {what}: {launches:.0f} kernels "
           f"({launches / c.n_layers:.1f} per layer), GPU busy {busy:.0f} us, wall {wall * 1e6:.0f} us "
           f"(profiled, eager); quantized matmuls {mm:.0f} us ({mm / busy:.0%}), attention {att:.0f} us "
           f"({att / c.n_layers:.1f} us per layer), everything else {busy - mm - att:.0f} us "

@@ -165,7 +165,7 @@ def _child(argv: list[str]) -> int:
 def _measure(name: str, path: Path, threads: int, prompt_len: int, decode: int,
              timeout_s: float, device: str = "cpu") -> dict:
     if name == "transformers" and not _importable("transformers"):
-        return {"note": "transformers is not installed (pip install 'muser-torch[hf]')"}
+        return {"note": 'transformers is not installed (pip install -e ".[hf]")'}
     if name == "llama.cpp" and not _importable("llama_cpp"):
         return {"note": "llama-cpp-python is not installed; pass --llama-bench PATH for a native build"}
     if name == "llama.cpp" and device != "cpu":

@@ -122,7 +122,7 @@ def load_hparams(directory: Path) -> dict[str, Any]:
         from transformers import AutoConfig
         return AutoConfig.from_pretrained(str(directory), trust_remote_code=False).to_dict()
     except ImportError:
-        raise CheckpointError("converting needs transformers (pip install 'muser-torch[hf]')") from None
+        raise CheckpointError('converting needs transformers (pip install -e ".[hf]")') from None
     except Exception:   # an unknown model_type: the JSON, as the converter falls back to
         return raw
 

@@ -1,28 +1,46 @@
-"""The optional packages behind real tokenizers and chat templates.
+"""The optional packages: which extra of pyproject.toml installs each, and
+the one-line refusal when one is missing.
 
-They belong to the ``hf`` extra (``pip install 'muser-torch[hf]'``), imported
-only when a file's tokenizer needs them, so ``import muser_torch`` and the
-demo's byte tokenizer work without them.
+The ``hf`` extra (``pip install -e ".[hf]"``) carries what real files'
+tokenizers, chat templates and ``convert`` need; they are imported only
+when a file's tokenizer needs them, so ``import muser_torch`` and the demo's
+byte tokenizer work without them.
 """
 from __future__ import annotations
 
 import importlib
 from types import ModuleType
 
-EXTRA = "hf"
-PACKAGES = {"transformers": "transformers", "tokenizers": "tokenizers", "jinja2": "jinja2"}
+from ..errors import MissingExtraError
+
+# top-level module -> the extra that installs it (pyproject.toml's optional-dependencies)
+EXTRAS = {"transformers": "hf", "tokenizers": "hf", "jinja2": "hf", "sentencepiece": "hf",
+          "accelerate": "peers", "triton": "cuda"}
 
 
-class MissingExtraError(ImportError):
-    """A package of the ``hf`` extra is not installed."""
+def install_command(extra: str) -> str:
+    """The README's install of ``extra`` (from a checkout of the repository)."""
+    return f'pip install -e ".[{extra}]"'
+
+
+def missing(module: str, what: str) -> MissingExtraError:
+    """The refusal for ``module`` (a key of EXTRAS) not being installed; ``what``
+    says what needs it."""
+    extra = EXTRAS[module]
+    return MissingExtraError(f"{what} needs the {extra} extra (the {module!r} package is not "
+                             f"installed): {install_command(extra)}")
+
+
+def missing_from(e: ModuleNotFoundError) -> MissingExtraError | None:
+    """The refusal for an import of an optional package that failed, else None
+    (any other missing module is a bug, not a missing extra)."""
+    top = (e.name or "").split(".")[0]
+    return missing(top, "this command") if top in EXTRAS else None
 
 
 def require(module: str) -> ModuleType:
-    """Import ``module`` (one of PACKAGES), or say which extra installs it."""
+    """Import ``module`` (a key of EXTRAS), or say which extra installs it."""
     try:
         return importlib.import_module(module)
-    except ImportError as e:
-        raise MissingExtraError(
-            f"this file's tokenizer needs the {PACKAGES[module.split('.')[0]]!r} package, "
-            f"which is not installed ({e}); install the extra: pip install 'muser-torch[{EXTRA}]'"
-        ) from None
+    except ImportError:
+        raise missing(module.split(".")[0], "this file's tokenizer") from None

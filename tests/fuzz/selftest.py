@@ -17,7 +17,9 @@ from pathlib import Path
 from .runner import Pool, Result
 
 CAP_MB = 64
-TIMEOUT_S = 2.0
+# CPU seconds, and the wall time of the blocked one in those: the honest behaviours
+# take milliseconds of both, "rss" a few hundredths of a second before the watch kills it.
+TIMEOUT_S, WALL_FACTOR = 1.0, 3.0
 
 
 def target(path: str, say) -> None:
@@ -34,8 +36,11 @@ def target(path: str, say) -> None:
         raise KeyError("an untyped exception")
     if what == "crash":
         os.kill(os.getpid(), signal.SIGSEGV)
-    if what == "hang":
-        time.sleep(60)
+    if what == "spin":                       # past the CPU timeout
+        while True:
+            pass
+    if what == "hang":                       # blocked: past the wall-time backstop
+        time.sleep(600)
     if what == "alloc":                      # one allocation past the address-space limit
         bytearray(8 << 30)
     if what == "rss":                        # growth the RSS watch must catch
@@ -47,14 +52,14 @@ def target(path: str, say) -> None:
         os._exit(3)
 
 
-BEHAVIOURS = ("ok", "typed", "untyped", "crash", "hang", "alloc", "rss", "exit")
+BEHAVIOURS = ("ok", "typed", "untyped", "crash", "spin", "hang", "alloc", "rss", "exit")
 
 
 def main() -> int:
     import muser_torch  # noqa: F401  (the children inherit it, as in a real run)
     out = {}
     with tempfile.TemporaryDirectory() as tmp:
-        pool = Pool(2, TIMEOUT_S, CAP_MB, Path(tmp), target=target)
+        pool = Pool(2, TIMEOUT_S, CAP_MB, Path(tmp), target=target, wall_factor=WALL_FACTOR)
         for i, what in enumerate(BEHAVIOURS):
             pool.submit(lambda slot, what=what: slot.write_text(what), 16,
                         Result(i, what, (), "pending"))

@@ -1,9 +1,9 @@
 """Muse Glimmer against llama.cpp itself on the same files: its own
 last-position logits and greedy continuation, from ``lcpp_logits``
-(``shared/tools/peers/build_lcpp_logits.sh``), for random files written as
+(built by ``tools/peers.sh``), for random files written as
 its converter writes them (``muse_files.py``) and for ``make-tiny`` files.
 
-Set MUSER_LCPP_LOGITS to the binary; without it these tests skip.
+Without the binary (tools/peers.sh, or MUSER_LCPP_LOGITS naming one) these tests skip.
 
 llama.cpp's CPU matmuls round activations (F16 weights: to f16; K-quants: to
 Q8_K), so the logits differ from ours by about 4e-3 relative with F16

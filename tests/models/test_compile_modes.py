@@ -2,8 +2,8 @@
 the numerics contract (float32 on CPU: 1e-5 relative), no graph break, no
 recompile across decode positions (``bench compile`` prints the same numbers).
 
-CI compiles the bundled demo in ``default`` mode only (Inductor's C++ backend
-takes tens of seconds per mode on a small machine); ``MUSER_COMPILE_MODES=all``
+The default suite compiles the bundled demo in ``default`` mode only (Inductor's
+C++ backend takes tens of seconds per mode on a small machine); MUSER_SLOW_TESTS=1
 adds reduce-overhead, max-autotune-no-cudagraphs and max-autotune.
 """
 from __future__ import annotations
@@ -17,7 +17,9 @@ from muser_torch.bench.compile import MODES, run_mode
 from muser_torch.models import from_gguf
 from muser_torch.run import DEMO
 
-SELECTED = MODES if os.environ.get("MUSER_COMPILE_MODES") == "all" else ("default",)
+from .. import slow
+
+SELECTED = [mode if mode == "default" else slow.param(mode) for mode in MODES]
 
 
 @pytest.fixture(scope="module")

@@ -11,6 +11,7 @@ from muser_torch.gguf_io import load_gguf
 from muser_torch.loader import check
 from muser_torch.models import Gemma3
 
+from .. import slow
 from .conftest import SEED, rel_err
 
 VOCAB = 262144
@@ -123,7 +124,10 @@ def test_slots_decode_together_as_alone(gemma):
             assert err < 1e-4, f"slot {slots[i]}: {err:.2e} vs its own full forward (seed {SEED})"
 
 
-def test_compiled_decode_step_matches_eager(gemma_path):
+# The traced graph (aot_eager) every run; Inductor's code generation for it (tens
+# of seconds on 2 cores) is checked on the llama family and the demo every run.
+@pytest.mark.parametrize("backend", ["aot_eager", slow.param("inductor")])
+def test_compiled_decode_step_matches_eager(gemma_path, backend):
     """``torch.compile(fullgraph=True)`` of the decode step, on the model cut
     to one sliding-window and one global layer (both RoPE tables, both mask
     kinds; compiling all 18 identical blocks takes minutes on 2 cores)."""
@@ -132,7 +136,7 @@ def test_compiled_decode_step_matches_eager(gemma_path):
     assert [l.attention.window for l in model.layers] == [512, None]
     ids = _prompt(12, salt=5, batch=2)
     slots = torch.tensor([0, 1])
-    step = torch.compile(model.forward, fullgraph=True)
+    step = torch.compile(model.forward, fullgraph=True, backend=backend)
     results = []
     with torch.no_grad():
         for fn in (model.forward, step):

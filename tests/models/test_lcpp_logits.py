@@ -1,6 +1,6 @@
 """Gemma 3 270M Q4_K_M against llama.cpp's own CPU forward on the same file
-(``lcpp_logits``, built by ``shared/tools/peers/build_lcpp_logits.sh``; set
-MUSER_LCPP_LOGITS to the binary, else these tests skip).
+(``lcpp_logits``, built by ``tools/peers.sh``, or the binary MUSER_LCPP_LOGITS
+names; else these tests skip).
 
 Both numerics modes must give llama.cpp's 64-token greedy continuation of a
 fixed prompt. The last-position logits are compared too and their relative

@@ -139,13 +139,34 @@ def test_backend_registers_checked_kernels(folder, device, monkeypatch):
     seen = _recorded_registrations(monkeypatch)
     monkeypatch.setattr(backend, "_registered", False, raising=False)   # cuda's is idempotent
     backend.register()
-    assert {name for name, d in seen if d == device} == \
-        {"muser::qmatmul", "muser::dequantize", "muser::embedding"}
+    expected = {"muser::qmatmul", "muser::dequantize", "muser::embedding"}
+    if folder == "cuda":   # the layer ops' kernels (ops/layer.py) too
+        expected |= {f"muser::{op}" for op in checks.LAYER_OPS}
+    assert {name for name, d in seen if d == device} == expected
     w = _weight()
     for (name, _), kernel in seen.items():
         op = name.split("::")[1]
+        if op in checks.LAYER_OPS:
+            with pytest.raises(ValueError, match=rf"^muser\.{op}: "):
+                kernel(*_bad_layer_call(op))
+            continue
         assert kernel.unchecked is getattr(backend, op)
         _assert_refuses(kernel, op, w)
+
+
+def _bad_layer_call(op: str) -> tuple:
+    """Arguments the layer op's check refuses (an integer tensor where a float one goes,
+    or shapes that disagree); the kernel behind it must never see them."""
+    i, f = torch.ones(1, 1, 1, 4, dtype=torch.int32), torch.ones(1, 1, 1, 4)
+    cs = torch.ones(1, 1, 1, 2)
+    return {"rms_norm": (i, torch.ones(4), 1e-6),
+            "add_rms_norm": (f, i, None, 0.0, None, 1e-6),
+            "norm_rope": (i, None, 0.0, cs, cs, 1),
+            "decode_attention": (i, f, f, torch.ones(1, 1, 1, 1, dtype=torch.bool), 1.0, None),
+            "kv_store": (f, f, torch.zeros(1, dtype=torch.long), torch.zeros(1, 2, dtype=torch.long),
+                         torch.ones(1, 1, 1, 3), torch.ones(1, 1, 1, 3)),
+            "decode_mask": (torch.ones(2), 8, 0),
+            "gated_act": (i, i, 0)}[op]
 
 
 def _calls(tree: ast.AST, name: str) -> list[ast.Call]:
@@ -160,9 +181,9 @@ def test_no_backend_registers_around_the_helper():
     for path in PACKAGE.rglob("*.py"):
         tree = ast.parse(path.read_text())
         rel = path.relative_to(PACKAGE).as_posix()
-        for name, allowed in (("register_kernel", "ops/checks.py"), ("custom_op", "ops/__init__.py"),
-                              ("impl", None)):
-            if _calls(tree, name) and rel != allowed:
+        for name, allowed in (("register_kernel", ("ops/checks.py",)),
+                              ("custom_op", ("ops/__init__.py", "ops/layer.py")), ("impl", ())):
+            if _calls(tree, name) and rel not in allowed:
                 raise AssertionError(f"{rel} calls {name}: register kernels through "
                                      f"ops.checks.register_kernels")
     for backend in ("cuda", "metal"):

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -21,6 +23,31 @@ def test_native_builds_and_claims_its_types():
     assert cpu.native_available(), "the native CPU kernels failed to build"
     for qtype in GGMLType:
         assert cpu._native_decodes(qtype) == (qtype in NATIVE_TYPES), qtype.name
+
+
+def test_a_build_says_so_once(tmp_path, monkeypatch, capfd):
+    """A build into an empty cache prints one line saying so, naming the cache;
+    with the cache warm nothing is printed. The compiler's work is stood in for
+    by a copy of this session's library (it is what a build makes)."""
+    from muser_torch.ops.cpu import build
+    assert cpu.native_available()
+    built = Path(build._native_lib()._name).parent
+    monkeypatch.setenv("MUSER_CACHE_DIR", str(tmp_path))
+    compiles = []
+
+    def compile_by_copy(cc, flags, sources, header, target):
+        compiles.append(target)
+        shutil.copytree(built, target)
+
+    monkeypatch.setattr(build, "_compile", compile_by_copy)
+    capfd.readouterr()
+    build._build()
+    cold = capfd.readouterr().err
+    build._build()
+    warm = capfd.readouterr().err
+    assert len(compiles) == 1 and compiles[0].parent == tmp_path / "muser_torch", compiles
+    assert cold == f"muser-torch: compiling CPU kernels (once, cached in {tmp_path / 'muser_torch'})\n", cold
+    assert warm == "", warm
 
 
 @pytest.mark.parametrize("qtype", NATIVE_TYPES, ids=lambda t: t.name)

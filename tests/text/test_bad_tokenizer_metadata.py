@@ -221,4 +221,4 @@ except ImportError as e:
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert "refused:" in out.stdout and "muser-torch[hf]" in out.stdout, out.stdout
+    assert "refused:" in out.stdout and 'pip install -e ".[hf]"' in out.stdout, out.stdout

@@ -113,7 +113,9 @@ def _build() -> ctypes.CDLL:
     parts += [p.name.encode() + b"\0" + p.read_bytes() for p in sources]
     key = hashlib.sha256(b"\0".join(parts)).hexdigest()[:16]
     build = cache_dir() / f"cpu_kernels-{key}"
-    if not (build / _LIB).exists():
+    if not (build / _LIB).exists():   # the one wait of a first run: say so, only then
+        print(f"muser-torch: compiling CPU kernels (once, cached in {build.parent})",
+              file=sys.stderr, flush=True)
         _compile(cc, flags, sources, header, build)
     lib = ctypes.CDLL(str(build / _LIB))
     p, i, i64, f = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float

@@ -12,6 +12,8 @@ The activations are zeros: nothing is timed or returned.
 """
 from __future__ import annotations
 
+import os
+import sys
 import time
 
 import torch
@@ -50,6 +52,10 @@ def warm_up(module: nn.Module, dtype: torch.dtype, tokens: tuple[int, ...] = WAR
     weights = [a for a in projection_weights(module) if a[0].is_cuda]
     if not weights:
         return 0.0
+    cache = os.environ.get("TRITON_CACHE_DIR", "~/.triton/cache")
+    print(f"muser-torch: loading the CUDA kernels of {len(weights)} weight shapes (Triton compiles "
+          f"each on the first load, then they come from its cache in {cache})",
+          file=sys.stderr, flush=True)
     t0 = time.perf_counter()
     counts = [t for t in tokens if max_tokens is None or t <= max_tokens]
     with torch.no_grad():

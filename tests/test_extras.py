@@ -1,0 +1,69 @@
+"""A command that needs a package of an optional extra which is not installed
+ends in one line naming the install command, with exit status 2: `run` on
+the real Gemma 3 file without transformers or tokenizers, `convert` of a
+sentencepiece checkpoint without sentencepiece. Each runs in a child where
+the package's import fails as if it were not installed."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from . import slow
+
+ROOT = Path(__file__).resolve().parent.parent
+INSTALL = 'pip install -e ".[hf]"'
+
+CHILD = """
+import sys
+sys.modules[sys.argv[1]] = None      # as if not installed: its import raises ImportError
+from muser_torch.cli import main
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+def _without(module: str, argv: list[str]) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    return subprocess.run([sys.executable, "-c", CHILD, module, *argv], cwd=ROOT, env=env,
+                          capture_output=True, text=True)
+
+
+def _assert_one_line(proc: subprocess.CompletedProcess, command: str, module: str) -> None:
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert len(lines) == 1, proc.stderr[-3000:]
+    assert lines[0].startswith(f"muser-torch {command}: error: "), lines[0]
+    assert f"the {module!r} package is not installed" in lines[0], lines[0]
+    assert lines[0].endswith(f"needs the hf extra (the {module!r} package is not installed): "
+                             f"{INSTALL}"), lines[0]
+
+
+@pytest.mark.parametrize("module", ["transformers", slow.param("tokenizers")])
+def test_run_on_a_real_file_without_the_hf_extra_names_the_install(gemma_path, module):
+    proc = _without(module, ["run", gemma_path, "--prompt", "Hi", "--max-new-tokens", "2"])
+    _assert_one_line(proc, "run", module)
+    assert proc.stdout == ""
+
+
+def test_convert_without_sentencepiece_names_the_install(tmp_path):
+    pytest.importorskip("sentencepiece")      # to write the checkpoint's tokenizer.model
+    pytest.importorskip("transformers")
+    from .convert.checkpoints import write_checkpoint
+    src, _, _ = write_checkpoint(tmp_path / "llama", "llama", seed=1)
+    out = tmp_path / "out.gguf"
+    proc = _without("sentencepiece", ["convert", str(src), str(out), "--type", "f16"])
+    _assert_one_line(proc, "convert", "sentencepiece")
+    assert not out.exists() and not list(tmp_path.glob("out.gguf*"))
+
+
+def test_a_missing_module_outside_the_extras_is_not_hidden():
+    """Only the optional packages become the one line; any other missing
+    module is a bug and keeps its traceback."""
+    from muser_torch.text.requirements import missing_from
+    assert missing_from(ModuleNotFoundError("no", name="muser_torch.nothing")) is None
+    refusal = missing_from(ModuleNotFoundError("no", name="jinja2.sandbox"))
+    assert str(refusal).endswith(f"(the 'jinja2' package is not installed): {INSTALL}")

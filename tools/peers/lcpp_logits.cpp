@@ -1,0 +1,56 @@
+// llama.cpp's own forward on a GGUF: the independent reference of the tests that compare logits,
+// greedy tokens and tokenization with llama.cpp (tests/lcpp.py). Built by tools/peers.sh.
+// Usage: lcpp_logits MODEL.gguf THREADS N_GREEDY id0 id1 ...   (token ids of the prompt)
+// Prints the prompt's last-position logits as "LOGITS v0 v1 ..." and then N_GREEDY greedy ids as "GREEDY a b c".
+// With MODE=tokenize: lcpp_logits MODEL.gguf tokenize TEXT  -> "IDS a b c" (llama.cpp's tokenizer, add_special true, parse_special false)
+#include "llama.h"
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+int main(int argc, char ** argv) {
+    if (argc < 4) { fprintf(stderr, "usage\n"); return 2; }
+    llama_backend_init();
+    auto mp = llama_model_default_params();
+    mp.n_gpu_layers = 0;
+    llama_model * model = llama_model_load_from_file(argv[1], mp);
+    if (!model) { fprintf(stderr, "load failed\n"); return 1; }
+    const llama_vocab * vocab = llama_model_get_vocab(model);
+    if (std::string(argv[2]) == "tokenize") {
+        std::string text = argv[3];
+        std::vector<llama_token> ids(text.size() + 16);
+        int n = llama_tokenize(vocab, text.c_str(), (int) text.size(), ids.data(), (int) ids.size(), true, false);
+        if (n < 0) { ids.resize(-n); n = llama_tokenize(vocab, text.c_str(), (int) text.size(), ids.data(), (int) ids.size(), true, false); }
+        printf("IDS");
+        for (int i = 0; i < n; i++) printf(" %d", ids[i]);
+        printf("\n");
+        return 0;
+    }
+    int threads = atoi(argv[2]), n_greedy = atoi(argv[3]);
+    std::vector<llama_token> prompt;
+    for (int i = 4; i < argc; i++) prompt.push_back(atoi(argv[i]));
+    auto cp = llama_context_default_params();
+    cp.n_ctx = (uint32_t) (prompt.size() + n_greedy + 16);
+    cp.n_batch = cp.n_ctx; cp.n_ubatch = cp.n_ctx;
+    cp.n_threads = threads; cp.n_threads_batch = threads;
+    llama_context * ctx = llama_init_from_model(model, cp);
+    if (!ctx) { fprintf(stderr, "context failed\n"); return 1; }
+    const int n_vocab = llama_vocab_n_tokens(vocab);
+    if (llama_decode(ctx, llama_batch_get_one(prompt.data(), (int) prompt.size()))) { fprintf(stderr, "decode failed\n"); return 1; }
+    float * lg = llama_get_logits_ith(ctx, -1);
+    printf("LOGITS");
+    for (int i = 0; i < n_vocab; i++) printf(" %.7g", lg[i]);
+    printf("\nGREEDY");
+    for (int s = 0; s < n_greedy; s++) {
+        lg = llama_get_logits_ith(ctx, -1);
+        llama_token best = 0;
+        for (int i = 1; i < n_vocab; i++) if (lg[i] > lg[best]) best = i;
+        printf(" %d", best);
+        if (llama_decode(ctx, llama_batch_get_one(&best, 1))) { fprintf(stderr, "decode failed\n"); return 1; }
+    }
+    printf("\n");
+    llama_free(ctx); llama_model_free(model);
+    return 0;
+}
