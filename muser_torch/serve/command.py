@@ -3,23 +3,17 @@ serve the OpenAI API with uvicorn until interrupted."""
 from __future__ import annotations
 
 import argparse
-import importlib.util
+import importlib
 import socket
 import sys
 from pathlib import Path
 
 from ..run import (add_chat_limit_args, add_dtype_arg, add_numerics_arg, add_threads_arg,
                    chat_limits, load_model, model_path, resolve_device)
-
-# module -> the pip package of the serve extra (pyproject.toml's optional-dependencies)
-SERVE_PACKAGES = {"fastapi": "fastapi", "uvicorn": "uvicorn", "sse_starlette": "sse-starlette"}
+from ..text import requirements
 DEFAULT_SLOTS = 4
 DEFAULT_QUEUE = 64
 DEFAULT_CTX = 4096
-
-
-class MissingServeExtra(ValueError):
-    """A package of the ``serve`` extra is not installed."""
 
 
 def register(subparsers) -> None:
@@ -45,10 +39,13 @@ def register(subparsers) -> None:
 
 
 def require_extra() -> None:
-    missing = [pip for module, pip in SERVE_PACKAGES.items() if importlib.util.find_spec(module) is None]
-    if missing:
-        raise MissingServeExtra(f"serve needs the serve extra ({', '.join(missing)} not installed): "
-                                f'pip install -e ".[serve]"')
+    """Refuse (``MissingExtraError``) unless every package of the serve extra imports."""
+    for module, extra in requirements.EXTRAS.items():
+        if extra == "serve":
+            try:
+                importlib.import_module(module)
+            except ImportError:
+                raise requirements.missing(module, "serve") from None
 
 
 def check_args(args: argparse.Namespace) -> None:

@@ -8,7 +8,6 @@ import pytest
 
 from muser_torch.cli import main as cli
 from muser_torch.run import DEMO
-from muser_torch.serve import command
 
 DEMO_FILE = str(DEMO["q4_k_xl"])
 
@@ -34,12 +33,6 @@ def test_bad_arguments(capsys, args, message):
 
 def test_missing_file(capsys, tmp_path):
     assert "does not exist" in _refused(capsys, [str(tmp_path / "none.gguf")])
-
-
-def test_missing_extra_names_the_install(capsys, monkeypatch):
-    monkeypatch.setattr(command, "SERVE_PACKAGES", {"muser_no_such_module": "no-such-package"})
-    err = _refused(capsys, [DEMO_FILE])
-    assert "no-such-package not installed" in err and 'pip install -e ".[serve]"' in err
 
 
 def test_a_taken_port(capsys):
