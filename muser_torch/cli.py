@@ -11,7 +11,7 @@ from .text.requirements import missing_from
 
 # module -> it adds one subcommand (bench adds its own sub-subcommands)
 _COMMANDS = ("muser_torch.run", "muser_torch.inspect", "muser_torch.tiny", "muser_torch.bench",
-             "muser_torch.convert")
+             "muser_torch.convert", "muser_torch.serve")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -18,6 +18,7 @@ import torch
 
 from .nn import NUMERICS, check_numerics
 from .text.chat_limits import DEFAULT_MAX_CHARS, DEFAULT_SECONDS, MESSAGES_FACTOR, ChatLimits
+from .text.stream import TextStream
 
 MODELS_DIR = Path(__file__).resolve().parents[1] / "models"
 DEMO = {"q4_k_xl": MODELS_DIR / "glimmer-demo-q4_k_xl.gguf",
@@ -36,13 +37,7 @@ def register(subparsers) -> None:
                         "(without it, --chat reads messages from standard input until EOF)")
     p.add_argument("--chat", action="store_true",
                    help="render the file's chat template around the prompt and answer as the assistant")
-    p.add_argument("--chat-template-seconds", type=float, default=DEFAULT_SECONDS, metavar="S",
-                   help="CPU seconds one render of the file's chat template may take "
-                        f"(default {DEFAULT_SECONDS:g})")
-    p.add_argument("--chat-template-max-chars", type=int, default=DEFAULT_MAX_CHARS, metavar="N",
-                   help="characters the rendered prompt, or any value the template makes, may "
-                        f"have (default {DEFAULT_MAX_CHARS:,}, or {MESSAGES_FACTOR} times the "
-                        "messages' own size when that is larger)")
+    add_chat_limit_args(p)
     p.add_argument("--backend", choices=("native", "metal-emulator"), default="native",
                    help="CPU tensors: the native kernels, or the .metal kernels through the emulator")
     p.add_argument("--max-new-tokens", type=int, default=200)
@@ -55,6 +50,17 @@ def register(subparsers) -> None:
     p.add_argument("--seed", type=int, default=0)
     add_threads_arg(p)
     p.set_defaults(func=main)
+
+
+def add_chat_limit_args(p) -> None:
+    """``--chat-template-seconds`` / ``--chat-template-max-chars`` (read by ``chat_limits``)."""
+    p.add_argument("--chat-template-seconds", type=float, default=DEFAULT_SECONDS, metavar="S",
+                   help="CPU seconds one render of the file's chat template may take "
+                        f"(default {DEFAULT_SECONDS:g})")
+    p.add_argument("--chat-template-max-chars", type=int, default=DEFAULT_MAX_CHARS, metavar="N",
+                   help="characters the rendered prompt, or any value the template makes, may "
+                        f"have (default {DEFAULT_MAX_CHARS:,}, or {MESSAGES_FACTOR} times the "
+                        "messages' own size when that is larger)")
 
 
 def add_dtype_arg(p) -> None:
@@ -150,9 +156,22 @@ def check_room(n_prompt: int, max_new_tokens: int, context_length: int) -> None:
                          f"{context_length} (at most {room} new tokens fit)")
 
 
+def load_model(path: Path, device: torch.device, args: argparse.Namespace, command: str = "run"):
+    """The model in ``path`` as ``--dtype``, ``--numerics`` and ``--threads``
+    ask; it must carry a tokenizer (``command`` needs it)."""
+    from .models import from_gguf
+
+    apply_threads(args.threads)
+    model = from_gguf(path, device=device, dtype=resolve_dtype(args.dtype, device),
+                      progress=path.stat().st_size > 256 << 20, numerics=args.numerics)
+    if model.tokenizer is None:
+        raise ValueError(f"{path} carries no tokenizer (no tokenizer.ggml.* keys, or "
+                         f"tokenizer.ggml.model 'none'); {command} needs a tokenizer")
+    return model
+
+
 def main(args: argparse.Namespace) -> int:
     from . import ops
-    from .models import from_gguf
 
     # Every argument is checked before the model loads and the prompt is echoed.
     check_sampling_args(args)
@@ -164,13 +183,8 @@ def main(args: argparse.Namespace) -> int:
         check_numerics(args.numerics, device, args.backend)
     except ValueError as e:
         raise ValueError(f"--numerics {args.numerics} --backend {args.backend}: {e}") from None
-    apply_threads(args.threads)
-    model = from_gguf(path, device=device, dtype=resolve_dtype(args.dtype, device),
-                      progress=path.stat().st_size > 256 << 20, numerics=args.numerics)
+    model = load_model(path, device, args)
     tok = model.tokenizer
-    if tok is None:
-        raise ValueError(f"{path} carries no tokenizer (no tokenizer.ggml.* keys, or "
-                         f"tokenizer.ggml.model 'none'); run needs a tokenizer")
     with ops.use_backend(args.backend):
         if args.chat:
             return _chat(model, tok, path, device, args)
@@ -211,16 +225,12 @@ def _chat(model, tok, path: Path, device: torch.device, args: argparse.Namespace
 
 def _generate(model, tok, ids: list[int], path: Path, device: torch.device,
               args: argparse.Namespace) -> str:
-    """Stream the continuation of ``ids`` to stdout; return its text. The new
-    ids are decoded together and only the grown part printed (a SentencePiece
-    decode of one token alone drops its leading space), holding back a final
-    replacement character until the rest of its bytes arrive (a byte-fallback
-    decode can still rewrite the text after it)."""
+    """Stream the continuation of ``ids`` to stdout as its text settles
+    (``TextStream``); return its text."""
     out = sys.stdout
     out.flush()
     stop = set(tok.stop_ids)
-    new: list[int] = []
-    shown = ""
+    text = TextStream(tok)
     synchronize(device)
     start = time.perf_counter()
     first = None
@@ -232,16 +242,13 @@ def _generate(model, tok, ids: list[int], path: Path, device: torch.device,
             first = time.perf_counter()  # prefill done (and its token sampled)
         if t in stop:
             break
-        new.append(t)
-        text = tok.decode(new)
-        ready = text.split("\ufffd", 1)[0]    # bytes of a character may still be arriving
-        if ready.startswith(shown) and len(ready) > len(shown):
-            out.write(ready[len(shown):])
+        piece = text.push(t)
+        if piece:
+            out.write(piece)
             out.flush()
-            shown = ready
-    text = tok.decode(new)
-    out.write((text[len(shown):] if text.startswith(shown) else "") + "\n")
+    out.write(text.finish() + "\n")
     end = time.perf_counter()
+    new = text.ids
     n = len(new) + (1 if first is not None and len(new) < args.max_new_tokens else 0)
     decode_s = end - (first or end)
     per_token = model.weight_bytes_per_token()
@@ -249,4 +256,4 @@ def _generate(model, tok, ids: list[int], path: Path, device: torch.device,
     print(f"[{path.name} on {device}: prompt {len(ids)} tokens in {(first or end) - start:.3f} s; "
           f"{n} new tokens, decode {rate:.1f} tok/s; {per_token / 1e6:.2f} MB of weights read "
           f"per token ({per_token * rate / 1e9:.2f} GB/s)]", file=sys.stderr)
-    return text
+    return text.shown

@@ -1,8 +1,9 @@
 """A command that needs a package of an optional extra which is not installed
 ends in one line naming the install command, with exit status 2: `run` on
 the real Gemma 3 file without transformers or tokenizers, `convert` of a
-sentencepiece checkpoint without sentencepiece. Each runs in a child where
-the package's import fails as if it were not installed."""
+sentencepiece checkpoint without sentencepiece, `serve` without FastAPI,
+uvicorn or sse-starlette. Each runs in a child where the package's import
+fails as if it were not installed."""
 from __future__ import annotations
 
 import os
@@ -16,6 +17,7 @@ from . import slow
 
 ROOT = Path(__file__).resolve().parent.parent
 INSTALL = 'pip install -e ".[hf]"'
+DEMO = ROOT / "models" / "glimmer-demo-q4_k_xl.gguf"
 
 CHILD = """
 import sys
@@ -32,14 +34,15 @@ def _without(module: str, argv: list[str]) -> subprocess.CompletedProcess:
                           capture_output=True, text=True)
 
 
-def _assert_one_line(proc: subprocess.CompletedProcess, command: str, module: str) -> None:
+def _assert_one_line(proc: subprocess.CompletedProcess, command: str, module: str,
+                     extra: str = "hf") -> None:
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert len(lines) == 1, proc.stderr[-3000:]
     assert lines[0].startswith(f"muser-torch {command}: error: "), lines[0]
     assert f"the {module!r} package is not installed" in lines[0], lines[0]
-    assert lines[0].endswith(f"needs the hf extra (the {module!r} package is not installed): "
-                             f"{INSTALL}"), lines[0]
+    assert lines[0].endswith(f"needs the {extra} extra (the {module!r} package is not installed): "
+                             f'pip install -e ".[{extra}]"'), lines[0]
 
 
 @pytest.mark.parametrize("module", ["transformers", slow.param("tokenizers")])
@@ -58,6 +61,12 @@ def test_convert_without_sentencepiece_names_the_install(tmp_path):
     proc = _without("sentencepiece", ["convert", str(src), str(out), "--type", "f16"])
     _assert_one_line(proc, "convert", "sentencepiece")
     assert not out.exists() and not list(tmp_path.glob("out.gguf*"))
+
+
+@pytest.mark.parametrize("module", ["fastapi", "uvicorn", "sse_starlette"])
+def test_serve_without_the_serve_extra_names_the_install(module):
+    proc = _without(module, ["serve", str(DEMO), "--port", "0"])
+    _assert_one_line(proc, "serve", module, extra="serve")
 
 
 def test_a_missing_module_outside_the_extras_is_not_hidden():

@@ -36,7 +36,7 @@ LAYERS = {
     "loader": 5,
     "models": 6, "glimmer": 6, "config": 6,
     "tiny": 7, "convert": 7,
-    "inspect": 8, "run": 8, "bench": 8, "cli": 8, "__init__": 9,
+    "inspect": 8, "run": 8, "bench": 8, "serve": 8, "cli": 8, "__init__": 9,
 }
 
 

@@ -15,7 +15,8 @@ from ..errors import MissingExtraError
 
 # top-level module -> the extra that installs it (pyproject.toml's optional-dependencies)
 EXTRAS = {"transformers": "hf", "tokenizers": "hf", "jinja2": "hf", "sentencepiece": "hf",
-          "accelerate": "peers", "triton": "cuda"}
+          "accelerate": "peers", "triton": "cuda",
+          "fastapi": "serve", "uvicorn": "serve", "sse_starlette": "serve"}
 
 
 def install_command(extra: str) -> str:

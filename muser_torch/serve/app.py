@@ -1,0 +1,171 @@
+"""The HTTP application: FastAPI routes over one ``Scheduler``.
+
+``POST /v1/chat/completions`` and ``POST /v1/completions`` (whole, or as
+server-sent events with ``"stream": true``), ``GET /v1/models`` and
+``GET /health``. Every error is OpenAI's shape, ``{"error": {"message",
+"type", "param", "code"}}``: 400 for a bad body (``schemas``), a prompt
+past the context or a chat template that fails; 413 for a body over
+``max_body`` bytes; 503 when the queue is full; 500 when decoding fails.
+
+A request's events come from the scheduler thread through
+``loop.call_soon_threadsafe`` into an ``asyncio.Queue`` of its own. When
+its client disconnects (a stream: sse-starlette ends the generator; a whole
+response: a watcher of ``http.disconnect``) the job is cancelled, and the
+scheduler frees its slot at its next turn.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import replace
+from typing import Any, AsyncIterator
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from sse_starlette import EventSourceResponse
+from starlette.exceptions import HTTPException
+
+from ..text.chat_limits import ChatLimits
+from .prompts import chat_prompt, completion_prompt
+from .responses import Reply, TokenText, error_body
+from .scheduler import Failure, Finish, Job, Piece, QueueFull, Scheduler
+from .schemas import (ChatRequest, CompletionRequest, RequestError, chat_request,
+                      completion_request, parse_json)
+
+MAX_BODY_BYTES = 16 << 20
+PING_SECONDS = 15
+
+
+def create_app(scheduler: Scheduler, model_id: str, chat_limits: ChatLimits | None = None,
+               max_body: int = MAX_BODY_BYTES) -> FastAPI:
+    """The app serving ``scheduler``'s model as ``model_id``; the caller starts
+    and stops the scheduler."""
+    app = FastAPI(title="muser-torch", docs_url=None, redoc_url=None, openapi_url=None)
+    limits = chat_limits or ChatLimits()
+    tok = scheduler.tokenizer
+    tokens = TokenText(tok)
+    vocab_size = scheduler.model.config.vocab_size
+    started = int(time.time())
+
+    @app.exception_handler(RequestError)
+    async def _request_error(_: Request, e: RequestError) -> JSONResponse:
+        return JSONResponse(error_body(str(e), e.status, e.param), status_code=e.status)
+
+    @app.exception_handler(HTTPException)
+    async def _http_error(_: Request, e: HTTPException) -> JSONResponse:
+        return JSONResponse(error_body(str(e.detail), e.status_code), status_code=e.status_code)
+
+    @app.get("/health")
+    async def health() -> dict:
+        return {"status": "ok", **scheduler.load()}
+
+    @app.get("/v1/models")
+    async def models() -> dict:
+        return {"object": "list", "data": [{
+            "id": model_id, "object": "model", "created": started, "owned_by": "muser-torch",
+            "meta": {"n_ctx": scheduler.context, "n_ctx_train": scheduler.model.config.context_length,
+                     "n_vocab": vocab_size, "slots": scheduler.slots}}]}
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request) -> Any:
+        req = chat_request(parse_json(await _read_body(request, max_body)))
+        # a chat template is the file's code: rendered off the event loop, within limits
+        ids, stops = await asyncio.to_thread(chat_prompt, tok, req.messages, limits)
+        return await _respond("chat", req, ids, stops, request, "messages")
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Any:
+        req = completion_request(parse_json(await _read_body(request, max_body)))
+        ids = await asyncio.to_thread(completion_prompt, tok, req.prompt, vocab_size)
+        return await _respond("text", req, ids, (), request, "prompt")
+
+    async def _respond(kind: str, req: ChatRequest | CompletionRequest, ids: list[int],
+                       stops: tuple[str, ...], request: Request, param: str) -> Any:
+        if len(ids) >= scheduler.context:
+            raise RequestError(f"the prompt has {len(ids)} tokens, but a slot's context holds "
+                               f"{scheduler.context} with room for at least one new token",
+                               param=param)
+        params = replace(req.params, stop=req.params.stop + stops)
+        events: asyncio.Queue = asyncio.Queue()
+        loop = asyncio.get_running_loop()
+        job = Job(ids, params, lambda ev: loop.call_soon_threadsafe(events.put_nowait, ev))
+        try:
+            scheduler.submit(job)
+        except QueueFull as e:
+            raise RequestError(f"the server is busy: {e}; retry later", status=503) from None
+        reply = Reply(kind, model_id, tokens, params.logprobs)
+        if req.stream:
+            return EventSourceResponse(_stream(job, events, reply, req.include_usage),
+                                       ping=PING_SECONDS)
+        return await _whole(job, events, reply, request)
+
+    return app
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise RequestError(f"the request body of {declared} bytes is over {limit}", status=413)
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise RequestError(f"the request body is over {limit} bytes", status=413)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def _whole(job: Job, events: asyncio.Queue, reply: Reply, request: Request) -> JSONResponse:
+    """Wait for the job's end; a client that disconnects first cancels it."""
+    watcher = asyncio.create_task(_cancel_on_disconnect(request, job, events))
+    try:
+        while True:
+            ev = await events.get()
+            if isinstance(ev, Piece):
+                reply.add(ev)
+            elif isinstance(ev, Finish):
+                reply.finish = ev
+                return JSONResponse(reply.body())
+            elif isinstance(ev, Failure):
+                return JSONResponse(error_body(ev.message, 500), status_code=500)
+            else:   # the client went away: nobody reads this response
+                return JSONResponse(error_body("the client disconnected", 400), status_code=400)
+    finally:
+        watcher.cancel()
+        job.cancel()   # no-op for a finished job; frees the slot of an abandoned one
+
+
+async def _cancel_on_disconnect(request: Request, job: Job, events: asyncio.Queue) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+    job.cancel()
+    events.put_nowait(None)
+
+
+async def _stream(job: Job, events: asyncio.Queue, reply: Reply,
+                  include_usage: bool) -> AsyncIterator[str]:
+    """The job's events as SSE data lines, ending in ``[DONE]``. sse-starlette
+    cancels this generator when the client disconnects; ``finally`` then
+    cancels the job."""
+    try:
+        first = reply.first_chunk()
+        if first is not None:
+            yield json.dumps(first)
+        while True:
+            ev = await events.get()
+            if isinstance(ev, Piece):
+                chunk = reply.piece_chunk(ev)
+                if chunk is not None:
+                    yield json.dumps(chunk)
+            elif isinstance(ev, Finish):
+                yield json.dumps(reply.finish_chunk(ev))
+                if include_usage:
+                    yield json.dumps(reply.usage_chunk())
+                yield "[DONE]"
+                return
+            else:
+                yield json.dumps(error_body(ev.message, 500))
+                return
+    finally:
+        job.cancel()

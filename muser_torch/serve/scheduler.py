@@ -1,0 +1,285 @@
+"""The batching scheduler: one background thread owns the model and its
+multi-slot KV cache, and every request is a ``Job`` queued to it.
+
+Each turn of the loop, in order:
+
+1. jobs cancelled since the last turn (their client went away) leave: a
+   waiting one is dropped, a running one frees its slot, so a slot is free
+   again within one step of the cancel;
+2. waiting jobs take the free slots, first come first served; each is
+   prefilled alone (its prompt in one forward into its slot) and its first
+   token sampled;
+3. every running job that already has a token to feed decodes together:
+   one forward of ``[B, 1]`` tokens over their ``B`` slots, then each job
+   samples from its own row (``TokenPicker``) and checks its own stops.
+
+At most ``queue`` jobs wait; ``submit`` refuses more (``QueueFull``), so
+memory does not grow with the number of clients. Events go to a job's
+``sink`` from the scheduler thread: ``Piece`` as text settles, then one
+``Finish`` (or ``Failure``). A job ends on the tokenizer's stop ids (end of
+text, end of turn), on a stop string, at ``max_tokens`` or when its slot's
+context is full.
+"""
+from __future__ import annotations
+
+import collections
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import torch
+
+from ..text.stream import TextStream
+from .sampling import SamplingParams, StopStrings, TokenLogprob, TokenPicker
+
+__all__ = ["Failure", "Finish", "Job", "Piece", "QueueFull", "Scheduler"]
+
+
+class QueueFull(RuntimeError):
+    """Every slot is taken and ``queue`` jobs already wait."""
+
+
+@dataclass(frozen=True)
+class Piece:
+    """Text released since the last event (may be empty) and the tokens
+    sampled since then, with their logprobs when asked."""
+    text: str
+    tokens: tuple[int, ...]
+    logprobs: tuple[TokenLogprob, ...] = ()
+
+
+@dataclass(frozen=True)
+class Finish:
+    """``reason``: "stop" (a stop token or string) or "length" (``max_tokens``
+    or the context). ``completion_tokens`` counts every sampled token, the
+    stop token included."""
+    reason: str
+    prompt_tokens: int
+    completion_tokens: int
+
+
+@dataclass(frozen=True)
+class Failure:
+    message: str
+
+
+Event = Piece | Finish | Failure
+
+
+@dataclass(eq=False)
+class Job:
+    """One request: ``prompt`` ids, how to sample, where its events go, and
+    extra stop token ids beyond the tokenizer's."""
+    prompt: Sequence[int]
+    params: SamplingParams
+    sink: Callable[[Event], Any]
+    _cancelled: threading.Event = field(default_factory=threading.Event, repr=False)
+    # scheduler-side state, touched only by the scheduler thread
+    slot: int = -1
+    generated: int = 0
+    limit: int = 0
+    last: int = -1
+    picker: TokenPicker | None = None
+    text: TextStream | None = None
+    stops: StopStrings | None = None
+
+    def cancel(self) -> None:
+        """The client is gone: the job leaves at the scheduler's next turn."""
+        self._cancelled.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled.is_set()
+
+
+@dataclass
+class Stats:
+    """Counters of the loop: decode steps run, the largest batch one step
+    decoded, jobs finished and cancelled."""
+    steps: int = 0
+    max_batch: int = 0
+    finished: int = 0
+    cancelled: int = 0
+
+
+class Scheduler:
+    """Decodes queued jobs over ``slots`` cache slots of ``context`` tokens
+    each. ``start`` runs the loop on its thread; ``stop`` ends it and fails
+    whatever is left."""
+
+    def __init__(self, model: Any, slots: int, queue: int, context: int) -> None:
+        if slots < 1 or queue < 0:
+            raise ValueError(f"need slots >= 1 and queue >= 0, got {slots} and {queue}")
+        self.model = model
+        self.tokenizer = model.tokenizer
+        self.stop_ids = frozenset(self.tokenizer.stop_ids)
+        self.context = min(context, model.config.context_length)
+        self.slots = slots
+        self.queue = queue
+        self.device = model.lengths.device
+        model.setup_cache(slots, self.context)
+        self.stats = Stats()
+        self._waiting: collections.deque[Job] = collections.deque()
+        self._running: dict[int, Job] = {}          # slot -> job
+        self._free = list(range(slots))
+        self._lock = threading.Condition()
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+
+    # -- the client side (any thread) --------------------------------------------
+
+    def submit(self, job: Job) -> None:
+        """Queue ``job``; ``QueueFull`` when ``queue`` jobs already wait. The
+        prompt must leave room for one new token in the context."""
+        if not 0 < len(job.prompt) < self.context:
+            raise ValueError(f"a prompt of {len(job.prompt)} tokens does not fit a slot's "
+                             f"context of {self.context} with room for one new token")
+        with self._lock:
+            if self._stopping:
+                raise QueueFull("the server is shutting down")
+            if len(self._waiting) >= self.queue:
+                raise QueueFull(f"all {self.slots} slots are busy and {self.queue} requests "
+                                f"already wait")
+            self._waiting.append(job)
+            self._lock.notify()
+
+    def load(self) -> dict[str, int]:
+        """Slots idle and busy, and jobs waiting, at this moment."""
+        with self._lock:
+            return {"slots_idle": len(self._free), "slots_processing": len(self._running),
+                    "queued": len(self._waiting)}
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="muser-serve-decode",
+                                            daemon=True)
+            self._thread.start()
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stopping = True
+            self._lock.notify()
+        if self._thread is not None:
+            self._thread.join()
+        for job in [*self._waiting, *self._running.values()]:
+            _send(job, Failure("the server shut down"))
+        self._waiting.clear()
+        self._running.clear()
+
+    # -- the loop (the scheduler thread) -----------------------------------------------
+
+    def _loop(self) -> None:
+        while True:
+            with self._lock:
+                while not self._stopping and not self._waiting and not self._running:
+                    self._lock.wait()
+                if self._stopping:
+                    return
+                self._drop_cancelled()
+                admitted = []
+                while self._waiting and self._free:
+                    job = self._waiting.popleft()
+                    job.slot = self._free.pop(0)
+                    self._running[job.slot] = job
+                    admitted.append(job)
+            with torch.no_grad():
+                for job in admitted:
+                    self._guarded(self._prefill, [job], job)
+                self._guarded(self._decode, list(self._running.values()))
+
+    def _guarded(self, work: Callable, jobs: list[Job], *args: Any) -> None:
+        """Run ``work(*args)``; if the model fails, fail ``jobs`` (free their
+        slots) and keep serving the others."""
+        try:
+            work(*args)
+        except Exception as e:  # noqa: BLE001
+            failure = Failure(f"decoding failed: {type(e).__name__}: {e}")
+            with self._lock:
+                for job in jobs:
+                    if self._running.get(job.slot) is job:
+                        self._end(job, failure)
+
+    def _drop_cancelled(self) -> None:
+        # caller holds the lock
+        for job in [j for j in self._waiting if j.cancelled]:
+            self._waiting.remove(job)
+            self.stats.cancelled += 1
+        for job in [j for j in self._running.values() if j.cancelled]:
+            self._release(job)
+            self.stats.cancelled += 1
+
+    def _prefill(self, job: Job) -> None:
+        job.picker = TokenPicker(job.params, self.device)
+        job.text = TextStream(self.tokenizer)
+        job.stops = StopStrings(job.params.stop)
+        room = self.context - len(job.prompt)
+        job.limit = room if job.params.max_tokens is None else min(job.params.max_tokens, room)
+        slot = torch.tensor([job.slot], device=self.device)
+        self.model.reset(slot)
+        ids = torch.tensor([list(job.prompt)], dtype=torch.long, device=self.device)
+        logits = self.model(ids, slot, last_only=True)[:, -1]
+        self._advance(job, logits)
+
+    def _decode(self) -> None:
+        jobs = [j for j in self._running.values() if j.last >= 0]
+        if not jobs:
+            return
+        tokens = torch.tensor([[j.last] for j in jobs], dtype=torch.long, device=self.device)
+        slots = torch.tensor([j.slot for j in jobs], dtype=torch.long, device=self.device)
+        logits = self.model(tokens, slots)[:, -1]
+        self.stats.steps += 1
+        self.stats.max_batch = max(self.stats.max_batch, len(jobs))
+        for i, job in enumerate(jobs):
+            self._advance(job, logits[i:i + 1])
+
+    def _advance(self, job: Job, logits: torch.Tensor) -> None:
+        """Sample ``job``'s next token from its row and act on it."""
+        token = job.picker.pick(logits)
+        job.generated += 1
+        if token in self.stop_ids:
+            self._finish(job, "stop", Piece(self._tail(job)[0], (token,)))
+            return
+        logprobs = (job.picker.logprob(logits, token),) if job.params.logprobs else ()
+        text, hit = job.stops.feed(job.text.push(token))
+        if not hit and job.generated >= job.limit:
+            tail, hit = self._tail(job)
+            text += tail
+        if hit or job.generated >= job.limit:
+            self._finish(job, "stop" if hit else "length", Piece(text, (token,), logprobs))
+            return
+        job.last = token
+        if not _send(job, Piece(text, (token,), logprobs)):
+            job.cancel()
+
+    @staticmethod
+    def _tail(job: Job) -> tuple[str, bool]:
+        """The text still unreleased at the end, and whether it holds a stop string."""
+        text, hit = job.stops.feed(job.text.finish())
+        return (text, True) if hit else (text + job.stops.flush(), False)
+
+    def _finish(self, job: Job, reason: str, last: Piece) -> None:
+        _send(job, last)
+        with self._lock:
+            self._end(job, Finish(reason, len(job.prompt), job.generated))
+            self.stats.finished += 1
+
+    def _end(self, job: Job, event: Event) -> None:
+        # caller holds the lock
+        _send(job, event)
+        self._release(job)
+
+    def _release(self, job: Job) -> None:
+        # caller holds the lock
+        if self._running.pop(job.slot, None) is job:
+            self._free.append(job.slot)
+            self._free.sort()
+        job.last = -1
+
+
+def _send(job: Job, event: Event) -> bool:
+    """Deliver ``event``; False when the receiver is gone (its loop closed)."""
+    try:
+        job.sink(event)
+        return True
+    except Exception:  # noqa: BLE001  (a closed event loop: treat as a client gone)
+        return False

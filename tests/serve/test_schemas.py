@@ -1,0 +1,100 @@
+"""Request bodies: each field's rule, the defaults, and the one-line errors
+naming the field (the server answers them with 400)."""
+from __future__ import annotations
+
+import pytest
+
+from muser_torch.serve.sampling import SamplingParams
+from muser_torch.serve.schemas import (RequestError, chat_request, completion_request,
+                                       parse_json)
+
+CHAT = {"messages": [{"role": "user", "content": "hi"}]}
+TEXT = {"prompt": "def "}
+
+
+def test_defaults_and_nulls():
+    for body in (CHAT, {**CHAT, "temperature": None, "stop": None, "max_tokens": None}):
+        req = chat_request(body)
+        assert req.params == SamplingParams() and not req.stream and not req.include_usage
+    assert completion_request(TEXT).params == SamplingParams()
+
+
+def test_fields_are_read():
+    req = chat_request({**CHAT, "max_tokens": 7, "temperature": 0, "top_p": 0.5, "top_k": 3,
+                        "seed": -5, "stop": "x", "logprobs": True, "top_logprobs": 2,
+                        "stream": True, "stream_options": {"include_usage": True},
+                        "n": 1, "presence_penalty": 0.0, "user": "someone", "metadata": {}})
+    assert req.params == SamplingParams(7, 0.0, 0.5, 3, -5, ("x",), True, 2)
+    assert req.stream and req.include_usage
+    assert chat_request({**CHAT, "max_completion_tokens": 3, "max_tokens": 9}).params.max_tokens == 3
+    assert chat_request({**CHAT, "top_k": 0}).params.top_k is None      # 0: off
+    req = completion_request({"prompt": [5, 6], "logprobs": 0})
+    assert req.prompt == [5, 6] and req.params.logprobs and req.params.top_logprobs == 0
+    assert completion_request({"prompt": ["abc"]}).prompt == "abc"
+
+
+def test_content_parts_are_joined():
+    req = chat_request({"messages": [{"role": "user", "content": [
+        {"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+        {"role": "assistant", "content": None, "name": "bot"}]})
+    assert req.messages == [{"role": "user", "content": "ab"},
+                            {"role": "assistant", "content": "", "name": "bot"}]
+
+
+BAD = [
+    (CHAT | {"max_tokens": "20"}, "max_tokens", "must be an integer, got a string"),
+    (CHAT | {"max_tokens": 2.0}, "max_tokens", "must be an integer, got a number"),
+    (CHAT | {"max_tokens": True}, "max_tokens", "must be an integer, got a boolean"),
+    (CHAT | {"max_tokens": 0}, "max_tokens", "must be in [1, None]"),
+    (CHAT | {"temperature": "hot"}, "temperature", "must be a number"),
+    (CHAT | {"temperature": 2.5}, "temperature", "must be in [0.0, 2.0]"),
+    (CHAT | {"temperature": float("nan")}, "temperature", "must be in"),
+    (CHAT | {"top_p": 0}, "top_p", "must be in (0.0, 1.0]"),
+    (CHAT | {"top_k": -1}, "top_k", "must be in [0, None]"),
+    (CHAT | {"seed": 1 << 64}, "seed", "must be in"),
+    (CHAT | {"stop": 5}, "stop", "a string or a list of strings"),
+    (CHAT | {"stop": ["a", 5]}, "stop[1]", "must be a string"),
+    (CHAT | {"stop": ["a", ""]}, "stop[1]", "stop[1] is empty"),
+    (CHAT | {"stop": ["s"] * 17}, "stop", "at most 16"),
+    (CHAT | {"stream": "yes"}, "stream", "true or false"),
+    (CHAT | {"stream_options": {"include_usage": 1}}, "stream_options.include_usage", "true or false"),
+    (CHAT | {"n": 2}, "n", "more than one choice is not supported"),
+    (CHAT | {"presence_penalty": 0.5}, "presence_penalty", "not supported"),
+    (CHAT | {"logit_bias": {"5": 1}}, "logit_bias", "not supported"),
+    (CHAT | {"tools": [{"type": "function"}]}, "tools", "tool calling is not supported"),
+    (CHAT | {"top_logprobs": 2}, "top_logprobs", "needs logprobs: true"),
+    (CHAT | {"logprobs": True, "top_logprobs": 21}, "top_logprobs", "must be in [0, 20]"),
+    ({}, "messages", "messages is required"),
+    ({"messages": []}, "messages", "messages is empty"),
+    ({"messages": "hi"}, "messages", "must be a list of messages"),
+    ({"messages": [{"content": "hi"}]}, "messages[0]", "messages[0] has no role"),
+    ({"messages": [{"role": 1, "content": "hi"}]}, "messages[0].role", "must be a string"),
+    ({"messages": [{"role": "user", "content": 5}]}, "messages[0].content", "a string, a list"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages[0].content[0]",
+     "only text parts"),
+    ({"prompt": 5}, "prompt", "a string or a list of token ids"),
+    ({"prompt": ["a", "b"]}, "prompt", "one prompt per request"),
+    ({"prompt": [1, "a"]}, "prompt", "one prompt per request"),
+    ({"prompt": [1, 2.5]}, "prompt[1]", "must be an integer"),
+    (TEXT | {"logprobs": True}, "logprobs", "must be an integer, got a boolean"),
+    (TEXT | {"logprobs": 6}, "logprobs", "must be in [0, 5]"),
+    (TEXT | {"echo": True}, "echo", "echo is not supported"),
+]
+
+
+@pytest.mark.parametrize("body,param,message", BAD, ids=[f"{p}:{m}" for _, p, m in BAD])
+def test_bad_fields_name_themselves(body, param, message):
+    parse = chat_request if "prompt" not in body else completion_request
+    with pytest.raises(RequestError) as e:
+        parse(body)
+    assert e.value.status == 400 and message in str(e.value)
+    assert e.value.param == param
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("body,message", [(b"{", "not valid JSON"), (b"\xff", "not valid JSON"),
+                                          (b"[1]", "must be a JSON object, got an array"),
+                                          (b"[" * 100000, "not valid JSON")])
+def test_bodies_that_are_not_json_objects(body, message):
+    with pytest.raises(RequestError, match=message):
+        parse_json(body)
