@@ -65,8 +65,13 @@ ELSEWHERE = {
     "torch/csrc/mps/Module.cpp": "PyTorch's MPS bindings",
     "MTLCompileOptions.preprocessorMacros": "Apple's Metal API",
     "lib.name": "a kernel object of torch.mps.compile_shader's library",
+    # the OpenAI API that muser-torch serve speaks
+    "chat.completion.chunk": "the OpenAI object type of a streamed chat event",
+    "usage.prompt_tokens": "a field of an OpenAI response", "usage.completion_tokens": "a field of an OpenAI response",
     "t/4": "arithmetic in prose, not a path",
 }
+# Instances the docs name by their usual variable: ``model.generate`` is a Decoder's.
+INSTANCES = {"model": "Decoder"}
 # Namespaces of other libraries: ``F.linear`` is torch.nn.functional's, ``tl.dot`` Triton's.
 OTHER_LIBRARIES = ("torch.", "F.", "tl.", "triton.", "transformers.", "pytest.", "gguf.", "str.")
 SUFFIXES = r"\.(py|md|c|h|metal|sh|cpp|json|txt)$"
@@ -147,7 +152,7 @@ def _resolves(dotted: str) -> bool:
     if any(full == dotted or full.endswith("." + dotted) for full in modules):
         return True
     head, *rest = dotted.split(".")
-    if _has_member(head, rest[0]) and len(rest) == 1:
+    if _has_member(INSTANCES.get(head, head), rest[0]) and len(rest) == 1:
         return True
     parts = dotted.split(".")
     for i in range(len(parts) - 1, 0, -1):     # the longest module the name ends with
@@ -291,6 +296,7 @@ def test_no_file_cites_a_document_the_repository_lacks():
 def test_the_checks_find_what_does_not_exist(tmp_path):
     assert _resolves("Decoder.forward") and _resolves("muser_torch.Glimmer")
     assert _resolves("QLinear.numerics")              # set on self in __init__
+    assert _resolves("model.generate") and not _resolves("model.no_such_method")
     assert not _resolves("TransformerBlock.forward_all") and not _resolves("Decoder.nothing")
     assert _resolves("general.architecture") and not _resolves("general.no_such_key")
     assert not _is_class("NoSuchBlock") and _is_class("MemoryError")
