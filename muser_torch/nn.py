@@ -25,6 +25,12 @@ from torch import Tensor, nn
 from . import ops
 from .formats.types import NEEDS_COMPANIONS, GGMLType
 from .formats.companions import companion_args
+from .ops.cpu import embedding as cpu_embedding
+from .ops.cpu.eager import Projection, plain_eager
+
+
+def _ptr(t: Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
 
 
 class _Packed(nn.Module):
@@ -146,6 +152,7 @@ class QLinear(_Packed):
             bias = nn.Parameter(bias.detach().clone(), requires_grad=bias.requires_grad)
         self.bias = bias
         self.numerics = "exact"
+        self._projection = None
 
     @property
     def in_features(self) -> int:
@@ -165,10 +172,20 @@ class QLinear(_Packed):
         bias = None if linear.bias is None else linear.bias.detach()
         return cls._quantized(linear.weight, qtype, imatrix, bias=bias)
 
+    def projection(self):
+        """The prepared native call of this weight (``ops.cpu.eager.Projection``),
+        rebuilt when the buffers or the numerics change."""
+        p = self._projection
+        if p is None or p.key != (self.packed.data_ptr(), _ptr(self.scales), self.numerics):
+            p = self._projection = Projection(self.packed, self.qtype, self.n_out, self.n_in,
+                                              self.scales, self.scale_2, self.numerics)
+        return p
+
     def forward(self, x: Tensor) -> Tensor:
-        if self.numerics == "ggml":
+        y = self.projection()(x) if self.packed.is_cpu and plain_eager(x) else None
+        if y is None and self.numerics == "ggml":
             y = torch.ops.muser.qmatmul_ggml(x, *self._weight_args())
-        else:
+        elif y is None:
             y = torch.ops.muser.qmatmul(x, *self._weight_args())
         if self.bias is not None:
             y = y + self.bias.to(y.dtype)
@@ -205,7 +222,13 @@ class QEmbedding(_Packed):
         return cls._quantized(emb.weight, qtype, dtype=dtype)
 
     def forward(self, ids: Tensor) -> Tensor:
-        return torch.ops.muser.embedding(ids, *self._weight_args()).to(self.dtype)
+        if self.packed.is_cpu and plain_eager(ids) and ids.dtype in (torch.int64, torch.int32):
+            # the op's CPU kernel without the dispatcher (the weight was checked when built)
+            ops.check_ids_in_range("embedding", ids, self.n_out)
+            rows = cpu_embedding(ids, *self._weight_args())
+        else:
+            rows = torch.ops.muser.embedding(ids, *self._weight_args())
+        return rows.to(self.dtype)
 
     def extra_repr(self) -> str:
         return (f"{self.qtype.name}, num_embeddings={self.n_out}, embedding_dim={self.n_in}, "
