@@ -26,7 +26,9 @@ from . import ops
 from .formats.types import NEEDS_COMPANIONS, GGMLType
 from .formats.companions import companion_args
 from .ops.cpu import embedding as cpu_embedding
-from .ops.cpu.eager import Projection, plain_eager
+from .ops.cpu.eager import Projection, plain_eager, profiling, recorded
+
+_OP = {"exact": "muser::qmatmul", "ggml": "muser::qmatmul_ggml"}   # what a profile calls a QLinear
 
 
 def _ptr(t: Tensor | None) -> int | None:
@@ -182,7 +184,10 @@ class QLinear(_Packed):
         return p
 
     def forward(self, x: Tensor) -> Tensor:
-        y = self.projection()(x) if self.packed.is_cpu and plain_eager(x) else None
+        y = None
+        if self.packed.is_cpu and plain_eager(x):
+            y = recorded(_OP[self.numerics], self.projection(), x) if profiling() \
+                else self.projection()(x)
         if y is None and self.numerics == "ggml":
             y = torch.ops.muser.qmatmul_ggml(x, *self._weight_args())
         elif y is None:

@@ -24,6 +24,7 @@ from ..gguf_io import GGUFFile, load_gguf
 from ..loader import check, packed_weight
 from .assembly import assemble, tokenizer_for
 from .generation import Generation
+from .native_step import native_layers
 from .parts import KVCache, RMSNorm, rope_angles
 
 __all__ = ["Decoder"]
@@ -131,14 +132,18 @@ class Decoder(nn.Module, Generation):
         else:
             lengths = self.lengths.index_select(0, slots)
             positions = lengths.unsqueeze(-1) + steps
-        rots = [rope_angles(positions, getattr(self, name)) for name in self._rope_names]
-        # one mask per window (None: global), shared by the layers with that window
-        kinds = {layer.attention.window: layer.attention for layer in self.layers}
-        masks = {window: att.make_mask(positions, lengths) for window, att in kinds.items()}
         x = self.embed(tokens)
-        for layer in self.layers:
-            att = layer.attention
-            x = layer(x, positions, rots[att.rope_slot], masks[att.window], slots)
+        native = native_layers(self, x, slots)
+        if native is not None:   # a one-token step on the CPU library, one call per layer
+            x = native(x, slots, lengths, [getattr(self, name) for name in self._rope_names])
+        else:
+            rots = [rope_angles(positions, getattr(self, name)) for name in self._rope_names]
+            # one mask per window (None: global), shared by the layers with that window
+            kinds = {layer.attention.window: layer.attention for layer in self.layers}
+            masks = {window: att.make_mask(positions, lengths) for window, att in kinds.items()}
+            for layer in self.layers:
+                att = layer.attention
+                x = layer(x, positions, rots[att.rope_slot], masks[att.window], slots)
         if slots is not None:
             self.lengths.index_put_((slots,), lengths + T)
         if last_only:

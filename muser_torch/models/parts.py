@@ -26,6 +26,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..ops.cpu import block as cpu_block
+from ..ops.cpu.build import _native_lib
+from ..ops.cpu.eager import plain_eager
+
 __all__ = ["RMSNorm", "rope_inv_freq", "rope_angles", "rope_neox", "rope_normal", "KVCache",
            "Attention", "GatedMLP", "gelu_tanh"]
 
@@ -37,6 +41,11 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim, dtype=torch.float32))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w = self.weight
+        if (x.dtype is torch.float32 and w.dtype is torch.float32 and x.is_contiguous()
+                and w.is_cpu and w.is_contiguous() and x.shape[-1:] == w.shape
+                and not w.requires_grad and plain_eager(x) and (lib := _native_lib()) is not None):
+            return cpu_block.rmsnorm(lib, x, w, self.eps)   # decode.c's, one call
         # Statistics in float32 whatever the activation dtype: an f16 sum of
         # squares over 6656 features overflows.
         xf = x.float()

@@ -11,10 +11,11 @@ constructor), and calls the library with data pointers.
 :func:`plain_eager` decides, per call, whether the prepared call may stand in
 for the op: a plain CPU tensor, no gradient to record, and none of torch's
 machinery that must see the op (torch.compile or jit tracing, torch-function
-or dispatch modes, functorch transforms, the profiler's op records, the Metal
-emulator). Otherwise the module calls the op, so what is traced, checked by
-``opcheck`` and differentiated is always ``muser::qmatmul``. Both paths run
-the same kernel on the same arguments, so they give the same values.
+or dispatch modes, functorch transforms, the Metal emulator). Otherwise the
+module calls the op, so what is traced, checked by ``opcheck`` and
+differentiated is always ``muser::qmatmul``. Both paths run the same kernel
+on the same arguments, so they give the same values. Under torch.profiler a
+prepared call records itself under the op's name.
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from ...formats.types import NEEDS_COMPANIONS, GGMLType
 from ..choice import chosen_backend
 from . import FUSED_MAX_TOKENS, GGML_NUMERICS_TYPES, _lut, _native_for, _threads
 
-__all__ = ["plain_eager", "Projection"]
+__all__ = ["plain_eager", "profiling", "recorded", "Projection"]
 
 _C = torch._C
 _is_compiling = torch.compiler.is_compiling
@@ -38,8 +39,20 @@ def plain_eager(x: torch.Tensor) -> bool:
             and not _is_compiling() and _C._get_tracing_state() is None
             and _C._len_torch_dispatch_stack() == 0 and not _C._is_torch_function_mode_enabled()
             and not _C._are_functorch_transforms_active() and not _wrapped(x)
-            and not torch.autograd.profiler._is_profiler_enabled
             and chosen_backend() == "native")
+
+
+def profiling() -> bool:
+    """Whether torch.profiler records: the prepared calls then record
+    themselves under the op's name (:func:`recorded`)."""
+    return torch.autograd.profiler._is_profiler_enabled
+
+
+def recorded(name: str, fn, *args):
+    """``fn(*args)`` recorded by the profiler as ``name`` (a user annotation:
+    a profile of the eager path shows each native call where the op was)."""
+    with torch.profiler.record_function(name):
+        return fn(*args)
 
 
 class Projection:
