@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from . import ops
+from . import changes, ops
 from .formats.types import NEEDS_COMPANIONS, GGMLType
 from .formats.companions import companion_args
 from .ops.cpu import embedding as cpu_embedding
@@ -107,6 +107,7 @@ class _Packed(nn.Module):
 
     def _apply(self, fn, recurse=True):
         # Keep scale_2 float32 under .half()/.to(dtype); let it follow the device.
+        changes.bump()
         s2 = self.scale_2
         super()._apply(fn, recurse)
         if s2 is not None and self.scale_2.dtype != torch.float32:
@@ -153,8 +154,25 @@ class QLinear(_Packed):
                                  f"{getattr(bias, 'shape', type(bias).__name__)}")
             bias = nn.Parameter(bias.detach().clone(), requires_grad=bias.requires_grad)
         self.bias = bias
-        self.numerics = "exact"
+        self._numerics = "exact"
         self._projection = None
+
+    def __setstate__(self, state) -> None:
+        # modules pickled before numerics became a property
+        if "numerics" in state:
+            state["_numerics"] = state.pop("numerics")
+        state.setdefault("_projection", None)
+        super().__setstate__(state)
+
+    @property
+    def numerics(self) -> str:
+        """The matmul's arithmetic, one of ``NUMERICS``."""
+        return self._numerics
+
+    @numerics.setter
+    def numerics(self, value: str) -> None:
+        self._numerics = check_numerics(value)
+        changes.bump()
 
     @property
     def in_features(self) -> int:
@@ -178,17 +196,17 @@ class QLinear(_Packed):
         """The prepared native call of this weight (``ops.cpu.eager.Projection``),
         rebuilt when the buffers or the numerics change."""
         p = self._projection
-        if p is None or p.key != (self.packed.data_ptr(), _ptr(self.scales), self.numerics):
+        if p is None or p.key != (self.packed.data_ptr(), _ptr(self.scales), self._numerics):
             p = self._projection = Projection(self.packed, self.qtype, self.n_out, self.n_in,
-                                              self.scales, self.scale_2, self.numerics)
+                                              self.scales, self.scale_2, self._numerics)
         return p
 
     def forward(self, x: Tensor) -> Tensor:
         y = None
         if self.packed.is_cpu and plain_eager(x):
-            y = recorded(_OP[self.numerics], self.projection(), x) if profiling() \
+            y = recorded(_OP[self._numerics], self.projection(), x) if profiling() \
                 else self.projection()(x)
-        if y is None and self.numerics == "ggml":
+        if y is None and self._numerics == "ggml":
             y = torch.ops.muser.qmatmul_ggml(x, *self._weight_args())
         elif y is None:
             y = torch.ops.muser.qmatmul(x, *self._weight_args())

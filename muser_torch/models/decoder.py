@@ -18,6 +18,7 @@ from typing import Any, Sequence
 import torch
 import torch.nn as nn
 
+from .. import changes
 from ..arch import Architecture
 from ..errors import MetadataError
 from ..gguf_io import GGUFFile, load_gguf
@@ -67,6 +68,10 @@ class Decoder(nn.Module, Generation):
     def rope_tables(self) -> list[torch.Tensor]:
         """The inverse-frequency tables; attention ``rope_slot`` k uses the k-th."""
         raise NotImplementedError
+
+    def _apply(self, fn, recurse=True):
+        changes.bump()   # .to() replaces the RoPE tables without registering them
+        return super()._apply(fn, recurse)
 
     # -- cache ------------------------------------------------------------------
 

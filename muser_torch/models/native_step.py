@@ -11,9 +11,8 @@ float32 KV cache, a RoPE of ``parts`` or ``rope_scaling.rotate`` and a SiLU or
 GELU-tanh MLP. Anything else (and any step with gradients to record) runs the
 torch modules, so compiled, traced and differentiated steps always do.
 
-The description holds data pointers, so it is rebuilt whenever a tensor it
-points at, a projection's numerics or a module changes: each step compares
-the layers' current state (:func:`_state`) with the one it was built from.
+The description holds data pointers, so it is rebuilt whenever a module of
+the model changes (``muser_torch.changes``: a count compared each step).
 """
 from __future__ import annotations
 
@@ -24,8 +23,9 @@ import math
 import torch
 import torch.nn.functional as F
 
+from .. import changes
 from ..nn import QLinear
-from ..ops.cpu import FUSED_MAX_TOKENS, THREAD_MIN_BYTES
+from ..ops.cpu import FUSED_MAX_TOKENS
 from ..ops.cpu import block as cb
 from ..ops.cpu.build import _native_lib
 from ..ops.cpu.eager import plain_eager, profiling, recorded
@@ -36,6 +36,12 @@ from .rope_scaling import rotate
 __all__ = ["native_layers", "NativeLayers"]
 
 _ACTIVATIONS = {F.silu: "silu", gelu_tanh: "gelu_tanh"}
+# Weight bytes per thread, at least, of a block's projections. Lower than the
+# op's THREAD_MIN_BYTES: a block's projections run back to back, so the pool's
+# helpers are still spinning when the next one starts (pool.c). Gemma 3 270M,
+# 2 threads, decode steps interleaved on the loaded 2-core host: 512 KiB 1.00,
+# 128 KiB 0.94, 32 KiB 0.95, 8 KiB 0.95 of the step time.
+THREAD_MIN_BYTES = 32 << 10
 _ATTENTION_PARTS = ("wq", "wk", "wv", "wgate", "wo")
 _MLP_PARTS = ("w_gate", "w_up", "w_down")
 
@@ -59,34 +65,6 @@ def _rope(att: Attention, n_rot_default: int) -> tuple[str, int, float] | None:
 
 def _plain_f32(t: torch.Tensor | None) -> bool:
     return t is None or (t.dtype is torch.float32 and t.is_cpu and t.is_contiguous())
-
-
-def _state(layer) -> tuple:
-    """What a layer's description depends on: data pointers, numerics and the
-    modules themselves, read fresh (compared by value every step)."""
-    att, mlp = layer.attention, layer.feed_forward
-    out = [id(layer), id(att), id(mlp), id(att.kv_cache)]
-    cache = att.kv_cache
-    if cache is not None:
-        out += [cache.k.data_ptr(), cache.v.data_ptr()]
-    for owner, names in ((att, _ATTENTION_PARTS), (mlp, _MLP_PARTS)):
-        for name in names:
-            m = getattr(owner, name)
-            out.append(id(m))
-            if isinstance(m, QLinear):
-                out += [m.packed.data_ptr(), m.numerics,
-                        None if m.bias is None else m.bias.data_ptr()]
-                if m.scale_2 is not None:
-                    out += [m.scales.data_ptr(), float(m.scale_2)]
-    for n in (layer.attention_norm, att.q_norm, att.k_norm, getattr(layer, "post_attention_norm", None),
-              layer.ffn_norm, getattr(layer, "post_ffw_norm", None)):
-        out += [id(n)] if n is None else [id(n), n.weight.data_ptr(), n.eps]
-    return tuple(out)
-
-
-def _states(layers, inv_freqs: list[torch.Tensor]) -> tuple:
-    return (*(_state(layer) for layer in layers),
-            *((t.data_ptr(), t.dtype, t.numel()) for t in inv_freqs))
 
 
 def _norm(n: RMSNorm | None) -> cb.Norm | None:
@@ -156,8 +134,12 @@ class NativeLayers:
 
     def __init__(self, layers, inv_freqs: list[torch.Tensor], lib) -> None:
         self.lib = lib
-        self.states = _states(layers, inv_freqs)
+        self.version = changes.count()
         self.blocks = [_describe(layer) for layer in layers]
+        # every storage a block points at, kept alive (see muser_torch/changes.py)
+        self.storages = [t.untyped_storage() for layer in layers
+                         for t in (*layer.parameters(), *layer.buffers())] + \
+            [t.untyped_storage() for t in inv_freqs]
         self.rope_slots = [layer.attention.rope_slot for layer in layers]
         self.why_not = next((f"layer {i}: {why}" for i, (b, k) in
                              enumerate(zip(self.blocks, self.rope_slots))
@@ -213,9 +195,8 @@ def native_layers(model, x: torch.Tensor, slots: torch.Tensor | None) -> NativeL
     if lib is None:
         return None
     plan = model.__dict__.get("_native_layers")
-    inv_freqs = [getattr(model, name) for name in model._rope_names]
-    if plan is None or plan.states != _states(model.layers, inv_freqs):
-        plan = NativeLayers(model.layers, inv_freqs, lib)
+    if plan is None or plan.version != changes.count():
+        plan = NativeLayers(model.layers, [getattr(model, name) for name in model._rope_names], lib)
         model.__dict__["_native_layers"] = plan
     if not plan.ok:
         return None

@@ -26,6 +26,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .. import changes
 from ..ops.cpu import block as cpu_block
 from ..ops.cpu.build import _native_lib
 from ..ops.cpu.eager import plain_eager
@@ -39,6 +40,10 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim, dtype=torch.float32))
+
+    def _apply(self, fn, recurse=True):
+        changes.bump()   # .to()/.half() replace the weight without registering it
+        return super()._apply(fn, recurse)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w = self.weight
@@ -97,6 +102,10 @@ class KVCache(nn.Module):
         shape = (slots, capacity, n_kv, head_dim)
         self.register_buffer("k", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
         self.register_buffer("v", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+
+    def _apply(self, fn, recurse=True):
+        changes.bump()   # .to()/.half() replace the buffers without registering them
+        return super()._apply(fn, recurse)
 
     def entry_positions(self, lengths: torch.Tensor) -> torch.Tensor:
         """``[B]`` cached lengths -> ``[B, capacity]`` position held by each entry

@@ -16,7 +16,8 @@ import torch
 import muser_torch
 from muser_torch.models import Glimmer, decoder, native_step
 from muser_torch.models.parts import rope_angles
-from muser_torch.nn import set_numerics
+from muser_torch.formats import random_weight
+from muser_torch.nn import QLinear, set_numerics
 from muser_torch.ops.cpu import FUSED_MAX_TOKENS, native_available
 
 from ..glimmer.conftest import TINY
@@ -145,15 +146,26 @@ def test_steps_it_leaves_to_torch(gemma_path, native_calls):
     assert native_calls == [True]
 
 
-def test_a_new_cache_or_numerics_rebuilds_the_description(gemma_path, monkeypatch):
+def test_a_changed_model_rebuilds_the_description(gemma_path, monkeypatch):
     model = muser_torch.from_gguf(gemma_path, dtype=torch.float32)
     ids = torch.randint(0, model.config.vocab_size, (1, 10), generator=torch.Generator().manual_seed(SEED))
     slots = torch.tensor([0])
     first = _decode(model, ids, slots, 6, True, monkeypatch)
     plan = model._native_layers
+    with torch.no_grad():
+        model(ids[:, :1], slots)
+    assert model._native_layers is plan, "a decode step rebuilt the description"
     again = _decode(model, ids, slots, 6, True, monkeypatch)   # setup_cache: new buffers
     assert model._native_layers is not plan and torch.equal(first, again)
     set_numerics(model, "ggml")
     ggml = _decode(model, ids, slots, 6, True, monkeypatch)
     assert model._native_layers.blocks[0].wq.mul != 0
     assert rel_err(ggml, first) > 1e-4, "set_numerics('ggml') did not reach the blocks"
+    # a projection replaced by another module: the blocks read the new weight
+    set_numerics(model, "exact")
+    att = model.layers[2].attention
+    att.wo = QLinear.from_weight(random_weight(att.wo.qtype, att.wo.n_out, att.wo.n_in,
+                                               generator=torch.Generator().manual_seed(SEED)))
+    want = _decode(model, ids, slots, 6, False, monkeypatch)
+    got = _decode(model, ids, slots, 6, True, monkeypatch)
+    assert rel_err(got, want) < 1e-5 and rel_err(got, first) > 1e-3

@@ -51,11 +51,11 @@ def test_eager_path_is_the_op_bit_for_bit(qtype, numerics, calls):
         if numerics == "exact":
             err = rel_err(got, x.double() @ case.weight64().T)
             assert err < 1e-5, f"{case}, {rows} rows: relative error {err:.3g} vs float64"
-    # the prepared call served every case but F16/BF16 in the ggml numerics (x is
-    # rounded first) and, past the fused rung, everything but the integer kernels
-    ggml_float = numerics == "ggml" and qtype.name in ("F16", "BF16")
-    integer = numerics == "ggml" and qtype in cpu.GGML_NUMERICS_TYPES and not ggml_float
-    assert calls == [not ggml_float] * 3 + [integer], calls
+    # the prepared call served every case up to the fused rung, and past it the
+    # integer kernels of the ggml numerics (F16/BF16 there round x, then take the fused rung)
+    integer = numerics == "ggml" and qtype in cpu.GGML_NUMERICS_TYPES and qtype.name not in ("F16",
+                                                                                            "BF16")
+    assert calls == [True] * 3 + [integer], calls
 
 
 def test_it_steps_aside_for_what_must_see_the_op(calls):

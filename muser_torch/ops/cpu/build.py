@@ -128,6 +128,7 @@ def _build() -> ctypes.CDLL:
     lib.muser_matmul.argtypes = [i, p, p, p, f, i64, i64, p, i64, p, i]
     lib.muser_gemm.argtypes = [i, p, p, p, f, i64, i64, p, i64, p, i]
     lib.muser_matmul_q8.argtypes = [i, p, i64, i64, p, i64, p, i]
+    lib.muser_linear.argtypes = [p, p, i64, p, i, i64]
     lib.muser_rmsnorm.argtypes = [p, p, f, i64, i64, p]
     lib.muser_rope_angles.argtypes = [p, i64, p, i64, p, p]
     lib.muser_block_size.argtypes = []

@@ -134,7 +134,8 @@ int muser_matmul_q8(int type, const uint8_t *packed, int64_t n_out, int64_t n_in
                     int64_t T, float *y, int nthreads);
 
 /* y[T, n_out] = x[T, n_in] @ W.T (+ bias), on as many threads as the op
- * would take (ops/cpu: at least min_bytes of weights per thread). */
+ * would take (ops/cpu: at least min_bytes of weights per thread); also the
+ * eager path of QLinear (ops/cpu/eager.py). */
 /* x as torch rounds float32 to bfloat16 (nearest even; NaN to 0x7FC0). */
 static float bf16_round(float f) {
     uint32_t u;
@@ -144,8 +145,8 @@ static float bf16_round(float f) {
     return f;
 }
 
-static int linear(const linear_t *l, const float *x, int64_t T, float *y, int nthreads,
-                  int64_t min_bytes) {
+int muser_linear(const linear_t *l, const float *x, int64_t T, float *y, int nthreads,
+                 int64_t min_bytes) {
     const kind_t *k = kind_for(l->type);
     if (!k) return -1;
     int64_t work = l->n_out * (l->n_in / k->elems) * k->bytes;
@@ -243,10 +244,10 @@ int muser_decode_block(const block_t *b, float *x, int64_t B, const int64_t *slo
     int rc = 0;
 
     muser_rmsnorm(x, b->attn_norm.w, b->attn_norm.eps, B, hid, xn);
-    rc |= linear(&b->wq, xn, B, q, nthreads, min_bytes);
-    rc |= linear(&b->wk, xn, B, k, nthreads, min_bytes);
-    rc |= linear(&b->wv, xn, B, v, nthreads, min_bytes);
-    if (b->wgate.type >= 0) rc |= linear(&b->wgate, xn, B, gate, nthreads, min_bytes);
+    rc |= muser_linear(&b->wq, xn, B, q, nthreads, min_bytes);
+    rc |= muser_linear(&b->wk, xn, B, k, nthreads, min_bytes);
+    rc |= muser_linear(&b->wv, xn, B, v, nthreads, min_bytes);
+    if (b->wgate.type >= 0) rc |= muser_linear(&b->wgate, xn, B, gate, nthreads, min_bytes);
     if (rc) return rc;
     for (int64_t i = 0; i < B; i++) {
         if (b->q_norm.w) muser_rmsnorm(q + i * qd, b->q_norm.w, b->q_norm.eps, H, D, q + i * qd);
@@ -270,16 +271,16 @@ int muser_decode_block(const block_t *b, float *x, int64_t B, const int64_t *slo
     parallel_for(attn_task, &aj, B * H, kv_read * kvd * 8 >= min_bytes ? nthreads : 1);
     if (b->wgate.type >= 0)
         for (int64_t i = 0; i < B * qd; i++) o[i] *= 1.0f / (1.0f + expf(-gate[i]));
-    if ((rc = linear(&b->wo, o, B, a, nthreads, min_bytes))) return rc;
+    if ((rc = muser_linear(&b->wo, o, B, a, nthreads, min_bytes))) return rc;
     if (b->post_attn_norm.w) muser_rmsnorm(a, b->post_attn_norm.w, b->post_attn_norm.eps, B, hid, a);
     for (int64_t i = 0; i < B * hid; i++) x[i] += a[i];
 
     muser_rmsnorm(x, b->ffn_norm.w, b->ffn_norm.eps, B, hid, xn);
-    rc |= linear(&b->w_gate, xn, B, g, nthreads, min_bytes);
-    rc |= linear(&b->w_up, xn, B, u, nthreads, min_bytes);
+    rc |= muser_linear(&b->w_gate, xn, B, g, nthreads, min_bytes);
+    rc |= muser_linear(&b->w_up, xn, B, u, nthreads, min_bytes);
     if (rc) return rc;
     for (int64_t i = 0; i < B * b->ffn; i++) g[i] = activate(b->act, g[i]) * u[i];
-    if ((rc = linear(&b->w_down, g, B, a, nthreads, min_bytes))) return rc;
+    if ((rc = muser_linear(&b->w_down, g, B, a, nthreads, min_bytes))) return rc;
     if (b->post_ffw_norm.w) muser_rmsnorm(a, b->post_ffw_norm.w, b->post_ffw_norm.eps, B, hid, a);
     for (int64_t i = 0; i < B * hid; i++) x[i] += a[i];
     return 0;

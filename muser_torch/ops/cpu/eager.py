@@ -19,11 +19,14 @@ prepared call records itself under the op's name.
 """
 from __future__ import annotations
 
+import ctypes
+
 import torch
 
 from ...formats.types import NEEDS_COMPANIONS, GGMLType
 from ..choice import chosen_backend
-from . import FUSED_MAX_TOKENS, GGML_NUMERICS_TYPES, _lut, _native_for, _threads
+from . import FUSED_MAX_TOKENS, THREAD_MIN_BYTES, _lut, _native_for
+from . import block
 
 __all__ = ["plain_eager", "profiling", "recorded", "Projection"]
 
@@ -56,47 +59,34 @@ def recorded(name: str, fn, *args):
 
 
 class Projection:
-    """``x @ W.T`` for one packed weight on the native fused or ggml kernel:
-    float32 contiguous x of up to ``FUSED_MAX_TOKENS`` rows (any rows in the
-    ggml numerics); :meth:`__call__` returns None for anything else, and the
-    caller takes the op. Holds the weight's tensors, not copies: build it
-    again when they are replaced (``QLinear`` keys it on the data pointers)."""
+    """``x @ W.T`` for one packed weight as the op computes it, on the library
+    (``decode.c``'s ``muser_linear``): float32 contiguous x of up to
+    ``FUSED_MAX_TOKENS`` rows (any rows in ggml's integer numerics);
+    :meth:`__call__` returns None for anything else, and the caller takes the
+    op. Points at the weight's tensors: build it again when they are replaced
+    (``QLinear`` keys it on the data pointers)."""
 
-    __slots__ = ("key", "_args", "_fn", "_head", "_tail", "_n_in", "_n_out", "_max_rows",
-                 "_nbytes", "_scale_2", "_lut")
+    __slots__ = ("key", "_args", "_linear", "_ref", "_n_in", "_n_out", "_max_rows", "_scale_2",
+                 "_lut", "_run")
 
     def __init__(self, packed: torch.Tensor, qtype: GGMLType, n_out: int, n_in: int,
                  scales: torch.Tensor | None, scale_2: torch.Tensor | None, numerics: str) -> None:
         self.key = (packed.data_ptr(), None if scales is None else scales.data_ptr(), numerics)
         self._args = (packed, qtype, n_out, n_in, scales, scale_2, numerics)
-        self._scale_2 = scale_2
         self._n_in, self._n_out = n_in, n_out
-        self._nbytes = packed.numel()
-        lib = _native_for(qtype) if packed.is_cpu and packed.is_contiguous() else None
-        self._fn = None
-        if lib is None:
+        lib = _native_for(qtype) if packed.is_cpu else None
+        self._linear = None if lib is None else block.linear(packed, qtype, n_out, n_in, scales,
+                                                             scale_2, numerics, None)
+        if self._linear is None:
             return
-        if numerics == "ggml" and qtype in GGML_NUMERICS_TYPES and qtype not in (GGMLType.F16,
-                                                                                 GGMLType.BF16):
-            # muser_matmul_q8(type, packed, n_out, n_in, x, T, y, threads)
-            self._fn, self._max_rows = lib.muser_matmul_q8, None
-            self._head, self._tail = (int(qtype), packed.data_ptr(), n_out, n_in), ()
-        elif numerics == "exact" or qtype not in GGML_NUMERICS_TYPES:
-            # muser_matmul(type, packed, scales, lut, s2, n_out, n_in, x, T, y, threads)
-            self._fn, self._max_rows = lib.muser_matmul, FUSED_MAX_TOKENS
-            lut = _lut(qtype)
-            self._lut = lut   # kept alive: the library reads it by pointer
-            self._head = (int(qtype), packed.data_ptr(), None if scales is None else scales.data_ptr(),
-                          None if lut is None else lut.data_ptr())
-            self._tail = (n_out, n_in)
-            if qtype not in NEEDS_COMPANIONS:
-                self._head, self._scale_2 = self._head + (0.0,) + self._tail, None
-                self._tail = ()
-        # F16/BF16 in the ggml numerics round x first: left to the op
+        self._ref, self._run = ctypes.byref(self._linear), lib.muser_linear
+        self._lut = _lut(qtype)   # kept alive: the library reads it by pointer
+        self._max_rows = None if self._linear.mul == block.MUL["q8"] else FUSED_MAX_TOKENS
+        # NVFP4_E2M1's global scale is read at each call (load_state_dict writes it in place)
+        self._scale_2 = scale_2 if qtype in NEEDS_COMPANIONS else None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor | None:
-        fn = self._fn
-        if fn is None or x.dtype is not torch.float32 or not x.is_contiguous():
+        if self._linear is None or x.dtype is not torch.float32 or not x.is_contiguous():
             return None
         shape = x.shape
         if not shape or shape[-1] != self._n_in:
@@ -104,15 +94,13 @@ class Projection:
         rows = x.numel() // self._n_in
         if rows < 1 or (self._max_rows is not None and rows > self._max_rows):
             return None
+        if self._scale_2 is not None:
+            self._linear.s2 = float(self._scale_2)
         y = torch.empty(*shape[:-1], self._n_out)
-        # as ops/cpu's qmatmul and qmatmul_ggml size their pools
-        threads = _threads(self._nbytes if self._max_rows else self._nbytes * max(1, rows // 4))
-        if self._scale_2 is None:
-            rc = fn(*self._head, x.data_ptr(), rows, y.data_ptr(), threads)
-        else:   # NVFP4_E2M1: its global scale is read at each call (load_state_dict writes it in place)
-            rc = fn(*self._head, float(self._scale_2), *self._tail, x.data_ptr(), rows,
-                    y.data_ptr(), threads)
-        return None if rc else y
+        if self._run(self._ref, x.data_ptr(), rows, y.data_ptr(), torch.get_num_threads(),
+                     THREAD_MIN_BYTES):
+            return None
+        return y
 
     def __reduce__(self):
         # rebuilt from its weight (copy.deepcopy, pickling): the library's
