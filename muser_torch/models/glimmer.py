@@ -24,14 +24,9 @@ from ..arch.glimmer_recipe import recipe_weight
 from ..arch.muse_glimmer import MUSE_GLIMMER, POST_NORM_EPS, GlimmerConfig
 from .assembly import assemble
 from .decoder import Decoder
-from .parts import Attention, GatedMLP, SandwichBlock, rope_inv_freq, rope_normal
+from .parts import Attention, GatedMLP, SandwichBlock, no_rope, rope_inv_freq, rope_normal
 
 __all__ = ["Glimmer", "TransformerBlock", "no_rope"]
-
-
-def no_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """NoPE: a global layer's q and k are not rotated."""
-    return x
 
 
 class TransformerBlock(SandwichBlock):

@@ -30,7 +30,7 @@ from ..ops.cpu import block as cb
 from ..ops.cpu.build import _native_lib
 from ..ops.cpu.eager import plain_eager, profiling, recorded
 from .parts import (Attention, GatedMLP, KVCache, PreNormBlock, RMSNorm, SandwichBlock, gelu_tanh,
-                    rope_neox, rope_normal)
+                    no_rope, rope_neox, rope_normal)
 from .rope_scaling import rotate
 
 __all__ = ["native_layers", "NativeLayers"]
@@ -48,7 +48,6 @@ _MLP_PARTS = ("w_gate", "w_up", "w_down")
 
 def _rope(att: Attention, n_rot_default: int) -> tuple[str, int, float] | None:
     """(mode, features rotated, mscale) of the layer's RoPE, None if unknown."""
-    from .glimmer import no_rope   # glimmer imports decoder, which imports this module
     r = att.rope
     if r is rope_neox:
         return "neox", n_rot_default, 1.0

@@ -31,7 +31,7 @@ from ..ops.cpu import block as cpu_block
 from ..ops.cpu.build import _native_lib
 from ..ops.cpu.eager import plain_eager
 
-__all__ = ["RMSNorm", "rope_inv_freq", "rope_angles", "rope_neox", "rope_normal", "KVCache",
+__all__ = ["RMSNorm", "rope_inv_freq", "rope_angles", "rope_neox", "rope_normal", "no_rope", "KVCache",
            "Attention", "GatedMLP", "gelu_tanh"]
 
 
@@ -88,6 +88,11 @@ def rope_normal(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.
     xf = x.float().unflatten(-1, (-1, 2))
     x1, x2 = xf[..., 0], xf[..., 1]
     return torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2).to(x.dtype)
+
+
+def no_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """NoPE: q and k are not rotated (Muse Glimmer's global layers)."""
+    return x
 
 
 # ---- KV cache -----------------------------------------------------------------------
