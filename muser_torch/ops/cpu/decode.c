@@ -76,10 +76,19 @@ static float dot(const float *a, const float *b, int64_t n) {
 }
 
 /* out = x * (1 / sqrt(mean(x^2) + eps)) * w, as models/parts.py's RMSNorm
- * (w NULL: no weight). In place when out == x. */
+ * (w NULL: no weight). In place when out == x. The squares are summed in 16
+ * float lanes (as torch sums in lanes), each lane's total then in double. */
 static void rmsnorm(const float *x, const float *w, float eps, int64_t n, float *out) {
+    v8f s0 = splat(0.0f), s1 = splat(0.0f);
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        const v8f a = load8(x + i), b = load8(x + i + 8);
+        s0 += a * a;
+        s1 += b * b;
+    }
     double ss = 0.0;
-    for (int64_t i = 0; i < n; i++) ss += (double)x[i] * x[i];
+    for (int l = 0; l < 8; l++) ss += (double)s0[l] + (double)s1[l];
+    for (; i < n; i++) ss += (double)x[i] * x[i];
     const float r = 1.0f / sqrtf((float)(ss / n) + eps);
     for (int64_t i = 0; i < n; i++) out[i] = w ? (x[i] * r) * w[i] : x[i] * r;
 }
