@@ -195,15 +195,17 @@ class QLinear(_Packed):
     def projection(self):
         """The prepared native call of this weight (``ops.cpu.eager.Projection``),
         rebuilt when the buffers or the numerics change."""
+        # the buffers read from their dict: nn.Module.__getattr__ costs more than the check
+        packed, scales = self._buffers["packed"], self._buffers.get("scales")
         p = self._projection
-        if p is None or p.key != (self.packed.data_ptr(), _ptr(self.scales), self._numerics):
-            p = self._projection = Projection(self.packed, self.qtype, self.n_out, self.n_in,
-                                              self.scales, self.scale_2, self._numerics)
+        if p is None or p.key != (packed.data_ptr(), _ptr(scales), self._numerics):
+            p = self._projection = Projection(packed, self.qtype, self.n_out, self.n_in, scales,
+                                              self.scale_2, self._numerics)
         return p
 
     def forward(self, x: Tensor) -> Tensor:
         y = None
-        if self.packed.is_cpu and plain_eager(x):
+        if self._buffers["packed"].is_cpu and plain_eager(x):
             y = recorded(_OP[self._numerics], self.projection(), x) if profiling() \
                 else self.projection()(x)
         if y is None and self._numerics == "ggml":

@@ -40,7 +40,9 @@ TOKENS = (1, 2, 4, 8, 128)
 GEMMA3_270M = (Case(GGMLType.Q5_0, 640, 256), Case(GGMLType.Q8_0, 640, 256),
                Case(GGMLType.Q5_0, 640, 2048), Case(GGMLType.Q4_K, 1024, 640),
                Case(GGMLType.Q6_K, 2048, 640))
-CASE_SETS = {"large": CASES, "gemma3-270m": GEMMA3_270M}
+# A 640->8 weight: its kernel takes about a microsecond, so a call's time is its fixed cost.
+CALL_COST = (Case(GGMLType.Q8_0, 640, 8),)
+CASE_SETS = {"large": CASES, "gemma3-270m": GEMMA3_270M, "call-cost": CALL_COST}
 
 
 def _interleaved(fns: dict, rounds: int, min_s: float) -> dict:
@@ -79,10 +81,11 @@ def run(threads: int, tokens: tuple[int, ...], types: tuple[str, ...] | None, li
     cases = cases if not types else tuple(c for c in cases if c.qtype.name in types)
     bw = read_bandwidth(torch.device("cpu"))
     print(f"ggml: {ggml_mulmat.describe(dll)}; {threads} threads each; read bandwidth "
-          f"{bw / 1e9:.1f} GB/s (sum over 512 MiB); muser: QLinear modules (what a model calls); "
-          f"median of >= {rounds} interleaved rounds")
+          f"{bw / 1e9:.1f} GB/s (sum over 512 MiB); muser: QLinear modules (what a model calls: "
+          f"'muser' the ggml numerics, 'exact' the float one), 'op' torch.ops.muser.qmatmul_ggml "
+          f"through the dispatcher; median of >= {rounds} interleaved rounds")
     print(f"{'type':<5} {'n_in->n_out':>12} {'tok':>4} {'MB':>6} {'ggml us':>9} {'muser us':>9} "
-          f"{'ratio':>6} {'exact us':>9} {'ratio':>6} {'GB/s':>6} {'of bw':>6}")
+          f"{'ratio':>6} {'exact us':>9} {'ratio':>6} {'op us':>9} {'GB/s':>6} {'of bw':>6}")
     gen = torch.Generator().manual_seed(seed)
     rows = []
     for c in cases:
@@ -95,16 +98,20 @@ def run(threads: int, tokens: tuple[int, ...], types: tuple[str, ...] | None, li
             x = torch.randn(t, c.n_in, generator=gen)
             mm = ggml_mulmat.MulMat(dll, w.packed, c.qtype, c.n_out, c.n_in, t, threads)
             mm.set_x(x)
+            args = (w.packed, int(c.qtype), c.n_out, c.n_in)
             with torch.no_grad():
                 med = _interleaved({"ggml": mm.compute, "muser": lambda: ggml_mode(x),
-                                    "exact": lambda: exact(x)}, rounds, min_s=0.5)
+                                    "exact": lambda: exact(x),
+                                    "op": lambda: torch.ops.muser.qmatmul_ggml(x, *args)},
+                                   rounds, min_s=0.5)
             mm.close()
             gbps = w.packed.numel() / med["muser"] / 1e9
             rows.append({"type": c.qtype.name, "n_in": c.n_in, "n_out": c.n_out, "tokens": t,
-                         "ggml_s": med["ggml"], "muser_s": med["muser"], "exact_s": med["exact"]})
+                         "ggml_s": med["ggml"], "muser_s": med["muser"], "exact_s": med["exact"],
+                         "op_s": med["op"]})
             print(f"{c.qtype.name:<5} {f'{c.n_in}->{c.n_out}':>12} {t:>4} {mb:>6.1f} "
                   f"{med['ggml'] * 1e6:>9.1f} {med['muser'] * 1e6:>9.1f} "
                   f"{med['muser'] / med['ggml']:>6.2f} {med['exact'] * 1e6:>9.1f} "
-                  f"{med['exact'] / med['ggml']:>6.2f} {gbps:>6.1f} {gbps * 1e9 / bw:>6.1%}",
-                  flush=True)
+                  f"{med['exact'] / med['ggml']:>6.2f} {med['op'] * 1e6:>9.1f} "
+                  f"{gbps:>6.1f} {gbps * 1e9 / bw:>6.1%}", flush=True)
     return rows

@@ -242,9 +242,9 @@ def register(subparsers) -> None:
                    help="with --against ggml: a folder with another ggml build's libggml-base.so "
                         "and libggml-cpu.so (default: libggml-python's)")
     p.add_argument("--types", nargs="+", metavar="TYPE", help="with --against ggml: only these types")
-    p.add_argument("--cases", choices=("large", "gemma3-270m"), default="large",
-                   help="with --against ggml: the large shapes of every type, or Gemma 3 270M's "
-                        "small projections")
+    p.add_argument("--cases", choices=("large", "gemma3-270m", "call-cost"), default="large",
+                   help="with --against ggml: the large shapes of every type, Gemma 3 270M's "
+                        "small projections, or one 640->8 weight (a call's fixed cost)")
     p.add_argument("--tokens-against", nargs="+", type=int, metavar="T",
                    help="with --against ggml: token counts (default 1 2 4 8 128)")
     p.add_argument("--rounds", type=int, default=5, help="with --against ggml: interleaved rounds")

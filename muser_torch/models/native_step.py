@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 from .. import changes
 from ..nn import QLinear
-from ..ops.cpu import FUSED_MAX_TOKENS
+from ..ops.cpu import BACK_TO_BACK_THREAD_MIN_BYTES, FUSED_MAX_TOKENS
 from ..ops.cpu import block as cb
 from ..ops.cpu.build import _native_lib
 from ..ops.cpu.eager import plain_eager, profiling, recorded
@@ -36,12 +36,6 @@ from .rope_scaling import rotate
 __all__ = ["native_layers", "NativeLayers"]
 
 _ACTIVATIONS = {F.silu: "silu", gelu_tanh: "gelu_tanh"}
-# Weight bytes per thread, at least, of a block's projections. Lower than the
-# op's THREAD_MIN_BYTES: a block's projections run back to back, so the pool's
-# helpers are still spinning when the next one starts (pool.c). Gemma 3 270M,
-# 2 threads, decode steps interleaved on the loaded 2-core host: 512 KiB 1.00,
-# 128 KiB 0.94, 32 KiB 0.95, 8 KiB 0.95 of the step time.
-THREAD_MIN_BYTES = 32 << 10
 _ATTENTION_PARTS = ("wq", "wk", "wv", "wgate", "wo")
 _MLP_PARTS = ("w_gate", "w_up", "w_down")
 
@@ -175,7 +169,7 @@ class NativeLayers:
         xp, sp, wp = x.data_ptr(), slots.data_ptr(), self.work.data_ptr()
         for ref, k in zip(self.refs, self.rope_slots):
             c, s = angles[k][:2] if angles else (None, None)
-            args = (ref, xp, B, sp, lp, c, s, wp, threads, THREAD_MIN_BYTES)
+            args = (ref, xp, B, sp, lp, c, s, wp, threads, BACK_TO_BACK_THREAD_MIN_BYTES)
             if recorded("muser::decode_block", run, *args) if profiling() else run(*args):
                 raise RuntimeError("muser_decode_block rejected a layer's projection")
         return x

@@ -25,7 +25,7 @@ import torch
 
 from ...formats.types import NEEDS_COMPANIONS, GGMLType
 from ..choice import chosen_backend
-from . import FUSED_MAX_TOKENS, THREAD_MIN_BYTES, _lut, _native_for
+from . import BACK_TO_BACK_THREAD_MIN_BYTES, FUSED_MAX_TOKENS, _lut, _native_for
 from . import block
 
 __all__ = ["plain_eager", "profiling", "recorded", "Projection"]
@@ -98,7 +98,7 @@ class Projection:
             self._linear.s2 = float(self._scale_2)
         y = torch.empty(*shape[:-1], self._n_out)
         if self._run(self._ref, x.data_ptr(), rows, y.data_ptr(), torch.get_num_threads(),
-                     THREAD_MIN_BYTES):
+                     BACK_TO_BACK_THREAD_MIN_BYTES):
             return None
         return y
 
