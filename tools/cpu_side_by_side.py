@@ -189,7 +189,7 @@ def main() -> int:
             print(f"| {t} | {n} | {cell(tg, ltg)} | {cell(pp, lpp)} | {share:.1%} ({ops:.0f}) |")
     timed = time.perf_counter()
 
-    from muser_torch.bench.against_ggml import GEMMA3_270M, run
+    from muser_torch.bench.against_ggml import CALL_COST, GEMMA3_270M, run
     from muser_torch.bench.ops import read_bandwidth
     lib_dir = args.build / "bin" if bench is not None else None
     if lib_dir is not None and not (lib_dir / "libggml-cpu.so").exists():
@@ -198,19 +198,22 @@ def main() -> int:
     stdout, sys.stdout = sys.stdout, sys.stderr
     try:
         rows = run(args.threads[0], (1,), None, None if lib_dir is None else str(lib_dir), 5, 0,
-                   read_bandwidth, GEMMA3_270M)
+                   read_bandwidth, CALL_COST + GEMMA3_270M)
     finally:
         sys.stdout = stdout
     which = f"llama.cpp's build in {lib_dir}" if lib_dir else "libggml-python's AVX2 build"
     print(f"\nOne token, {args.threads[0]} threads, ggml's `mul_mat` ({which}) against muser's "
-          f"QLinear (a Python call each; inside a decode step muser calls them from C); "
-          f"median of >= 5 interleaved rounds; ratio = muser / ggml time (<= 1.0: muser as fast)\n")
-    print("| type | n_in->n_out | ggml us | muser ggml us | ratio | muser exact us | ratio |")
-    print("|---|---|---:|---:|---:|---:|---:|")
+          f"QLinear (a Python call each; inside a decode step muser calls them from C) and, last, "
+          f"the op through torch's dispatcher; 640->8 is a call's fixed cost; median of >= 5 "
+          f"interleaved rounds; ratio = muser / ggml time (<= 1.0: muser as fast)\n")
+    print("| type | n_in->n_out | ggml us | muser ggml us | ratio | muser exact us | ratio "
+          "| op (dispatcher) us |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         print(f"| {r['type']} | {r['n_in']}->{r['n_out']} | {r['ggml_s'] * 1e6:.1f} | "
               f"{r['muser_s'] * 1e6:.1f} | {r['muser_s'] / r['ggml_s']:.2f} | "
-              f"{r['exact_s'] * 1e6:.1f} | {r['exact_s'] / r['ggml_s']:.2f} |")
+              f"{r['exact_s'] * 1e6:.1f} | {r['exact_s'] / r['ggml_s']:.2f} | "
+              f"{r['op_s'] * 1e6:.1f} |")
     end = time.perf_counter()
     print(f"\n(build {built - start:.0f} s, models {timed - built:.0f} s, kernels {end - timed:.0f} s)")
     return 0

@@ -86,7 +86,9 @@ def _describe(layer) -> cb.Block | None:
             or not isinstance(att.kv_cache, KVCache) or mlp.act not in _ACTIVATIONS):
         return None
     cache = att.kv_cache
-    if not (_plain_f32(cache.k) and _plain_f32(cache.v)):
+    ring = (cache.capacity, att.n_kv, att.head_dim)
+    if not (_plain_f32(cache.k) and _plain_f32(cache.v) and cache.k.shape[1:] == ring
+            and cache.v.shape == cache.k.shape):
         return None
     rope = _rope(att, att.head_dim)
     sandwich = kind is SandwichBlock.forward
@@ -138,6 +140,10 @@ class NativeLayers:
                              enumerate(zip(self.blocks, self.rope_slots))
                              if (why := _unfit(b, k, inv_freqs))), None)
         self.ok = self.why_not is None
+        # what each step's rows must fit: the slots every cache holds, the hidden width
+        self.slots = min((layer.attention.kv_cache.k.shape[0] for layer in layers), default=0) \
+            if self.ok else 0
+        self.hidden = {b.hidden for b in self.blocks} if self.ok else set()
         self.params = [p for layer in layers for p in layer.parameters()]
         self.work = self.refs = None
         if self.ok:
@@ -170,8 +176,10 @@ class NativeLayers:
         for ref, k in zip(self.refs, self.rope_slots):
             c, s = angles[k][:2] if angles else (None, None)
             args = (ref, xp, B, sp, lp, c, s, wp, threads, BACK_TO_BACK_THREAD_MIN_BYTES)
-            if recorded("muser::decode_block", run, *args) if profiling() else run(*args):
-                raise RuntimeError("muser_decode_block rejected a layer's projection")
+            rc = recorded("muser::decode_block", run, *args) if profiling() else run(*args)
+            if rc:
+                raise RuntimeError(f"muser_decode_block failed ({rc}: -1 a projection it does not "
+                                   f"run, -2 no memory, -3 a negative length or slot)")
         return x
 
 
@@ -191,7 +199,8 @@ def native_layers(model, x: torch.Tensor, slots: torch.Tensor | None) -> NativeL
     if plan is None or plan.version != changes.count():
         plan = NativeLayers(model.layers, [getattr(model, name) for name in model._rope_names], lib)
         model.__dict__["_native_layers"] = plan
-    if not plan.ok:
+    # Decoder.forward has read lengths[slots] (so every slot is < lengths.numel())
+    if not plan.ok or model.lengths.numel() > plan.slots or plan.hidden != {x.shape[-1]}:
         return None
     if torch.is_grad_enabled() and any(p.requires_grad for p in plan.params):
         return None

@@ -15,7 +15,7 @@ import torch
 
 import muser_torch
 from muser_torch.models import Glimmer, decoder, native_step
-from muser_torch.models.parts import rope_angles
+from muser_torch.models.parts import KVCache, rope_angles
 from muser_torch.formats import random_weight
 from muser_torch.nn import QLinear, set_numerics
 from muser_torch.ops.cpu import FUSED_MAX_TOKENS, native_available
@@ -140,10 +140,19 @@ def test_steps_it_leaves_to_torch(gemma_path, native_calls):
     model(torch.zeros(1, 1, dtype=torch.long), many[:1])
     assert native_calls == [True]
     model.layers[3].ffn_norm.weight.requires_grad_(False)
+    att = model.layers[4].attention                     # a cache of fewer slots than the model's
+    att.kv_cache = KVCache(1, att.kv_cache.capacity, att.n_kv, att.head_dim, torch.float32, "cpu")
+    with torch.no_grad():
+        model(torch.zeros(1, 1, dtype=torch.long), many[:1])
+    assert native_calls == [True]
     model.setup_cache(1, 8, dtype=torch.float16)        # a cache the blocks do not take
     with torch.no_grad():
         model(torch.randint(0, V, (1, 1)), many[:1])
     assert native_calls == [True]
+    model.setup_cache(1, 8)
+    model.lengths[0] = -1                               # refused, never written below the ring
+    with torch.no_grad(), pytest.raises(RuntimeError, match="-3 a negative length"):
+        model(torch.zeros(1, 1, dtype=torch.long), many[:1])
 
 
 def test_a_changed_model_rebuilds_the_description(gemma_path, monkeypatch):

@@ -241,7 +241,8 @@ int64_t muser_block_work(const block_t *b, int64_t B) {
  * the next token of the sequence in cache slot slots[i], holding lengths[i]
  * tokens before this step; cos and sin [B, n_rot/2] are its position's
  * angles. `work` holds muser_block_work(b, B) floats. Returns 0, or -1 for a
- * projection the library does not run, -2 when scratch cannot be allocated. */
+ * projection the library does not run, -2 when scratch cannot be allocated,
+ * -3 for a negative length or slot. */
 int muser_decode_block(const block_t *b, float *x, int64_t B, const int64_t *slots,
                        const int64_t *lengths, const float *cos, const float *sin, float *work,
                        int nthreads, int64_t min_bytes) {
@@ -251,6 +252,8 @@ int muser_decode_block(const block_t *b, float *x, int64_t B, const int64_t *slo
     float *k = o + B * qd, *v = k + B * kvd, *a = v + B * kvd, *g = a + B * hid;
     float *u = g + B * b->ffn, *scores = u + B * b->ffn;
     int rc = 0;
+    for (int64_t i = 0; i < B; i++)
+        if (lengths[i] < 0 || slots[i] < 0) return -3;
 
     muser_rmsnorm(x, b->attn_norm.w, b->attn_norm.eps, B, hid, xn);
     rc |= muser_linear(&b->wq, xn, B, q, nthreads, min_bytes);
