@@ -83,7 +83,7 @@ def llama_round(bench: Path, model: Path, threads: list[int], prompt: int, decod
                           "-t", ",".join(map(str, threads)), "-r", "1", "-o", "json"],
                          check=True, capture_output=True, text=True).stdout
     got = {}
-    for rec in json.loads(out):
+    for rec in json.loads(out[out.find("["):out.rfind("]") + 1]):   # the JSON array, whatever precedes it
         kind = "pp" if rec["n_prompt"] and not rec["n_gen"] else "tg"
         got[(rec["n_threads"], kind)] = rec["avg_ts"]
     return got
