@@ -22,9 +22,17 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from . import ops
+from . import changes, ops
 from .formats.types import NEEDS_COMPANIONS, GGMLType
 from .formats.companions import companion_args
+from .ops.cpu import embedding as cpu_embedding
+from .ops.cpu.eager import Projection, plain_eager, profiling, recorded
+
+_OP = {"exact": "muser::qmatmul", "ggml": "muser::qmatmul_ggml"}   # what a profile calls a QLinear
+
+
+def _ptr(t: Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
 
 
 class _Packed(nn.Module):
@@ -99,6 +107,7 @@ class _Packed(nn.Module):
 
     def _apply(self, fn, recurse=True):
         # Keep scale_2 float32 under .half()/.to(dtype); let it follow the device.
+        changes.bump()
         s2 = self.scale_2
         super()._apply(fn, recurse)
         if s2 is not None and self.scale_2.dtype != torch.float32:
@@ -157,7 +166,25 @@ class QLinear(_Packed):
                                  f"{getattr(bias, 'shape', type(bias).__name__)}")
             bias = nn.Parameter(bias.detach().clone(), requires_grad=bias.requires_grad)
         self.bias = bias
-        self.numerics = "exact"
+        self._numerics = "exact"
+        self._projection = None
+
+    def __setstate__(self, state) -> None:
+        # modules pickled before numerics became a property
+        if "numerics" in state:
+            state["_numerics"] = state.pop("numerics")
+        state.setdefault("_projection", None)
+        super().__setstate__(state)
+
+    @property
+    def numerics(self) -> str:
+        """The matmul's arithmetic, one of ``NUMERICS``."""
+        return self._numerics
+
+    @numerics.setter
+    def numerics(self, value: str) -> None:
+        self._numerics = check_numerics(value)
+        changes.bump()
 
     @property
     def in_features(self) -> int:
@@ -202,10 +229,25 @@ class QLinear(_Packed):
             row += p.n_out
         return joined
 
+    def projection(self):
+        """The prepared native call of this weight (``ops.cpu.eager.Projection``),
+        rebuilt when the buffers or the numerics change."""
+        # the buffers read from their dict: nn.Module.__getattr__ costs more than the check
+        packed, scales = self._buffers["packed"], self._buffers.get("scales")
+        p = self._projection
+        if p is None or p.key != (packed.data_ptr(), _ptr(scales), self._numerics):
+            p = self._projection = Projection(packed, self.qtype, self.n_out, self.n_in, scales,
+                                              self.scale_2, self._numerics)
+        return p
+
     def forward(self, x: Tensor) -> Tensor:
-        if self.numerics == "ggml":
+        y = None
+        if self._buffers["packed"].is_cpu and plain_eager(x):
+            y = recorded(_OP[self._numerics], self.projection(), x) if profiling() \
+                else self.projection()(x)
+        if y is None and self._numerics == "ggml":
             y = torch.ops.muser.qmatmul_ggml(x, *self._weight_args())
-        else:
+        elif y is None:
             y = torch.ops.muser.qmatmul(x, *self._weight_args())
         if self.bias is not None:
             y = y + self.bias.to(y.dtype)
@@ -242,7 +284,13 @@ class QEmbedding(_Packed):
         return cls._quantized(emb.weight, qtype, dtype=dtype)
 
     def forward(self, ids: Tensor) -> Tensor:
-        return torch.ops.muser.embedding(ids, *self._weight_args()).to(self.dtype)
+        if self.packed.is_cpu and plain_eager(ids) and ids.dtype in (torch.int64, torch.int32):
+            # the op's CPU kernel without the dispatcher (the weight was checked when built)
+            ops.check_ids_in_range("embedding", ids, self.n_out)
+            rows = cpu_embedding(ids, *self._weight_args())
+        else:
+            rows = torch.ops.muser.embedding(ids, *self._weight_args())
+        return rows.to(self.dtype)
 
     def extra_repr(self) -> str:
         return (f"{self.qtype.name}, num_embeddings={self.n_out}, embedding_dim={self.n_in}, "

@@ -31,7 +31,7 @@ LAYERS = {
     "errors": 0, "cache": 0,
     "formats": 1,
     "ops": 2,
-    "nn": 3, "gguf_io": 3, "text": 3,
+    "nn": 3, "changes": 3, "gguf_io": 3, "text": 3,
     "arch": 4,
     "loader": 5,
     "models": 6, "glimmer": 6, "config": 6,

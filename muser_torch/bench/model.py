@@ -18,6 +18,7 @@ import argparse
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -70,6 +71,44 @@ GRAPH_REPS = 4   # bench/cuda_timing.graph_time replays 5 x GRAPH_REPS + 1 times
 PREFILL_REPS = 3  # warm prefills timed after the first call; the best is printed
 
 
+class Timing(NamedTuple):
+    cold_s: float      # the first prefill call
+    prefill_s: float   # the best warm prefill
+    decode_s: float    # all the timed decode steps
+
+
+def measure(model, prompt: torch.Tensor, slots: torch.Tensor, decode: int, warmup: int,
+            step=None, device: torch.device = torch.device("cpu"),
+            prefill_reps: int = PREFILL_REPS) -> tuple[Timing, torch.Tensor]:
+    """Prefill ``prompt`` into ``slots`` (a first call, then ``prefill_reps``
+    warm ones into a reset cache), then ``warmup`` untimed and ``decode`` timed
+    greedy steps of ``step`` (default ``model.forward``); returns the timing
+    and the last tokens. The cache must hold them all; call under no_grad."""
+    step = step or model.forward
+    synchronize(device)
+    t0 = time.perf_counter()
+    logits = model(prompt, slots)             # the first call: any compile left is in here
+    synchronize(device)
+    cold_s = time.perf_counter() - t0
+    prefill_s = cold_s if prefill_reps < 1 else float("inf")
+    for _ in range(prefill_reps):             # warm: the same prompt into a fresh cache
+        model.reset()
+        synchronize(device)
+        t0 = time.perf_counter()
+        logits = model(prompt, slots)
+        synchronize(device)
+        prefill_s = min(prefill_s, time.perf_counter() - t0)
+    tok = logits[:, -1].argmax(-1, keepdim=True)
+    for _ in range(warmup):                   # first calls compile / page weights in
+        tok = step(tok, slots)[:, -1].argmax(-1, keepdim=True)
+    synchronize(device)
+    t0 = time.perf_counter()
+    for _ in range(decode):
+        tok = step(tok, slots)[:, -1].argmax(-1, keepdim=True)
+    synchronize(device)
+    return Timing(cold_s, prefill_s, time.perf_counter() - t0), tok
+
+
 def main(args: argparse.Namespace) -> int:
     if args.peers:
         return _peers(args)
@@ -101,28 +140,8 @@ def main(args: argparse.Namespace) -> int:
     step = torch.compile(model.forward, fullgraph=True) if args.compile else model.forward
 
     with torch.no_grad():
-        synchronize(device)
-        t0 = time.perf_counter()
-        model(prompt, slots)                  # the first call: any compile left is in here
-        synchronize(device)
-        cold_s = time.perf_counter() - t0
-        prefill_s = float("inf")
-        for _ in range(PREFILL_REPS):         # warm: the same prompt into a fresh cache
-            model.reset()
-            synchronize(device)
-            t0 = time.perf_counter()
-            logits = model(prompt, slots)
-            synchronize(device)
-            prefill_s = min(prefill_s, time.perf_counter() - t0)
-        tok = logits[:, -1].argmax(-1, keepdim=True)
-        for _ in range(args.warmup):  # first calls compile / page weights in
-            tok = step(tok, slots)[:, -1].argmax(-1, keepdim=True)
-        synchronize(device)
-        t0 = time.perf_counter()
-        for _ in range(args.decode):
-            tok = step(tok, slots)[:, -1].argmax(-1, keepdim=True)
-        synchronize(device)
-        decode_s = time.perf_counter() - t0
+        timing, tok = measure(model, prompt, slots, args.decode, args.warmup, step, device)
+        cold_s, prefill_s, decode_s = timing
         if args.profile:
             _profile(lambda: step(tok, slots), device)
         graph_ms = None
@@ -166,18 +185,43 @@ def _peers(args: argparse.Namespace) -> int:
     return 0
 
 
-def _profile(step, device: torch.device, steps: int = 8) -> None:
-    """Host time of ``steps`` decode steps by op kind (self time, so nothing counts twice)."""
+class StepProfile(NamedTuple):
+    rows: list          # torch.profiler's key averages, by self time, largest first
+    ops_per_step: float # recorded ops (torch ops and the native calls) per step
+    host_share: float   # of the step's wall time, outside the matmul and attention kernels
+
+
+def profile_steps(step, device: torch.device, steps: int = 8) -> StepProfile:
+    """``steps`` calls of ``step`` under torch.profiler. Host overhead is the
+    wall time (with the profiler's own per-op cost in it) less the self time
+    of the matmul and attention kernels (:func:`_is_kernel`)."""
     from torch.profiler import ProfilerActivity, profile
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with profile(activities=acts) as prof:
+        t0 = time.perf_counter()
         for _ in range(steps):
             step()
         synchronize(device)
+        wall_us = (time.perf_counter() - t0) * 1e6
     rows = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
-    total = sum(e.self_cpu_time_total for e in rows) or 1
+    kernels = sum(e.self_cpu_time_total for e in rows if _is_kernel(e.key))
+    return StepProfile(rows, sum(e.count for e in rows) / steps, 1 - kernels / wall_us)
+
+
+def _profile(step, device: torch.device, steps: int = 8) -> None:
+    """Print where ``steps`` decode steps' host time goes, by op kind (self time)."""
+    prof = profile_steps(step, device, steps)
+    total = sum(e.self_cpu_time_total for e in prof.rows) or 1
     print(f"  where a decode step's host time goes ({steps} steps, self time per step):")
+    print(f"    {prof.ops_per_step:.0f} recorded ops per step; host overhead {prof.host_share:.1%} "
+          f"of the step (its wall time outside muser::* and scaled_dot_product_attention)")
     print(f"    {'op':40} {'calls':>6} {'us/step':>9} {'share':>6}")
-    for e in rows[:15]:
+    for e in prof.rows[:15]:
         print(f"    {e.key[:40]:40} {e.count // steps:6d} {e.self_cpu_time_total / steps:9.1f} "
               f"{e.self_cpu_time_total / total:6.1%}")
+
+
+def _is_kernel(key: str) -> bool:
+    """A profiler row that is matmul or attention work (the native decode
+    blocks hold both), not host overhead."""
+    return key.startswith("muser::") or "scaled_dot_product" in key

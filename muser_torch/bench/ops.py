@@ -172,9 +172,11 @@ def main(args: argparse.Namespace) -> int:
             raise ValueError("bench ops --against ggml: ggml's mul_mat runs on --device cpu")
         if args.threads is not None and args.threads < 1:
             raise ValueError(f"bench ops: --threads must be >= 1, got {args.threads}")
-        from .against_ggml import TOKENS, run
-        return run(args.threads or torch.get_num_threads(), tuple(args.tokens_against or TOKENS),
-                   tuple(args.types or ()), args.ggml_lib, args.rounds, args.seed, read_bandwidth)
+        from .against_ggml import CASE_SETS, TOKENS, run
+        run(args.threads or torch.get_num_threads(), tuple(args.tokens_against or TOKENS),
+            tuple(args.types or ()), args.ggml_lib, args.rounds, args.seed, read_bandwidth,
+            CASE_SETS[args.cases])
+        return 0
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError("bench ops: --device cuda, but CUDA is not available")
@@ -241,6 +243,9 @@ def register(subparsers) -> None:
                    help="with --against ggml: a folder with another ggml build's libggml-base.so "
                         "and libggml-cpu.so (default: libggml-python's)")
     p.add_argument("--types", nargs="+", metavar="TYPE", help="with --against ggml: only these types")
+    p.add_argument("--cases", choices=("large", "gemma3-270m", "call-cost"), default="large",
+                   help="with --against ggml: the large shapes of every type, Gemma 3 270M's "
+                        "small projections, or one 640->8 weight (a call's fixed cost)")
     p.add_argument("--tokens-against", nargs="+", type=int, metavar="T",
                    help="with --against ggml: token counts (default 1 2 4 8 128)")
     p.add_argument("--rounds", type=int, default=5, help="with --against ggml: interleaved rounds")

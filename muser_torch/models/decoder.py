@@ -18,12 +18,14 @@ from typing import Any, Sequence
 import torch
 import torch.nn as nn
 
+from .. import changes
 from ..arch import Architecture
 from ..errors import MetadataError
 from ..gguf_io import GGUFFile, load_gguf
 from ..loader import check, packed_weight
 from .assembly import assemble, tokenizer_for
 from .generation import Generation
+from .native_step import native_layers
 from .parts import KVCache, RMSNorm, rope_angles
 
 __all__ = ["Decoder"]
@@ -64,6 +66,10 @@ class Decoder(nn.Module, Generation):
     def rope_tables(self) -> list[torch.Tensor]:
         """The inverse-frequency tables; attention ``rope_slot`` k uses the k-th."""
         raise NotImplementedError
+
+    def _apply(self, fn, recurse=True):
+        changes.bump()   # .to() replaces the RoPE tables without registering them
+        return super()._apply(fn, recurse)
 
     # -- cache ------------------------------------------------------------------
 
@@ -129,14 +135,18 @@ class Decoder(nn.Module, Generation):
         else:
             lengths = self.lengths.index_select(0, slots)
             positions = lengths.unsqueeze(-1) + steps
-        rots = [rope_angles(positions, getattr(self, name)) for name in self._rope_names]
-        # one mask per window (None: global), shared by the layers with that window
-        kinds = {layer.attention.window: layer.attention for layer in self.layers}
-        masks = {window: att.make_mask(positions, lengths) for window, att in kinds.items()}
         x = self.embed(tokens)
-        for layer in self.layers:
-            att = layer.attention
-            x = layer(x, positions, rots[att.rope_slot], masks[att.window], slots)
+        native = native_layers(self, x, slots)
+        if native is not None:   # a one-token step on the CPU library, one call per layer
+            x = native(x, slots, lengths, [getattr(self, name) for name in self._rope_names])
+        else:
+            rots = [rope_angles(positions, getattr(self, name)) for name in self._rope_names]
+            # one mask per window (None: global), shared by the layers with that window
+            kinds = {layer.attention.window: layer.attention for layer in self.layers}
+            masks = {window: att.make_mask(positions, lengths) for window, att in kinds.items()}
+            for layer in self.layers:
+                att = layer.attention
+                x = layer(x, positions, rots[att.rope_slot], masks[att.window], slots)
         if slots is not None:
             self.lengths.index_put_((slots,), lengths + T)
         if last_only:

@@ -27,6 +27,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .. import changes
 from ..nn import QLinear
 from ..ops import layer as layer_ops
 
@@ -39,6 +40,10 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim, dtype=torch.float32))
+
+    def _apply(self, fn, recurse=True):
+        changes.bump()   # .to()/.half() replace the weight without registering it
+        return super()._apply(fn, recurse)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return layer_ops.rms_norm(x, self.weight, self.eps)
@@ -97,6 +102,10 @@ class KVCache(nn.Module):
         shape = (slots, capacity, n_kv, head_dim)
         self.register_buffer("k", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
         self.register_buffer("v", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+
+    def _apply(self, fn, recurse=True):
+        changes.bump()   # .to()/.half() replace the buffers without registering them
+        return super()._apply(fn, recurse)
 
     def entry_positions(self, lengths: torch.Tensor) -> torch.Tensor:
         """``[B]`` cached lengths -> ``[B, capacity]`` position held by each entry

@@ -33,6 +33,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .checks import LAYER_OPS
+from .cpu import block as cpu_block
+from .cpu.build import _native_lib
+from .cpu.eager import plain_eager
 
 __all__ = ["decode_mask", "gated_act", "ACT_SILU", "ACT_GELU_TANH", "ACT_SIGMOID", "rms_norm", "add_rms_norm", "norm_rope", "decode_attention", "kv_store",
            "ROPE_NONE", "ROPE_NEOX", "ROPE_NORMAL"]
@@ -184,6 +187,10 @@ def gated_act(gate: Tensor, up: Tensor, act: int) -> Tensor:
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     """``x / sqrt(mean(x^2) + eps) * weight``, statistics in float32, out in x's dtype."""
+    if (x.dtype is torch.float32 and weight.dtype is torch.float32 and x.is_cpu and weight.is_cpu
+            and x.is_contiguous() and weight.is_contiguous() and x.shape[-1:] == weight.shape
+            and not weight.requires_grad and plain_eager(x) and (lib := _native_lib()) is not None):
+        return cpu_block.rmsnorm(lib, x, weight, eps)   # the CPU's decode.c, one call
     return _call("rms_norm", x, weight, eps)
 
 

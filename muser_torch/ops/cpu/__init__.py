@@ -61,6 +61,13 @@ TILE_BYTES = 4 << 20           # float32 scratch of the tiled paths
 # 0.202 -> 0.113 ms, Q4_K 6656->1024 (3.8 MB) 0.40 -> 0.22 ms. The pool never
 # waits for a helper that has not started, so a busy machine loses little.
 THREAD_MIN_BYTES = 512 << 10
+# The same minimum for the calls that come back to back, µs apart: the eager
+# QLinear path (eager.py) and the decode blocks (decode.c), whose pool helpers
+# are still spinning from the previous call (pool.c), so a split pays off far
+# below THREAD_MIN_BYTES. Gemma 3 270M, 2 threads, decode steps interleaved
+# on the loaded 2-core host: 512 KiB 1.00, 128 KiB 0.94, 32 KiB 0.95, 8 KiB
+# 0.95 of the step time.
+BACK_TO_BACK_THREAD_MIN_BYTES = 32 << 10
 
 _native_enabled = os.environ.get("MUSER_CPU_NATIVE", "1") != "0"
 

@@ -125,6 +125,12 @@ def _build() -> ctypes.CDLL:
     lib.muser_matmul.argtypes = [i, p, p, p, f, i64, i64, p, i64, p, i]
     lib.muser_gemm.argtypes = [i, p, p, p, f, i64, i64, p, i64, p, i]
     lib.muser_matmul_q8.argtypes = [i, p, i64, i64, p, i64, p, i]
+    lib.muser_linear.argtypes = [p, p, i64, p, i, i64]
+    lib.muser_rmsnorm.argtypes = [p, p, f, i64, i64, p]
+    lib.muser_rope_angles.argtypes = [p, i64, p, i64, p, p]
+    lib.muser_block_size.argtypes = []
+    lib.muser_block_work.argtypes, lib.muser_block_work.restype = [p, i64], i64
+    lib.muser_decode_block.argtypes = [p, p, i64, p, p, p, p, p, i, i64]
     if lib.muser_max_tokens() != NATIVE_MAX_TOKENS:
         raise OSError("the native library's MAX_TOKENS does not match cpu.NATIVE_MAX_TOKENS")
     # the library's type table against NATIVE_TYPES and formats/layout.py's geometry

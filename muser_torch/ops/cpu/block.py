@@ -1,0 +1,86 @@
+"""ctypes mirror of ``decode.c``'s block description (``block_t``) and the
+calls that take it. The field order here is the C struct's; the library's
+``muser_block_size`` is checked against it when the first block is built.
+``models/native_step.py`` fills these from a model's modules."""
+from __future__ import annotations
+
+import ctypes
+from ctypes import c_float, c_int, c_int64, c_void_p
+
+import torch
+
+from ...formats.types import GGMLType
+from . import GGML_NUMERICS_TYPES, _lut, _native_for
+
+__all__ = ["Linear", "Norm", "Block", "ROPE", "ACTIVATIONS", "MUL", "ABSENT", "linear", "norm",
+           "rmsnorm", "block_work"]
+
+# decode.c's enums
+ROPE = {"none": 0, "neox": 1, "normal": 2}
+ACTIVATIONS = {"silu": 0, "gelu_tanh": 1}
+MUL = {"float": 0, "q8": 1, "rounded": 2}
+
+
+class Linear(ctypes.Structure):
+    _fields_ = [("type", c_int), ("mul", c_int), ("packed", c_void_p), ("scales", c_void_p),
+                ("lut", c_void_p), ("s2", c_float), ("n_out", c_int64), ("n_in", c_int64),
+                ("bias", c_void_p)]
+
+
+class Norm(ctypes.Structure):
+    _fields_ = [("w", c_void_p), ("eps", c_float)]
+
+
+class Block(ctypes.Structure):
+    _fields_ = [("hidden", c_int64), ("n_heads", c_int64), ("n_kv", c_int64),
+                ("head_dim", c_int64), ("ffn", c_int64),
+                *((name, Norm) for name in ("attn_norm", "q_norm", "k_norm", "post_attn_norm",
+                                            "ffn_norm", "post_ffw_norm")),
+                *((name, Linear) for name in ("wq", "wk", "wv", "wgate", "wo", "w_gate", "w_up",
+                                              "w_down")),
+                ("rope", c_int), ("act", c_int), ("n_rot", c_int64), ("mscale", c_float),
+                ("scale", c_float), ("k_cache", c_void_p), ("v_cache", c_void_p),
+                ("capacity", c_int64)]
+
+
+ABSENT = Linear(type=-1)
+
+
+def linear(packed: torch.Tensor, qtype: GGMLType, n_out: int, n_in: int,
+           scales: torch.Tensor | None, scale_2: torch.Tensor | None, numerics: str,
+           bias: torch.Tensor | None) -> Linear | None:
+    """One projection as the block runs it, as ``qmatmul`` (``numerics``
+    "exact") or ``qmatmul_ggml`` compute it on the library; None for a type
+    the library does not run. The caller keeps the tensors alive."""
+    if _native_for(qtype) is None or not packed.is_contiguous():
+        return None
+    mul = MUL["float"]
+    if numerics == "ggml" and qtype in GGML_NUMERICS_TYPES:
+        mul = MUL["rounded"] if qtype in (GGMLType.F16, GGMLType.BF16) else MUL["q8"]
+    lut = _lut(qtype)
+    return Linear(type=int(qtype), mul=mul, packed=packed.data_ptr(),
+                  scales=None if scales is None else scales.data_ptr(),
+                  lut=None if lut is None else lut.data_ptr(),
+                  s2=0.0 if scale_2 is None else float(scale_2), n_out=n_out, n_in=n_in,
+                  bias=None if bias is None else bias.data_ptr())
+
+
+def norm(weight: torch.Tensor | None, eps: float) -> Norm:
+    return Norm(w=None if weight is None else weight.data_ptr(), eps=eps)
+
+
+def block_work(lib, block: Block, rows: int) -> int:
+    """Floats of scratch ``decode_block`` needs for ``rows`` sequences."""
+    if lib.muser_block_size() != ctypes.sizeof(Block):
+        raise RuntimeError(f"decode.c's block_t is {lib.muser_block_size()} bytes, "
+                           f"ops/cpu/block.py's Block {ctypes.sizeof(Block)}: they must match")
+    return lib.muser_block_work(ctypes.byref(block), rows)
+
+
+def rmsnorm(lib, x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """``models.parts.RMSNorm`` of float32 contiguous x on the library."""
+    out = torch.empty_like(x)
+    n = x.shape[-1]
+    lib.muser_rmsnorm(x.data_ptr(), None if weight is None else weight.data_ptr(), eps,
+                      x.numel() // n, n, out.data_ptr())
+    return out
