@@ -1,5 +1,5 @@
 """A process-wide count of changes to modules: every registration of a
-parameter, buffer or submodule (which ``nn.Module.__setattr__`` makes on
+parameter, buffer or submodule (which ``torch.nn.Module.__setattr__`` makes on
 every assignment of one), every ``_apply`` (``.to()``, ``.half()``,
 ``.float()``: they replace tensors without registering them) of the modules
 that hold the packed models' tensors, and every change of a ``QLinear``'s

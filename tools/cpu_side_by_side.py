@@ -177,7 +177,7 @@ def main() -> int:
           f"median of {args.rounds} interleaved rounds; ratio = muser / llama.cpp "
           f"(>= 1.0: muser as fast or faster); host overhead from torch.profiler over 8 decode steps\n")
     print(f"| threads | numerics | llama.cpp tg{N} tok/s | muser decode tok/s | ratio "
-          f"| llama.cpp pp{P} tok/s | muser prefill tok/s | ratio | muser host overhead (ops/step) |")
+          f"| llama.cpp pp{P} tok/s | muser prefill tok/s | ratio | muser host overhead (ops per step) |")
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
     for t in args.threads:
         for n in NUMERICS:

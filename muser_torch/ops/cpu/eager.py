@@ -24,7 +24,7 @@ import ctypes
 import torch
 
 from ...formats.types import NEEDS_COMPANIONS, GGMLType
-from ..choice import chosen_backend
+from ..backend_choice import chosen_backend
 from . import BACK_TO_BACK_THREAD_MIN_BYTES, FUSED_MAX_TOKENS, _lut, _native_for
 from . import block
 
