@@ -9,12 +9,12 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
 
 from . import slow
+from .cache_dirs import kernels_only_cache
 
 ROOT = Path(__file__).resolve().parent.parent
 INSTALL = 'pip install -e ".[hf]"'
@@ -28,25 +28,10 @@ sys.exit(main(sys.argv[2:]))
 """
 
 
-def _cache_without_tokenizers() -> str:
-    """A cache folder holding the built kernels but no tokenizer: a cached
-    tokenizer needs no transformers, so the refusal is tested as a first run
-    on a fresh machine meets it."""
-    from muser_torch.cache import cache_dir
-    base = Path(tempfile.mkdtemp(prefix="muser-cache-"))
-    fresh, real = base / cache_dir().name, cache_dir()
-    fresh.mkdir()
-    if real.is_dir():
-        for entry in real.iterdir():
-            if entry.name != "tokenizers":
-                (fresh / entry.name).symlink_to(entry)
-    return str(base)   # MUSER_CACHE_DIR: cache_dir() is its muser_torch folder
-
-
 def _without(module: str, argv: list[str]) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
-        MUSER_CACHE_DIR=_cache_without_tokenizers())
+        MUSER_CACHE_DIR=kernels_only_cache())   # a cached tokenizer needs no transformers
     return subprocess.run([sys.executable, "-c", CHILD, module, *argv], cwd=ROOT, env=env,
                           capture_output=True, text=True)
 

