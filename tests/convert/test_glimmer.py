@@ -78,7 +78,8 @@ def test_llama_cpp_runs_the_converted_file_as_transformers_runs_the_checkpoint(g
         want = model(input_ids=torch.tensor([ids])).logits[0, -1]
     got, _ = lcpp.llama_cpp_logits(path, ids, 1, threads=2, timeout=300)
     got = got.float()
-    # llama.cpp rounds activations to f16 for its f16 matmuls: ~1e-3 relative.
-    # A norm without its +1, an unpermuted q/k or a wrong q norm is off by O(1).
+    # llama.cpp rounds activations to f16 for its f16 matmuls: 1.9e-3 to 5.7e-3
+    # relative over random seeds (docs/muse-glimmer.md). A norm without its +1, an
+    # unpermuted q/k or a wrong q norm is off by O(1): 2e-2 separates the two.
     rel = float((got - want).norm() / want.norm())
-    assert got.shape == want.shape and rel < 5e-3, f"seed {seed}: relative error {rel}"
+    assert got.shape == want.shape and rel < 2e-2, f"seed {seed}: relative error {rel}"
