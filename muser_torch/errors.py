@@ -111,7 +111,7 @@ class TokenizerConvertError(ConvertError):
 
 class ContextLengthError(ValueError):
     """A prompt plus new tokens, or a cache, longer than the model's context
-    or the cache's capacity; raised on the host before any step runs, and
+    or the cache's capacity; raised on the host before the step runs, and
     names both numbers (``asked``, ``capacity``)."""
 
     def __init__(self, message: str, asked: int, capacity: int):

@@ -125,10 +125,13 @@ class Decoder(nn.Module, Generation):
         and the cache advances by T; a step past the cache's capacity is a
         ``ContextLengthError`` (a global layer's ring would silently wrap).
         That check (``check_room``) reads the lengths on the host, so it runs
-        in eager calls only: a compiled step (``torch.compile``) skips it and
-        trusts its caller, as ``stream`` checks the whole run up front."""
+        where that costs no device sync: eager calls on CPU tensors. A
+        compiled step, or one on an accelerator (where a sync per step would
+        stall the launch queue and break CUDA graph capture), trusts its
+        caller: ``stream`` checks the whole run up front, the server's
+        scheduler each request."""
         B, T = tokens.shape
-        if slots is not None and not torch.compiler.is_compiling():
+        if slots is not None and tokens.device.type == "cpu" and not torch.compiler.is_compiling():
             self.check_room(slots, T)
         steps = torch.arange(T, device=tokens.device)
         order = None

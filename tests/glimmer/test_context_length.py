@@ -1,8 +1,9 @@
 """Past the context: every entry point (``generate``, ``stream``,
-``setup_cache``, ``forward`` with slots) refuses a sequence longer than the
-context length or the cache's capacity with a ``ContextLengthError`` that
-names both numbers, before any step runs and without moving the cache. The
-CLI's refusal (one line, exit 2) is in test_cli.py."""
+``setup_cache``, ``forward`` with slots on CPU tensors; ``Decoder.forward``
+says why not on an accelerator) refuses a sequence longer than the context
+length or the cache's capacity with a ``ContextLengthError`` that names both
+numbers, before any step runs and without moving the cache. The CLI's
+refusal (one line, exit 2) is in test_cli.py."""
 from __future__ import annotations
 
 import pytest
