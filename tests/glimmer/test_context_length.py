@@ -78,3 +78,12 @@ def test_forward_refuses_one_slot_full_while_others_have_room(model):
     model(_tokens(3), torch.tensor([0]))
     _refused(lambda: model(_tokens(2, 2), torch.tensor([0, 1])), 17, 16)
     model(_tokens(2), torch.tensor([0]))   # slot 0 alone still has room
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_generate_and_setup_cache_refuse_on_cuda(tiny_files):
+    model = Glimmer.from_gguf(tiny_files["q4_k_xl"], device="cuda", dtype=torch.float32)
+    ctx = TINY.context_length
+    ids = _tokens(90).cuda()
+    _refused(lambda: model.generate(ids, 10), 100, ctx)
+    _refused(lambda: model.setup_cache(1, ctx + 1), ctx + 1, ctx)
