@@ -28,7 +28,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:   # Ctrl-C: whatever the command wrote is cleaned up by now
+        print(f"muser-torch {args.command}: interrupted", file=sys.stderr)
         return 130
     except ModuleNotFoundError as e:   # an optional package: the install command, in one line
         refusal = missing_from(e)

@@ -1,5 +1,6 @@
 """Errors raised while reading GGUF files, admitting a model from one, and
-converting a Hugging Face checkpoint into one (``ConvertError``).
+converting a Hugging Face checkpoint into one (``ConvertError``), and running
+past a model's context (``ContextLengthError``).
 
 Every refusal is a ``GGUFError`` (a ``ValueError``, so the CLI prints it as a
 one-line message). The file-level errors come from ``gguf_io`` while the
@@ -104,6 +105,19 @@ class RecipeError(ConvertError):
 
 class TokenizerConvertError(ConvertError):
     """The tokenizer files are missing or name a pre-tokenizer llama.cpp cannot identify."""
+
+
+# ---- running a model ---------------------------------------------------------------
+
+class ContextLengthError(ValueError):
+    """A prompt plus new tokens, or a cache, longer than the model's context
+    or the cache's capacity; raised on the host before the step runs, and
+    names both numbers (``asked``, ``capacity``)."""
+
+    def __init__(self, message: str, asked: int, capacity: int):
+        super().__init__(message)
+        self.asked = asked
+        self.capacity = capacity
 
 
 # ---- optional packages ---------------------------------------------------------------

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from .errors import ContextLengthError
 from .nn import NUMERICS, check_numerics
 from .text.chat_limits import DEFAULT_MAX_CHARS, DEFAULT_SECONDS, MESSAGES_FACTOR, ChatLimits
 from .text.stream import TextStream
@@ -151,9 +152,10 @@ def check_room(n_prompt: int, max_new_tokens: int, context_length: int) -> None:
     """Refuse a run whose prompt plus new tokens cannot fit the model's context."""
     if n_prompt + max_new_tokens > context_length:
         room = max(context_length - n_prompt, 0)
-        raise ValueError(f"--max-new-tokens {max_new_tokens}: the prompt's {n_prompt} tokens plus "
-                         f"{max_new_tokens} new ones exceed the model's context length of "
-                         f"{context_length} (at most {room} new tokens fit)")
+        raise ContextLengthError(f"--max-new-tokens {max_new_tokens}: the prompt's {n_prompt} tokens "
+                                 f"plus {max_new_tokens} new ones make {n_prompt + max_new_tokens}, "
+                                 f"more than the model's context length of {context_length} "
+                                 f"(at most {room} new tokens fit)", n_prompt + max_new_tokens, context_length)
 
 
 def load_model(path: Path, device: torch.device, args: argparse.Namespace, command: str = "run"):

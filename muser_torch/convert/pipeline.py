@@ -25,7 +25,7 @@ from ..errors import (ConfigMismatchError, ConvertError, OutputExistsError, Outp
                       RecipeError)
 from ..formats import GGMLType, quantize
 from ..formats.types import NVFP4_GROUP
-from ..gguf_io import SCALE2_SUFFIX, SCALE_SUFFIX, save_gguf
+from ..gguf_io import SCALE2_SUFFIX, SCALE_SUFFIX, partial_path, save_gguf
 from .checkpoint import Checkpoint
 from .imatrix import load_imatrix
 from .keys import collect_metadata
@@ -145,13 +145,16 @@ def _convert(ck: Checkpoint, out: Path, type: str, dev: torch.device, imatrix: A
 def check_output(out: Path, force: bool) -> None:
     """``out`` can take the file: its folder exists, it is not a directory, and
     it is not an existing file unless ``force``. Checked first, so a mistaken
-    path costs no time (the file itself is written beside it and renamed)."""
+    path costs no time (the file itself is written beside it and renamed).
+    Once the path passes, the ``.partial`` a killed run (SIGKILL) left beside
+    it is removed: it is never output, and this run would replace it anyway."""
     if out.is_dir():
         raise OutputPathError(f"{out} is a directory; give the path of the GGUF file to write")
     if not out.parent.is_dir():
         raise OutputPathError(f"{out}: the folder {out.parent} does not exist")
     if (out.exists() or out.is_symlink()) and not force:
         raise OutputExistsError(f"{out} exists; pass --force (force=True) to overwrite it")
+    partial_path(out).unlink(missing_ok=True)
 
 
 def _check_lane(ck: Checkpoint, fam: Family, type: str, nvfp4_ck: bool) -> None:

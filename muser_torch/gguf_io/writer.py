@@ -54,8 +54,16 @@ def save_gguf(path: "str | os.PathLike[str]", metadata: Mapping[str, Any],
     else INT64 or UINT64; float as FLOAT32; str; lists of one of these) unless
     ``types`` names the type (for a list, its item type). ``general.alignment``
     (default 32) sets the data alignment. ``progress`` shows a bar; by default
-    only for files of 256 MiB or more. The file is written beside ``path``
-    and renamed into place, so a failed write leaves no partial file.
+    only for files of 256 MiB or more.
+
+    The file is written to ``<path>.partial`` beside ``path`` and renamed into
+    place only once complete, so ``path`` holds either nothing (or the file
+    that was there) or the whole new file. Any exception (a full disk,
+    Ctrl-C's KeyboardInterrupt) removes the ``.partial``. A SIGKILL or a power
+    loss cannot run that cleanup; the stray then keeps the one recognisable
+    name ``<path>.partial`` (never a ``.gguf`` name, so it cannot be mistaken
+    for output; its data ends early, which the reader refuses as truncated),
+    and the next write to ``path`` truncates and reuses it.
     """
     path = Path(path)
     types = dict(types or {})
@@ -83,7 +91,7 @@ def save_gguf(path: "str | os.PathLike[str]", metadata: Mapping[str, Any],
     data_bytes = sum(e[3] for e in entries)
 
     show = data_bytes >= _PROGRESS_BYTES if progress is None else progress
-    tmp = path.with_name(path.name + ".partial")
+    tmp = partial_path(path)
     try:
         with open(tmp, "wb") as f, tqdm(total=data_bytes, desc=f"writing {path.name}", unit="B",
                                          unit_scale=True, disable=not show, leave=False) as bar:
@@ -113,6 +121,11 @@ def save_gguf(path: "str | os.PathLike[str]", metadata: Mapping[str, Any],
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def partial_path(path: Path) -> Path:
+    """Where ``save_gguf`` writes ``path`` before renaming it into place."""
+    return path.with_name(path.name + ".partial")
 
 
 def _pack_str(s: str) -> bytes:

@@ -20,7 +20,7 @@ import torch.nn as nn
 
 from .. import changes
 from ..arch import Architecture
-from ..errors import MetadataError
+from ..errors import ContextLengthError, MetadataError
 from ..gguf_io import GGUFFile, load_gguf
 from ..loader import check, packed_weight
 from .assembly import assemble, tokenizer_for
@@ -76,13 +76,17 @@ class Decoder(nn.Module, Generation):
     def setup_cache(self, slots: int = 1, max_seq_len: int | None = None,
                     dtype: torch.dtype | None = None) -> None:
         """Allocate an empty KV cache of ``slots`` sequences. Global layers hold
-        ``min(max_seq_len, context_length)`` positions, SWA layers their window.
-        ``dtype`` defaults to float16 (float32/64 for a model computing in those)."""
+        ``max_seq_len`` positions (default: the context length; more is a
+        ``ContextLengthError``), SWA layers their window. ``dtype`` defaults
+        to float16 (float32/64 for a model computing in those)."""
         c = self.config
         dtype = dtype or self._cache_dtype()
-        ctx = c.context_length if max_seq_len is None else min(max_seq_len, c.context_length)
+        ctx = c.context_length if max_seq_len is None else max_seq_len
         if slots < 1 or ctx < 1:
             raise ValueError(f"setup_cache: need slots >= 1 and max_seq_len >= 1, got {slots}, {ctx}")
+        if ctx > c.context_length:
+            raise ContextLengthError(f"setup_cache: max_seq_len {ctx} exceeds the model's "
+                                     f"context length of {c.context_length}", ctx, c.context_length)
         device = self.lengths.device
         for layer in self.layers:
             att = layer.attention
@@ -99,7 +103,8 @@ class Decoder(nn.Module, Generation):
             self.lengths[torch.as_tensor(slots, device=self.lengths.device)] = 0
 
     def check_room(self, slots: torch.Tensor, n_new: int) -> None:
-        """Raise ValueError unless every slot can take ``n_new`` more tokens."""
+        """Raise ``ContextLengthError`` unless every slot can take ``n_new``
+        more tokens (ValueError for a missing cache or bad slot ids)."""
         if self.lengths.numel() == 0:
             raise ValueError("no KV cache: call setup_cache(slots, max_seq_len) first")
         s = torch.as_tensor(slots).tolist()
@@ -107,8 +112,9 @@ class Decoder(nn.Module, Generation):
             raise ValueError(f"slots must be distinct ids in [0, {self.lengths.numel()}), got {s}")
         longest = int(self.lengths[torch.as_tensor(s, device=self.lengths.device)].max()) + n_new
         if longest > self.max_seq_len:
-            raise ValueError(f"sequence of {longest} tokens exceeds the cache's "
-                             f"{self.max_seq_len} (context_length {self.config.context_length})")
+            raise ContextLengthError(f"a sequence of {longest} tokens exceeds the cache's capacity of "
+                                     f"{self.max_seq_len} (context_length {self.config.context_length})",
+                                     longest, self.max_seq_len)
 
     # -- forward ----------------------------------------------------------------
 
@@ -120,9 +126,17 @@ class Decoder(nn.Module, Generation):
         Without ``slots`` the tokens are one self-contained sequence per row
         (positions 0..T-1, no cache). With ``slots`` (``[B]`` long, distinct),
         row b continues cached sequence ``slots[b]`` from its current length,
-        and the cache advances by T. Lengths are trusted here; ``generate``
-        and ``check_room`` check them on the host, outside the compiled step."""
+        and the cache advances by T; a step past the cache's capacity is a
+        ``ContextLengthError`` (a global layer's ring would silently wrap).
+        That check (``check_room``) reads the lengths on the host, so it runs
+        where that costs no device sync: eager calls on CPU tensors. A
+        compiled step, or one on an accelerator (where a sync per step would
+        stall the launch queue and break CUDA graph capture), trusts its
+        caller: ``stream`` checks the whole run up front, the server's
+        scheduler each request."""
         B, T = tokens.shape
+        if slots is not None and tokens.device.type == "cpu" and not torch.compiler.is_compiling():
+            self.check_room(slots, T)
         steps = torch.arange(T, device=tokens.device)
         order = None
         if slots is not None and B == self.lengths.numel():

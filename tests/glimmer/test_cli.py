@@ -69,8 +69,8 @@ def test_bench_ops_refuses_bad_arguments_before_measuring(capsys, argv, message)
 @pytest.mark.parametrize("argv, message", [
     (["--max-new-tokens", "-5"], "--max-new-tokens must be >= 0, got -5"),
     (["--max-new-tokens", "100000"], "--max-new-tokens 100000: the prompt's 4 tokens plus 100000 "
-                                     "new ones exceed the model's context length of 96 (at most "
-                                     "92 new tokens fit)"),
+                                     "new ones make 100004, more than the model's context length "
+                                     "of 96 (at most 92 new tokens fit)"),
     (["--temperature", "-1"], "--temperature must be a finite number >= 0"),
     (["--temperature", "nan"], "--temperature must be a finite number >= 0"),
     (["--top-p", "0"], "--top-p must be in (0, 1]"),
