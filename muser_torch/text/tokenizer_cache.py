@@ -18,11 +18,13 @@ anything else is rebuilt and rewritten. A cache that cannot be
 written costs the next load a rebuild, nothing more."""
 from __future__ import annotations
 
+import ctypes
 import functools
 from array import array
 import hashlib
 import json
 import os
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -113,9 +115,23 @@ def load(key: str, n_tokens: int) -> Any | None:
         backend = Tokenizer.from_file(str(path))
     except Exception:   # missing, unreadable, truncated, not JSON, not a tokenizer
         return None
+    _release_heap()
     if backend.get_vocab_size(with_added_tokens=True) != n_tokens:
         return None
     return backend
+
+
+def _release_heap() -> None:
+    """Give the C heap's free pages back to the system. Parsing a large
+    tokenizer JSON (Gemma 3's: 262,144 tokens, 514,906 merges) leaves about
+    200 MB freed but resident in glibc's heap, which would then sit under
+    every later allocation of the process (Gemma's generate peaked at 1,027 MB
+    from the cache against 822 MB built). Nothing elsewhere."""
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL("libc.so.6").malloc_trim(0)
+        except (OSError, AttributeError):   # not glibc
+            pass
 
 
 def _write_atomically(path: Path, data: bytes) -> None:
