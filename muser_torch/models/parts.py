@@ -110,10 +110,7 @@ class KVCache(nn.Module):
     def entry_positions(self, lengths: torch.Tensor) -> torch.Tensor:
         """``[B]`` cached lengths -> ``[B, capacity]`` position held by each entry
         (-1 when the entry is still empty)."""
-        i = torch.arange(self.capacity, device=lengths.device)
-        last = lengths.unsqueeze(-1) - 1
-        pos = i + self.capacity * torch.div(last - i, self.capacity, rounding_mode="floor")
-        return torch.where(i <= last, pos, torch.full_like(pos, -1))
+        return layer_ops.ring_positions(lengths, self.capacity)
 
     def update(self, slots: torch.Tensor, positions: torch.Tensor,
                k: torch.Tensor, v: torch.Tensor) -> None:

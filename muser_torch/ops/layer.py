@@ -32,12 +32,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .checks import LAYER_OPS
+from .checks import LAYER_DEVICES, LAYER_OPS   # LAYER_DEVICES: filled as backends register
 from .cpu import block as cpu_block
 from .cpu.build import _native_lib
 from .cpu.eager import plain_eager
 
-__all__ = ["decode_mask", "gated_act", "ACT_SILU", "ACT_GELU_TANH", "ACT_SIGMOID", "rms_norm", "add_rms_norm", "norm_rope", "decode_attention", "kv_store",
+__all__ = ["ring_positions", "decode_mask", "gated_act", "ACT_SILU", "ACT_GELU_TANH", "ACT_SIGMOID", "rms_norm", "add_rms_norm", "norm_rope", "decode_attention", "kv_store",
            "ROPE_NONE", "ROPE_NEOX", "ROPE_NORMAL"]
 
 ROPE_NONE, ROPE_NEOX, ROPE_NORMAL = 0, 1, 2
@@ -101,19 +101,26 @@ def _gated_act(gate: Tensor, up: Tensor, act: int) -> Tensor:
     return _ACTS[act](gate) * up
 
 
-def _decode_mask(lengths: Tensor, capacity: int, window: int) -> tuple[Tensor, Tensor]:
-    # Entry i of a ring of ``capacity`` holding positions 0..L-1 (L = lengths + 1,
-    # after this step's write) holds i + capacity * floor((L-1-i) / capacity).
-    last = lengths.unsqueeze(-1)                  # the new token's position
+def ring_positions(lengths: Tensor, capacity: int) -> Tensor:
+    """``[B]`` cached lengths -> ``[B, capacity]``: the position each entry of a
+    ring holding positions 0..L-1 keeps, ``i + capacity * floor((L-1-i) /
+    capacity)``, or -1 for an entry still empty."""
     i = torch.arange(capacity, device=lengths.device)
+    last = lengths.unsqueeze(-1) - 1
     pos = i + capacity * torch.div(last - i, capacity, rounding_mode="floor")
-    keep = i <= last
+    return torch.where(i <= last, pos, torch.full_like(pos, -1))
+
+
+def _decode_mask(lengths: Tensor, capacity: int, window: int) -> tuple[Tensor, Tensor]:
+    pos = ring_positions(lengths + 1, capacity)   # after this step's write
+    keep = pos >= 0
     if window:
-        keep = keep & (last - pos < window)
+        keep = keep & (lengths.unsqueeze(-1) - pos < window)   # the new token is at ``lengths``
     return keep, (lengths + 1).clamp(max=capacity)
 
 
-REFERENCES = {"decode_mask": _decode_mask, "gated_act": _gated_act, "rms_norm": _norm, "add_rms_norm": _add_rms_norm, "norm_rope": _norm_rope,
+REFERENCES = {"decode_mask": _decode_mask, "gated_act": _gated_act, "rms_norm": _norm,
+              "add_rms_norm": _add_rms_norm, "norm_rope": _norm_rope,
               "decode_attention": _decode_attention, "kv_store": _kv_store}
 
 
@@ -159,10 +166,6 @@ def _define(op: str):
 
 for _op in _SCHEMAS:
     _define(_op)
-
-# Device types whose kernels were registered (``checks.register_layer_kernels`` adds to it).
-from .checks import LAYER_DEVICES  # noqa: E402
-
 
 def _call(op: str, *args):
     if args[0].device.type in LAYER_DEVICES:
