@@ -48,7 +48,7 @@ def _compare(model, vocab: int, monkeypatch) -> None:
 
 @pytest.mark.parametrize("variant", ARCH_VARIANTS)
 def test_llama_family_emulated_mps_matches_cpu(hf_file, variant, monkeypatch):  # noqa: F811
-    # (one schedule here: tests/metal runs every kernel under all three)
+    # (one schedule here: tests/ops/metal runs every kernel under all three)
     model = muser_torch.from_gguf(hf_file(variant), dtype=torch.float32)
     _compare(model, model.config.vocab_size, monkeypatch)
 

@@ -2,7 +2,7 @@
 mutation declarations pass ``torch.library.opcheck`` (the default
 implementation, the composite, runs here), and bad arguments are refused
 with a one-line ValueError naming the op. The CUDA kernels against float64:
-tests/ops/test_cuda_layer.py."""
+tests/ops/cuda/test_layer.py."""
 from __future__ import annotations
 
 import math

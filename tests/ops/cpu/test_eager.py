@@ -14,7 +14,7 @@ from muser_torch import QEmbedding, QLinear
 from muser_torch.ops import cpu, use_backend
 from muser_torch.ops.cpu import eager
 
-from .conftest import NATIVE_TYPES, Case, rel_err
+from ..conftest import NATIVE_TYPES, Case, rel_err
 
 
 @pytest.fixture

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..formats.ggml_ref import quantize_chunk
-from ..models.ggml_rope import _InitParams, lib as ggml_cpu
+from ...formats.ggml_ref import quantize_chunk
+from ...models.ggml_rope import _InitParams, lib as ggml_cpu
 from . import llamacpp_metal as lm
 
 GGML_TYPES = {"q4_0": 2, "q8_0": 8, "q4_K": 12, "q5_K": 13, "q6_K": 14}
@@ -61,7 +61,7 @@ def _block_bytes(t: str) -> int:
 
 
 def quantize_lib():
-    from ..formats.ggml_ref import lib
+    from ...formats.ggml_ref import lib
     return lib()
 
 

@@ -16,7 +16,7 @@ from muser_torch.formats import random_weight
 from muser_torch.formats.types import GGMLType
 from muser_torch.ops import cpu
 
-from .conftest import ALL_TYPES, NATIVE_TYPES, OTHER_MARCHES, Case, native_build_for, rel_err, x86_only
+from ..conftest import ALL_TYPES, NATIVE_TYPES, OTHER_MARCHES, Case, native_build_for, rel_err, x86_only
 
 
 def test_native_builds_and_claims_its_types():

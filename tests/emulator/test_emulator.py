@@ -8,7 +8,7 @@ import torch
 
 from muser_torch_metal_emulator import emulator as em
 
-from .helpers import fresh_seed
+from ..ops.metal.helpers import fresh_seed
 
 SOURCE = r"""
 #include <metal_stdlib>

@@ -62,7 +62,7 @@ LLAMACPP_LANGUAGE_GAPS = [
 
 @pytest.mark.parametrize("kind", ["mul_mv_mma", "mul_mv", "mul_mm"])
 def test_the_pass_over_llamacpp_reports_only_language_gaps(kind):
-    from . import llamacpp_metal as lm
+    from ..ops.metal import llamacpp_metal as lm
     src = "".join(f"#define {k} {v}\n" for k, v in lm.MACROS.items()) + lm.library_source(kind)
     errors = static_check.diagnostics(src, f"{kind}.metal")
     assert errors, "clang now takes llama.cpp's source whole: update docs/metal.md and this test"
