@@ -3,7 +3,7 @@
 # decode of random-weight files with real layouts (tools/layouts, written by
 # muser_torch.bench.shaped) and of Muse Glimmer's seed geometry: tok/s in a CUDA
 # graph and the kernels of one token. Run from the repo root on the device:
-#   bash tools/cuda_bench.sh [tests] [gemma] [llama8b] [glimmer] [profile]
+#   bash tools/cuda_bench.sh [kernels] [rungs] [tests] [gemma] [llama8b] [glimmer] [profile]
 # Logs go to $OUT (or /tmp/cuda-bench). llama.cpp is not built here; its figures
 # are recorded ones from the same kind of H200 (docs/performance.md says which).
 set -uo pipefail
@@ -24,8 +24,15 @@ shaped() {  # layout name -> a file in /tmp/shaped
   [ -f /tmp/shaped/$1.gguf ] || python3 -m muser_torch.bench.shaped write tools/layouts/$1.lcpp.json /tmp/shaped/$1.gguf >/dev/null
   echo /tmp/shaped/$1.gguf
 }
+echo "nvcc: $(command -v nvcc || ls /usr/local/cuda/bin/nvcc 2>/dev/null || echo none)"
+if want kernels; then     # the CUDA C++ and Triton matmul kernels (compiles mv.cu first)
+  timeout 400 python3 -m pytest -q -x -p no:cacheprovider tests/ops/cuda/test_kernels.py 2>&1 \
+    | tail -15 | tee "$OUT/kernels-tests.log"
+fi
+want rungs && timeout 300 python3 -m muser_torch.cli bench triton --what rungs 2>&1 \
+  | grep -v Warning | tee "$OUT/rungs.log"
 if want tests; then
-  timeout 240 python3 -m pytest -q -x -p no:cacheprovider tests/ops/test_cuda_layer.py \
+  timeout 240 python3 -m pytest -q -x -p no:cacheprovider tests/ops/cuda/test_layer.py \
     tests/models/test_cuda_models.py tests/glimmer/test_cuda.py 2>&1 | tail -15 | tee "$OUT/tests.log"
 fi
 bench() {  # label, then bench model's arguments

@@ -9,6 +9,8 @@ Sections (``--what``):
          of the same shape (both timed in the same run).
   types  every type of ``ops.cuda.SUPPORTED`` at one 4096 x 4096 matrix, plus
          Gemma 3 270M's tied Q8_0 lm_head (640 -> 262144), same columns.
+  rungs  every one-token rung that serves each shape (Glimmer's and Llama-3-8B's),
+         side by side: the CUDA C++ matvec against the Triton rungs.
   sweep  launch parameters (BN, warps, split target) of the one-token K-quant
          rung; the best per shape is then used for that shape's one-token row
          in ``ops``.
@@ -100,6 +102,40 @@ def bench_ops(shapes, tokens_list, bw, gen, dtype=torch.float16, baselines=True,
     return rows
 
 
+LLAMA8B_SHAPES = (
+    Shape("l8b ffn_up", GGMLType.Q4_K, 4096, 14336),
+    Shape("l8b ffn_down", GGMLType.Q4_K, 14336, 4096),
+    Shape("l8b down_q6", GGMLType.Q6_K, 14336, 4096),
+    Shape("l8b attn_q", GGMLType.Q4_K, 4096, 4096),
+    Shape("l8b attn_k", GGMLType.Q4_K, 4096, 1024),
+)
+
+
+def bench_rungs(bw, gen, shapes=SHAPES + LLAMA8B_SHAPES, dtype=torch.float16):
+    """Each one-token rung serving each shape, timed in one CUDA graph apiece."""
+    from ..ops import cuda
+    rows = []
+    for shape in shapes:
+        qt = shape.qtype
+        rungs = [r for r in cuda.LADDER if r.serves(qt, 1, dtype)]
+        if len(rungs) < 2:
+            continue
+        w, nbytes, args = _weights(shape, gen)
+        x = torch.randn(1, shape.n_in, device=DEVICE, dtype=dtype, generator=gen)
+        line = []
+        for r in rungs:
+            t = graph_time([lambda a=a, r=r: cuda.run_rung(r, x, a[0], qt, shape.n_out, shape.n_in)
+                            for a in args])
+            rows.append(dict(label=shape.label, qtype=qt.name, rung=r.name, us=t * 1e6,
+                             of_bw=nbytes / t / bw))
+            line.append(f"{r.name} {t * 1e6:7.1f} us {nbytes / t / bw:5.1%}")
+        print(f"rungs {shape.label:<13} {qt.name:<5} {shape.n_in:>6}->{shape.n_out:<6} "
+              + " | ".join(line), flush=True)
+        del args, w
+        torch.cuda.empty_cache()
+    return rows
+
+
 def bench_sweep(bw, gen, shapes=SHAPES):
     """The one-token K-quant rung: BN x warps x split target per SM."""
     from ..ops import cuda
@@ -148,6 +184,8 @@ def main(args: argparse.Namespace) -> int:
     print(f"{props.name}, {props.multi_processor_count} SMs, torch {torch.__version__}, triton "
           f"{triton.__version__}: read bandwidth {bw / 1e12:.3f} TB/s (sum over 1 GiB), "
           f"copy {cbw / 1e12:.3f} TB/s (read+write)", flush=True)
+    if "rungs" in args.what:
+        res["rungs"] = bench_rungs(bw, gen)
     if "sweep" in args.what:
         res["sweep"] = bench_sweep(bw, gen)
     from . import triton_peer
@@ -174,7 +212,7 @@ def main(args: argparse.Namespace) -> int:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--what", nargs="+", default=["ops", "types"], choices=("ops", "types", "sweep", "peer", "i8sweep", "qmmsweep"))
+    p.add_argument("--what", nargs="+", default=["ops", "types"], choices=("ops", "types", "rungs", "sweep", "peer", "i8sweep", "qmmsweep"))
     p.add_argument("--tokens", nargs="+", type=int, default=[1, 2, 4, 8, 16, 64, 512])
     p.add_argument("--dtype", choices=("float16", "bfloat16", "float32"), default="float16")
     p.add_argument("--no-baselines", action="store_true")

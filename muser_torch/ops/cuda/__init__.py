@@ -13,6 +13,9 @@ runs. float32 activations never leave the float32 rungs (the 1e-5 contract).
 ===========  ======  =====================================  ================================
 rung         M       kernel                                 arithmetic
 ===========  ======  =====================================  ================================
+cuda_mv      1       half x only: Q4_K, Q6_K, hand-written  as i8_dot (the same activation),
+                     CUDA (``mv.cu``, built by              dp4a per 16 columns; absent
+                     ``compiled.py``)                       without nvcc
 i8_dot       1       half x only: Q4_K, Q5_K                x in two int8 levels per 32 columns
                      (``int8dot.py``)                       (~15 bits), dp4a on the packed
                                                             codes, scales in float32; rel.
@@ -58,6 +61,7 @@ from ...formats.companions import companion_args
 from ...formats.types import GGMLType
 from ..checks import register_kernels, register_layer_kernels
 from ..ladder import no_rung, takes
+from . import compiled
 from . import int8dot as i8
 from . import layer
 from . import kquant as tk
@@ -96,10 +100,12 @@ class Rung:
     launch: Mapping[GGMLType, Launch]
     run: Callable[..., torch.Tensor]
     dtypes: frozenset[torch.dtype] | None = None
+    built: Callable[[], bool] | None = None      # kernels that may be absent (compiled.py)
 
     def serves(self, qtype: GGMLType, tokens: int, dtype: torch.dtype) -> bool:
         return (qtype in self.launch and takes(self.max_tokens, tokens)
-                and (self.dtypes is None or dtype in self.dtypes))
+                and (self.dtypes is None or dtype in self.dtypes)
+                and (self.built is None or self.built()))
 
     @property
     def types(self) -> frozenset[GGMLType]:
@@ -291,6 +297,26 @@ def _i8_dot(x2, packed, qt, n_out, n_in, scales, scale_2, launch: Launch,
     return y
 
 
+def _cuda_mv(x2, packed, qt, n_out, n_in, scales, scale_2, launch: Launch,
+             out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """One half-precision row of Q4_K / Q6_K: mv.cu's kernels on int8dot's
+    two-level activation (the same quantization as ``_i8_dot``); ``out_dtype``
+    as there."""
+    if x2.shape[0] != 1:
+        raise ValueError(f"the CUDA C++ matvec takes one activation row, got {x2.shape[0]}")
+    a1, a2, dxs, s16, _, _ = _quantize_x(x2, n_in)
+    y = torch.empty((1, n_out), dtype=out_dtype or x2.dtype, device=x2.device)
+    if qt is GGMLType.Q6_K:
+        compiled.kernels().q6k_mv(packed, a1, a2, dxs, y)
+    else:
+        compiled.kernels().q4k_mv(packed, a1, a2, dxs, s16, y)
+    return y
+
+
+def _cpp_built() -> bool:
+    return compiled.kernels() is not None
+
+
 _COUNTERS: dict[torch.device, torch.Tensor] = {}
 
 
@@ -327,6 +353,8 @@ _KQUANT = (T.Q4_K, T.Q5_K, T.Q6_K)
 I8_TYPES = (T.Q4_K, T.Q5_K, T.Q6_K, T.Q8_0, T.Q4_0, T.Q5_0)     # what int8dot.py decodes
 HALF = frozenset({torch.float16, torch.bfloat16})
 LADDER: tuple[Rung, ...] = (
+    # Hand-written CUDA (mv.cu) where nvcc is present: the Triton rungs below are its fallback.
+    Rung("cuda_mv", 1, _each((T.Q4_K, T.Q6_K), Launch(1, 4, 0)), _cuda_mv, HALF, _cpp_built),
     Rung("i8_dot", 1, _each((T.Q4_K, T.Q5_K), Launch(64, 4, 4)), _i8_dot, HALF),
     Rung("mv_kquant", 1, {T.Q4_K: Launch(64, 8, 4), T.Q5_K: Launch(64, 8, 8),
                           T.Q6_K: Launch(32, 4, 8)}, _mv_kquant),
@@ -350,7 +378,7 @@ DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 for _t in SUPPORTED:   # every supported type has a kernel at every token count and dtype
     for _m in (1, 2, 9, 17, 65):
         for _dt in DTYPES:
-            if not any(r.serves(_t, _m, _dt) for r in LADDER):
+            if not any(r.built is None and r.serves(_t, _m, _dt) for r in LADDER):
                 raise RuntimeError(f"the CUDA ladder has no rung for {_t.name} at {_m} tokens "
                                    f"of {_dt}")
 

@@ -58,6 +58,10 @@ def warm_up(module: nn.Module, dtype: torch.dtype, tokens: tuple[int, ...] = WAR
           f"each on the first load, then they come from its cache in {cache})",
           file=sys.stderr, flush=True)
     t0 = time.perf_counter()
+    from . import compiled
+    if compiled.kernels() is None:
+        print(f"muser-torch: the CUDA C++ matvecs are not built ({compiled.reason()}); "
+              f"Triton's kernels run instead", file=sys.stderr, flush=True)
     counts = [t for t in tokens if max_tokens is None or t <= max_tokens]
     with torch.no_grad():
         for m in module.modules():          # the embedding's row decoder
