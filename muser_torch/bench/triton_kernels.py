@@ -123,12 +123,17 @@ def bench_rungs(bw, gen, shapes=SHAPES + LLAMA8B_SHAPES, dtype=torch.float16):
         w, nbytes, args = _weights(shape, gen)
         x = torch.randn(1, shape.n_in, device=DEVICE, dtype=dtype, generator=gen)
         line = []
-        for r in rungs:
-            t = graph_time([lambda a=a, r=r: cuda.run_rung(r, x, a[0], qt, shape.n_out, shape.n_in)
+        runs = [(r, {}) for r in rungs if r.name != "cuda_mv"]
+        if rungs[0].name == "cuda_mv":      # its rows per warp, each
+            runs = [(rungs[0], {"bn": n}) for n in (1, 2, 4)] + runs
+        for r, over in runs:
+            t = graph_time([lambda a=a, r=r, o=over: cuda.run_rung(r, x, a[0], qt, shape.n_out,
+                                                                   shape.n_in, **o)
                             for a in args])
-            rows.append(dict(label=shape.label, qtype=qt.name, rung=r.name, us=t * 1e6,
+            name = r.name + "".join(f"/{v}" for v in over.values())
+            rows.append(dict(label=shape.label, qtype=qt.name, rung=name, us=t * 1e6,
                              of_bw=nbytes / t / bw))
-            line.append(f"{r.name} {t * 1e6:7.1f} us {nbytes / t / bw:5.1%}")
+            line.append(f"{name} {t * 1e6:7.1f} us {nbytes / t / bw:5.1%}")
         print(f"rungs {shape.label:<13} {qt.name:<5} {shape.n_in:>6}->{shape.n_out:<6} "
               + " | ".join(line), flush=True)
         del args, w

@@ -304,12 +304,15 @@ def _cuda_mv(x2, packed, qt, n_out, n_in, scales, scale_2, launch: Launch,
     as there."""
     if x2.shape[0] != 1:
         raise ValueError(f"the CUDA C++ matvec takes one activation row, got {x2.shape[0]}")
+    if packed.data_ptr() % 16:     # a joined part's view off the vector alignment
+        return run_rung("i8_dot" if qt is GGMLType.Q4_K else "mv_kquant", x2, packed, qt,
+                        n_out, n_in)
     a1, a2, dxs, s16, _, _ = _quantize_x(x2, n_in)
     y = torch.empty((1, n_out), dtype=out_dtype or x2.dtype, device=x2.device)
     if qt is GGMLType.Q6_K:
-        compiled.kernels().q6k_mv(packed, a1, a2, dxs, y)
+        compiled.kernels().q6k_mv(packed, a1, a2, dxs, y, launch.bn)
     else:
-        compiled.kernels().q4k_mv(packed, a1, a2, dxs, s16, y)
+        compiled.kernels().q4k_mv(packed, a1, a2, dxs, s16, y, launch.bn)
     return y
 
 
@@ -354,7 +357,9 @@ I8_TYPES = (T.Q4_K, T.Q5_K, T.Q6_K, T.Q8_0, T.Q4_0, T.Q5_0)     # what int8dot.p
 HALF = frozenset({torch.float16, torch.bfloat16})
 LADDER: tuple[Rung, ...] = (
     # Hand-written CUDA (mv.cu) where nvcc is present: the Triton rungs below are its fallback.
-    Rung("cuda_mv", 1, _each((T.Q4_K, T.Q6_K), Launch(1, 4, 0)), _cuda_mv, HALF, _cpp_built),
+    # Its ``bn`` is the rows each warp walks (1, 2 or 4).
+    Rung("cuda_mv", 1, {T.Q4_K: Launch(4, 4, 0), T.Q6_K: Launch(2, 4, 0)}, _cuda_mv, HALF,
+         _cpp_built),
     Rung("i8_dot", 1, _each((T.Q4_K, T.Q5_K), Launch(64, 4, 4)), _i8_dot, HALF),
     Rung("mv_kquant", 1, {T.Q4_K: Launch(64, 8, 4), T.Q5_K: Launch(64, 8, 8),
                           T.Q6_K: Launch(32, 4, 8)}, _mv_kquant),

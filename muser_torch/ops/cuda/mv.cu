@@ -7,8 +7,8 @@
 // applied in float32 per 16 columns: the arithmetic of int8dot.py's kernels,
 // with a different order of the float sums.
 //
-// One warp walks one output row (or a K-part of it, KSPLIT warps per row,
-// combined through shared memory). Eight lanes share a super-block: lane g of
+// One warp walks R output rows (1, 2 or 4; or a K part of them, ksplit warps
+// per row group, combined through shared memory). Eight lanes share a super-block: lane g of
 // the eight loads one 16-byte piece of Q4_K's qs (a warp reads four blocks'
 // qs as four 128-byte runs), so every load is a whole aligned vector and the
 // warp keeps four blocks in flight per step.
@@ -64,51 +64,77 @@ __device__ __forceinline__ void scale_min(const uint32_t s[3], int j, int& sc, i
     }
 }
 
-// Sum of the warp's partial sums over its KSPLIT warps, written by the first.
-template <typename T>
-__device__ __forceinline__ void finish_row(float acc, int row, int n_out, int kpart, int ksplit,
-                                           T* __restrict__ y) {
-    __shared__ float parts[WARPS];
-    for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xFFFFFFFFu, acc, o);
+// Each warp's R row sums, added over its KSPLIT warps (in K order: deterministic)
+// and written by the first.
+template <typename T, int R>
+__device__ __forceinline__ void finish_rows(float (&acc)[R], int row0, int n_out, int kpart,
+                                            int ksplit, T* __restrict__ y) {
+    __shared__ float parts[WARPS][R];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+        for (int o = 16; o > 0; o >>= 1) acc[r] += __shfl_xor_sync(0xFFFFFFFFu, acc[r], o);
     if (ksplit > 1) {
-        if (lane == 0) parts[warp] = acc;
+        if (lane == 0)
+            for (int r = 0; r < R; ++r) parts[warp][r] = acc[r];
         __syncthreads();
         if (kpart != 0 || lane != 0) return;
-        for (int k = 1; k < ksplit; ++k) acc += parts[warp + k];   // in K order: deterministic
+        for (int k = 1; k < ksplit; ++k)
+            for (int r = 0; r < R; ++r) acc[r] += parts[warp + k][r];
     } else if (lane != 0) {
         return;
     }
-    if (row < n_out) y[row] = from_float<T>(acc);
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+        if (row0 + r < n_out) y[row0 + r] = from_float<T>(acc[r]);
 }
+
+// The warp's first row and its K part: a block holds WARPS / ksplit row groups of
+// R rows, each walked by ksplit consecutive warps.
+struct WarpWork {
+    int lane, kpart, row0;
+    __device__ WarpWork(int R, int ksplit) {
+        const int warp = threadIdx.x / 32;
+        lane = threadIdx.x % 32;
+        kpart = warp % ksplit;
+        row0 = (blockIdx.x * (WARPS / ksplit) + warp / ksplit) * R;
+    }
+};
 
 // ---- Q4_K ------------------------------------------------------------------------
 // Lane g (0..7) of a block's eight: qs bytes 16 g .. 16 g + 15, which hold columns
 // 64 (g/2) + 16 (g%2) + 0..15 in their low nibbles (sub-block 2 (g/2)) and the same
-// + 32 in their high nibbles (sub-block 2 (g/2) + 1).
-template <typename T>
+// + 32 in their high nibbles (sub-block 2 (g/2) + 1). The block's first 16 bytes
+// (d, dmin, the 12 scale bytes) are one vector load. Each lane loads its
+// activation columns once for the warp's R rows.
+static_assert(Q4_K_D == 0 && Q4_K_SCALES == 4 && Q4_K_QS == 16, "Q4_K's header is its first 16 bytes");
+
+template <typename T, int R>
 __global__ void __launch_bounds__(WARPS * 32)
 q4k_mv_kernel(const uint8_t* __restrict__ w, const int8_t* __restrict__ a1,
               const int8_t* __restrict__ a2, const float* __restrict__ dxs,
               const int* __restrict__ s16, T* __restrict__ y, int n_out, int nb, int ksplit) {
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int kpart = warp % ksplit;
-    const int row = blockIdx.x * (WARPS / ksplit) + warp / ksplit;
-    const int g = lane % 8, pair = g / 2;
-    float acc = 0.f;
-    if (row < n_out) {
-        const uint8_t* wr = w + (size_t)row * nb * Q4_K_BYTES;
-        for (int b = kpart * 4 + lane / 8; b < nb; b += 4 * ksplit) {
-            const uint8_t* blk = wr + (size_t)b * Q4_K_BYTES;
+    const WarpWork ww(R, ksplit);
+    const int g = ww.lane % 8, pair = g / 2;
+    float acc[R] = {};
+    const uint8_t* rows[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r)     // rows past the end read the last one; never written
+        rows[r] = w + (size_t)min(ww.row0 + r, n_out - 1) * nb * Q4_K_BYTES;
+#pragma unroll 2
+    for (int b = ww.kpart * 4 + ww.lane / 8; b < nb; b += 4 * ksplit) {
+        const int c = b * QK_K + 64 * pair + 16 * (g % 2);             // low nibbles' columns
+        const int4 x1l = __ldg(reinterpret_cast<const int4*>(a1 + c));
+        const int4 x2l = __ldg(reinterpret_cast<const int4*>(a2 + c));
+        const int4 x1h = __ldg(reinterpret_cast<const int4*>(a1 + c + 32));
+        const int4 x2h = __ldg(reinterpret_cast<const int4*>(a2 + c + 32));
+        const float dl = __ldg(dxs + c / 32), dh = __ldg(dxs + c / 32 + 1);
+        const float sl = (float)__ldg(s16 + c / 16), sh = (float)__ldg(s16 + c / 16 + 2);
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            const uint8_t* blk = rows[r] + (size_t)b * Q4_K_BYTES;
+            const int4 hd = __ldg(reinterpret_cast<const int4*>(blk));
             const int4 q = __ldg(reinterpret_cast<const int4*>(blk + Q4_K_QS + 16 * g));
-            const uint32_t dd = __ldg(reinterpret_cast<const uint32_t*>(blk + Q4_K_D));
-            const uint32_t* sp = reinterpret_cast<const uint32_t*>(blk + Q4_K_SCALES);
-            const uint32_t s[3] = {__ldg(sp), __ldg(sp + 1), __ldg(sp + 2)};
-            const int c = b * QK_K + 64 * pair + 16 * (g % 2);         // low nibbles' columns
-            const int4 x1l = __ldg(reinterpret_cast<const int4*>(a1 + c));
-            const int4 x2l = __ldg(reinterpret_cast<const int4*>(a2 + c));
-            const int4 x1h = __ldg(reinterpret_cast<const int4*>(a1 + c + 32));
-            const int4 x2h = __ldg(reinterpret_cast<const int4*>(a2 + c + 32));
             const int q0 = q.x & 0x0F0F0F0F, q1 = q.y & 0x0F0F0F0F,
                       q2 = q.z & 0x0F0F0F0F, q3 = q.w & 0x0F0F0F0F;
             const int h0 = (q.x >> 4) & 0x0F0F0F0F, h1 = (q.y >> 4) & 0x0F0F0F0F,
@@ -117,69 +143,79 @@ q4k_mv_kernel(const uint8_t* __restrict__ w, const int8_t* __restrict__ a1,
             lo = dp4a(q3, x2l.w, dp4a(q2, x2l.z, dp4a(q1, x2l.y, dp4a(q0, x2l.x, lo * LEVEL))));
             int hi = dp4a(h3, x1h.w, dp4a(h2, x1h.z, dp4a(h1, x1h.y, dp4a(h0, x1h.x, 0))));
             hi = dp4a(h3, x2h.w, dp4a(h2, x2h.z, dp4a(h1, x2h.y, dp4a(h0, x2h.x, hi * LEVEL))));
+            const uint32_t sc3[3] = {(uint32_t)hd.y, (uint32_t)hd.z, (uint32_t)hd.w};
             int sc0, m0, sc1, m1;
-            scale_min(s, 2 * pair, sc0, m0);
-            scale_min(s, 2 * pair + 1, sc1, m1);
-            const float d = half_bits(dd), dmin = half_bits(dd >> 16);
-            acc += __ldg(dxs + c / 32) * ((d * sc0) * (float)lo - (dmin * m0) * (float)__ldg(s16 + c / 16));
-            acc += __ldg(dxs + c / 32 + 1) *
-                   ((d * sc1) * (float)hi - (dmin * m1) * (float)__ldg(s16 + c / 16 + 2));
+            scale_min(sc3, 2 * pair, sc0, m0);
+            scale_min(sc3, 2 * pair + 1, sc1, m1);
+            const float d = half_bits((uint32_t)hd.x), dmin = half_bits((uint32_t)hd.x >> 16);
+            acc[r] += dl * ((d * sc0) * (float)lo - (dmin * m0) * sl);
+            acc[r] += dh * ((d * sc1) * (float)hi - (dmin * m1) * sh);
         }
     }
-    finish_row(acc, row, n_out, kpart, ksplit, y);
+    finish_rows<T, R>(acc, ww.row0, n_out, ww.kpart, ksplit, y);
 }
 
 // ---- Q6_K ------------------------------------------------------------------------
 // Half hf = g / 4, quarter r = g % 4 of lane g: l = 8 r .. 8 r + 7 of that half, so
 // ql bytes 64 hf + l and 64 hf + 32 + l and qh bytes 32 hf + l; columns
 // 128 hf + l + 32 k (k = 0..3), each run of 8 in scale group 8 hf + r / 2 + 2 k.
-// Blocks are 210 bytes: words are built from two 2-byte loads.
-__device__ __forceinline__ int word2(const uint8_t* p) {
-    const unsigned short* h = reinterpret_cast<const unsigned short*>(p);
-    return (int)((uint32_t)__ldg(h) | ((uint32_t)__ldg(h + 1) << 16));
+// Blocks are 210 bytes, so a run of 8 bytes sits at 0 or 2 mod 4: it is read as
+// three aligned words and funnel-shifted into two.
+__device__ __forceinline__ int2 run8(const uint8_t* p) {
+    const uint32_t* a = reinterpret_cast<const uint32_t*>(reinterpret_cast<uintptr_t>(p) & ~(uintptr_t)3);
+    const unsigned sh = 8 * (reinterpret_cast<uintptr_t>(p) & 3);
+    const uint32_t w0 = __ldg(a), w1 = __ldg(a + 1), w2 = __ldg(a + 2);
+    return make_int2((int)__funnelshift_r(w0, w1, sh), (int)__funnelshift_r(w1, w2, sh));
 }
 
-template <typename T>
+template <typename T, int R>
 __global__ void __launch_bounds__(WARPS * 32)
 q6k_mv_kernel(const uint8_t* __restrict__ w, const int8_t* __restrict__ a1,
               const int8_t* __restrict__ a2, const float* __restrict__ dxs,
               T* __restrict__ y, int n_out, int nb, int ksplit) {
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int kpart = warp % ksplit;
-    const int row = blockIdx.x * (WARPS / ksplit) + warp / ksplit;
-    const int g = lane % 8, hf = g / 4, r = g % 4;
-    float acc = 0.f;
-    if (row < n_out) {
-        const uint8_t* wr = w + (size_t)row * nb * Q6_K_BYTES;
-        for (int b = kpart * 4 + lane / 8; b < nb; b += 4 * ksplit) {
-            const uint8_t* blk = wr + (size_t)b * Q6_K_BYTES;
-            const uint8_t* ql = blk + Q6_K_QL + 64 * hf + 8 * r;
-            const uint8_t* qh = blk + Q6_K_QH + 32 * hf + 8 * r;
-            const int l0 = word2(ql), l1 = word2(ql + 4), u0 = word2(ql + 32), u1 = word2(ql + 36);
-            const int g0 = word2(qh), g1 = word2(qh + 4);
+    const WarpWork ww(R, ksplit);
+    const int g = ww.lane % 8, hf = g / 4, r4 = g % 4;
+    float acc[R] = {};
+    const uint8_t* rows[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+        rows[r] = w + (size_t)min(ww.row0 + r, n_out - 1) * nb * Q6_K_BYTES;
+#pragma unroll 2
+    for (int b = ww.kpart * 4 + ww.lane / 8; b < nb; b += 4 * ksplit) {
+        const int c = b * QK_K + 128 * hf + 8 * r4;
+        int2 x1[4], x2[4];
+        float dx[4];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            x1[k] = __ldg(reinterpret_cast<const int2*>(a1 + c + 32 * k));
+            x2[k] = __ldg(reinterpret_cast<const int2*>(a2 + c + 32 * k));
+            dx[k] = __ldg(dxs + (c + 32 * k) / 32);
+        }
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            const uint8_t* blk = rows[r] + (size_t)b * Q6_K_BYTES;
+            const int2 lw = run8(blk + Q6_K_QL + 64 * hf + 8 * r4);
+            const int2 uw = run8(blk + Q6_K_QL + 64 * hf + 32 + 8 * r4);
+            const int2 gw = run8(blk + Q6_K_QH + 32 * hf + 8 * r4);
             const float d = __half2float(__ushort_as_half(
                 __ldg(reinterpret_cast<const unsigned short*>(blk + Q6_K_D))));
-            const int8_t* scales = reinterpret_cast<const int8_t*>(blk + Q6_K_SCALES) + 8 * hf + r / 2;
-            const int c = b * QK_K + 128 * hf + 8 * r;
+            const int8_t* scales = reinterpret_cast<const int8_t*>(blk + Q6_K_SCALES) + 8 * hf + r4 / 2;
 #pragma unroll
             for (int k = 0; k < 4; ++k) {
                 // codes 0..63 of the 8 columns c + 32 k .. + 7, recentred to -32..31 per byte
-                const int lw0 = (k & 1) ? u0 : l0, lw1 = (k & 1) ? u1 : l1;
+                const int2 qw = (k & 1) ? uw : lw;
                 const int sh = 4 * (k >> 1);
-                const int c0 = __vsubss4(((lw0 >> sh) & 0x0F0F0F0F) | (((g0 >> (2 * k)) & 0x03030303) << 4),
+                const int c0 = __vsubss4(((qw.x >> sh) & 0x0F0F0F0F) | (((gw.x >> (2 * k)) & 0x03030303) << 4),
                                          0x20202020);
-                const int c1 = __vsubss4(((lw1 >> sh) & 0x0F0F0F0F) | (((g1 >> (2 * k)) & 0x03030303) << 4),
+                const int c1 = __vsubss4(((qw.y >> sh) & 0x0F0F0F0F) | (((gw.y >> (2 * k)) & 0x03030303) << 4),
                                          0x20202020);
-                const int cc = c + 32 * k;
-                const int2 x1 = __ldg(reinterpret_cast<const int2*>(a1 + cc));
-                const int2 x2 = __ldg(reinterpret_cast<const int2*>(a2 + cc));
-                int dot = dp4a(c1, x1.y, dp4a(c0, x1.x, 0));
-                dot = dp4a(c1, x2.y, dp4a(c0, x2.x, dot * LEVEL));
-                acc += __ldg(dxs + cc / 32) * (d * (float)__ldg(scales + 2 * k)) * (float)dot;
+                int dot = dp4a(c1, x1[k].y, dp4a(c0, x1[k].x, 0));
+                dot = dp4a(c1, x2[k].y, dp4a(c0, x2[k].x, dot * LEVEL));
+                acc[r] += dx[k] * (d * (float)__ldg(scales + 2 * k)) * (float)dot;
             }
         }
     }
-    finish_row(acc, row, n_out, kpart, ksplit, y);
+    finish_rows<T, R>(acc, ww.row0, n_out, ww.kpart, ksplit, y);
 }
 
 // ---- launchers -------------------------------------------------------------------
@@ -198,12 +234,23 @@ static void check_args(const torch::Tensor& packed, const torch::Tensor& a1, con
     TORCH_CHECK(y.numel() == n_out && y.is_contiguous(), "y: ", n_out, " contiguous elements");
 }
 
-static int ksplit_for(int64_t n_out, int64_t nb) {
-    // Enough warps in flight to cover the memory latency: ~48 per SM on 132 SMs,
-    // and at least one block of four per K-part.
+static int ksplit_for(int64_t warp_rows, int64_t nb) {
+    // Enough warps in flight to cover the memory latency (~48 per SM on 132 SMs),
+    // and at least two steps of four blocks per K part.
     int k = 1;
-    while (k < WARPS && n_out * k < 132 * 48 && nb >= 8 * k) k *= 2;
+    while (k < WARPS && warp_rows * k < 132 * 48 && nb >= 8 * k) k *= 2;
     return k;
+}
+
+// Rows per warp (1, 2 or 4): each lane's activation loads serve that many rows.
+template <typename Body>
+static void by_rows(int64_t rows, Body&& body) {
+    switch (rows) {
+        case 1: body(std::integral_constant<int, 1>{}); break;
+        case 2: body(std::integral_constant<int, 2>{}); break;
+        case 4: body(std::integral_constant<int, 4>{}); break;
+        default: TORCH_CHECK(false, "rows per warp: 1, 2 or 4, got ", rows);
+    }
 }
 
 // y's dtype picks the kernel's output type: float16 and bfloat16 (the model's), float32
@@ -219,36 +266,43 @@ static void by_out_type(const torch::Tensor& y, Launch&& launch) {
     C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
+static dim3 grid_for(int64_t n_out, int rows, int ks) {
+    const int64_t per_block = (int64_t)(WARPS / ks) * rows;
+    return dim3((unsigned)((n_out + per_block - 1) / per_block));
+}
+
 void q4k_mv(torch::Tensor packed, torch::Tensor a1, torch::Tensor a2, torch::Tensor dxs,
-            torch::Tensor s16, torch::Tensor y) {
+            torch::Tensor s16, torch::Tensor y, int64_t rows) {
     const int64_t n_out = y.numel(), nb = a1.size(-1) / QK_K;
     check_args(packed, a1, y, Q4_K_BYTES, 16, n_out, nb);
     const at::cuda::CUDAGuard guard(packed.device());
-    const int ks = ksplit_for(n_out, nb);
-    const dim3 grid((unsigned)((n_out + WARPS / ks - 1) / (WARPS / ks)));
+    const int ks = ksplit_for((n_out + rows - 1) / rows, nb);
     auto stream = at::cuda::getCurrentCUDAStream();
     by_out_type(y, [&](auto* tag) {
         using T = std::remove_pointer_t<decltype(tag)>;
-        q4k_mv_kernel<T><<<grid, WARPS * 32, 0, stream>>>(
-            packed.data_ptr<uint8_t>(), a1.data_ptr<int8_t>(), a2.data_ptr<int8_t>(),
-            dxs.data_ptr<float>(), s16.data_ptr<int>(), reinterpret_cast<T*>(y.data_ptr()),
-            (int)n_out, (int)nb, ks);
+        by_rows(rows, [&](auto R) {
+            q4k_mv_kernel<T, R.value><<<grid_for(n_out, R.value, ks), WARPS * 32, 0, stream>>>(
+                packed.data_ptr<uint8_t>(), a1.data_ptr<int8_t>(), a2.data_ptr<int8_t>(),
+                dxs.data_ptr<float>(), s16.data_ptr<int>(), reinterpret_cast<T*>(y.data_ptr()),
+                (int)n_out, (int)nb, ks);
+        });
     });
 }
 
 void q6k_mv(torch::Tensor packed, torch::Tensor a1, torch::Tensor a2, torch::Tensor dxs,
-            torch::Tensor y) {
+            torch::Tensor y, int64_t rows) {
     const int64_t n_out = y.numel(), nb = a1.size(-1) / QK_K;
-    check_args(packed, a1, y, Q6_K_BYTES, 2, n_out, nb);
+    check_args(packed, a1, y, Q6_K_BYTES, 4, n_out, nb);
     const at::cuda::CUDAGuard guard(packed.device());
-    const int ks = ksplit_for(n_out, nb);
-    const dim3 grid((unsigned)((n_out + WARPS / ks - 1) / (WARPS / ks)));
+    const int ks = ksplit_for((n_out + rows - 1) / rows, nb);
     auto stream = at::cuda::getCurrentCUDAStream();
     by_out_type(y, [&](auto* tag) {
         using T = std::remove_pointer_t<decltype(tag)>;
-        q6k_mv_kernel<T><<<grid, WARPS * 32, 0, stream>>>(
-            packed.data_ptr<uint8_t>(), a1.data_ptr<int8_t>(), a2.data_ptr<int8_t>(),
-            dxs.data_ptr<float>(), reinterpret_cast<T*>(y.data_ptr()), (int)n_out, (int)nb, ks);
+        by_rows(rows, [&](auto R) {
+            q6k_mv_kernel<T, R.value><<<grid_for(n_out, R.value, ks), WARPS * 32, 0, stream>>>(
+                packed.data_ptr<uint8_t>(), a1.data_ptr<int8_t>(), a2.data_ptr<int8_t>(),
+                dxs.data_ptr<float>(), reinterpret_cast<T*>(y.data_ptr()), (int)n_out, (int)nb, ks);
+        });
     });
 }
 
