@@ -121,8 +121,25 @@ q4k_mv_kernel(const uint8_t* __restrict__ w, const int8_t* __restrict__ a1,
 #pragma unroll
     for (int r = 0; r < R; ++r)     // rows past the end read the last one; never written
         rows[r] = w + (size_t)min(ww.row0 + r, n_out - 1) * nb * Q4_K_BYTES;
-#pragma unroll 2
-    for (int b = ww.kpart * 4 + ww.lane / 8; b < nb; b += 4 * ksplit) {
+    // The next step's weight vectors are loaded before this step's are used: two
+    // steps of loads in flight per lane.
+    const int step = 4 * ksplit;
+    int b = ww.kpart * 4 + ww.lane / 8;
+    int4 hd[R], q[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        const uint8_t* blk = rows[r] + (size_t)min(b, nb - 1) * Q4_K_BYTES;
+        hd[r] = __ldg(reinterpret_cast<const int4*>(blk));
+        q[r] = __ldg(reinterpret_cast<const int4*>(blk + Q4_K_QS + 16 * g));
+    }
+    for (; b < nb; b += step) {
+        int4 hd_next[R], q_next[R];
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            const uint8_t* blk = rows[r] + (size_t)min(b + step, nb - 1) * Q4_K_BYTES;
+            hd_next[r] = __ldg(reinterpret_cast<const int4*>(blk));
+            q_next[r] = __ldg(reinterpret_cast<const int4*>(blk + Q4_K_QS + 16 * g));
+        }
         const int c = b * QK_K + 64 * pair + 16 * (g % 2);             // low nibbles' columns
         const int4 x1l = __ldg(reinterpret_cast<const int4*>(a1 + c));
         const int4 x2l = __ldg(reinterpret_cast<const int4*>(a2 + c));
@@ -132,24 +149,23 @@ q4k_mv_kernel(const uint8_t* __restrict__ w, const int8_t* __restrict__ a1,
         const float sl = (float)__ldg(s16 + c / 16), sh = (float)__ldg(s16 + c / 16 + 2);
 #pragma unroll
         for (int r = 0; r < R; ++r) {
-            const uint8_t* blk = rows[r] + (size_t)b * Q4_K_BYTES;
-            const int4 hd = __ldg(reinterpret_cast<const int4*>(blk));
-            const int4 q = __ldg(reinterpret_cast<const int4*>(blk + Q4_K_QS + 16 * g));
-            const int q0 = q.x & 0x0F0F0F0F, q1 = q.y & 0x0F0F0F0F,
-                      q2 = q.z & 0x0F0F0F0F, q3 = q.w & 0x0F0F0F0F;
-            const int h0 = (q.x >> 4) & 0x0F0F0F0F, h1 = (q.y >> 4) & 0x0F0F0F0F,
-                      h2 = (q.z >> 4) & 0x0F0F0F0F, h3 = (q.w >> 4) & 0x0F0F0F0F;
+            const int q0 = q[r].x & 0x0F0F0F0F, q1 = q[r].y & 0x0F0F0F0F,
+                      q2 = q[r].z & 0x0F0F0F0F, q3 = q[r].w & 0x0F0F0F0F;
+            const int h0 = (q[r].x >> 4) & 0x0F0F0F0F, h1 = (q[r].y >> 4) & 0x0F0F0F0F,
+                      h2 = (q[r].z >> 4) & 0x0F0F0F0F, h3 = (q[r].w >> 4) & 0x0F0F0F0F;
             int lo = dp4a(q3, x1l.w, dp4a(q2, x1l.z, dp4a(q1, x1l.y, dp4a(q0, x1l.x, 0))));
             lo = dp4a(q3, x2l.w, dp4a(q2, x2l.z, dp4a(q1, x2l.y, dp4a(q0, x2l.x, lo * LEVEL))));
             int hi = dp4a(h3, x1h.w, dp4a(h2, x1h.z, dp4a(h1, x1h.y, dp4a(h0, x1h.x, 0))));
             hi = dp4a(h3, x2h.w, dp4a(h2, x2h.z, dp4a(h1, x2h.y, dp4a(h0, x2h.x, hi * LEVEL))));
-            const uint32_t sc3[3] = {(uint32_t)hd.y, (uint32_t)hd.z, (uint32_t)hd.w};
+            const uint32_t sc3[3] = {(uint32_t)hd[r].y, (uint32_t)hd[r].z, (uint32_t)hd[r].w};
             int sc0, m0, sc1, m1;
             scale_min(sc3, 2 * pair, sc0, m0);
             scale_min(sc3, 2 * pair + 1, sc1, m1);
-            const float d = half_bits((uint32_t)hd.x), dmin = half_bits((uint32_t)hd.x >> 16);
+            const float d = half_bits((uint32_t)hd[r].x), dmin = half_bits((uint32_t)hd[r].x >> 16);
             acc[r] += dl * ((d * sc0) * (float)lo - (dmin * m0) * sl);
             acc[r] += dh * ((d * sc1) * (float)hi - (dmin * m1) * sh);
+            hd[r] = hd_next[r];
+            q[r] = q_next[r];
         }
     }
     finish_rows<T, R>(acc, ww.row0, n_out, ww.kpart, ksplit, y);
