@@ -29,7 +29,9 @@ from typing import Any
 from ..formats import GGMLType
 from .llama import _one
 from .names import tensor_table
-from .spec import LLAMA_CPP_TYPES, MAX_CONTEXT, MAX_SIZE, Architecture, Key, Role, key_names, number, read_keys
+from .spec import (DECODER_KEYS, LLAMA_CPP_TYPES, MAX_CONTEXT, MAX_SIZE, Architecture, DecoderConfig,
+                   Key, Role,
+                   key_names, number, read_keys)
 
 __all__ = ["ARCH", "DFlashConfig", "DFLASH", "TENSORS", "MASK_KEY", "DEFAULT_BLOCK", "HF_NAMES"]
 
@@ -38,37 +40,26 @@ MASK_KEY = "tokenizer.ggml.mask_token_id"
 DEFAULT_BLOCK = 16          # llama.cpp's default when dflash.block_size is absent
 PATTERN_KEY = "attention.sliding_window_pattern"
 
-KEYS = (
-    Key("context_length", "context_length", hi=MAX_CONTEXT),
-    Key("hidden", "embedding_length"),
-    Key("ffn", "feed_forward_length"),
-    Key("n_layers", "block_count"),
-    Key("n_heads", "attention.head_count"),
-    Key("rms_eps", "attention.layer_norm_rms_epsilon", real=True, lo=1e-12, hi=0.1),
+# the decoder keys read as every decoder reads them (head_count_kv, key_length
+# and the window are read on their own: defaults that depend on other keys)
+KEYS = tuple(k for k in DECODER_KEYS if k.field not in ("n_kv_heads", "head_dim", "sliding_window")) + (
     Key("rope_base", "rope.freq_base", real=True, lo=1.0, hi=1e12, default=10000.0),
     Key("block_size", "block_size", lo=2, hi=4096, default=DEFAULT_BLOCK),
 )
 
 
 @dataclass(frozen=True)
-class DFlashConfig:
+class DFlashConfig(DecoderConfig):
     """A DFlash draft. ``target_layers`` are llama.cpp's (the tapped layer's
     index + 1); ``sliding_window`` 0 means no window, ``swa_layers`` which
     layers use it."""
-    context_length: int
-    hidden: int
-    ffn: int
-    n_layers: int
-    n_heads: int
-    n_kv_heads: int
-    head_dim: int
-    rms_eps: float
+    ARCH_NAME = ARCH
+
     rope_base: float
     block_size: int
     mask_token_id: int
     target_layers: tuple[int, ...]
     vocab_size: int
-    sliding_window: int = 0
     swa_layers: tuple[bool, ...] = ()
 
     @property
@@ -78,14 +69,6 @@ class DFlashConfig:
     @property
     def fc_in(self) -> int:
         return self.n_taps * self.hidden
-
-    @property
-    def q_dim(self) -> int:
-        return self.n_heads * self.head_dim
-
-    @property
-    def kv_dim(self) -> int:
-        return self.n_kv_heads * self.head_dim
 
     def window(self, layer: int) -> int | None:
         """Layer ``layer``'s window (None: it sees every key)."""
@@ -97,9 +80,6 @@ class DFlashConfig:
         a = ARCH
         v = read_keys(md, a, KEYS)
         v["n_kv_heads"] = _one(md, f"{a}.attention.head_count_kv", v["n_heads"])
-        if v["n_heads"] % v["n_kv_heads"]:
-            raise ValueError(f"{a}.attention.head_count {v['n_heads']} is not a multiple of "
-                             f"head_count_kv {v['n_kv_heads']}")
         key = f"{a}.attention.key_length"
         if key not in md and v["hidden"] % v["n_heads"]:
             raise ValueError(f"{a}.embedding_length {v['hidden']} is not a multiple of head_count "
@@ -109,8 +89,6 @@ class DFlashConfig:
             got = _one(md, f"{a}.{name}", v["head_dim"])
             if got != v["head_dim"]:
                 raise ValueError(f"{a}.{name} is {got}, expected the head size {v['head_dim']}")
-        if v["head_dim"] % 2:
-            raise ValueError(f"{key} {v['head_dim']} must be even (RoPE)")
         v["target_layers"] = _int_list(md, f"{a}.target_layers")
         v["sliding_window"], v["swa_layers"] = _window(md, v["n_layers"])
         v["vocab_size"] = _vocab_size(md)
@@ -120,7 +98,9 @@ class DFlashConfig:
         if not 0 <= mask < v["vocab_size"]:
             raise ValueError(f"{MASK_KEY} is {mask}, outside the vocabulary of {v['vocab_size']:,} tokens")
         v["mask_token_id"] = mask
-        return cls(**v)
+        cfg = cls(**v)
+        cfg.check()
+        return cfg
 
     def to_metadata(self) -> dict[str, Any]:
         """The keys a file of this config carries (``vocab_size`` for a file
