@@ -65,6 +65,11 @@ class CompanionError(AdmissionError):
     """An NVFP4_E2M1 tensor's scale companions are missing, mistyped or misshaped."""
 
 
+class DraftMismatchError(AdmissionError):
+    """A DFlash draft loaded without a target, or whose vocabulary, hidden size
+    or tapped layers do not fit the target it was given."""
+
+
 class ChatTemplateError(MetadataError):
     """``tokenizer.chat_template`` is missing where a chat is asked for, is not
     a string, or fails to compile or render."""

@@ -42,6 +42,9 @@ def register(subparsers) -> None:
     p.add_argument("--backend", choices=("native", "metal-emulator"), default="native",
                    help="CPU tensors: the native kernels, or the .metal kernels through the emulator")
     p.add_argument("--max-new-tokens", type=int, default=200)
+    p.add_argument("--draft", type=Path, default=None, metavar="DRAFT",
+                   help="a DFlash draft GGUF for MODEL: speculative decoding (one sequence; the "
+                        "text is printed when done, with the draft's mean accepted tokens per round)")
     p.add_argument("--device", default="cpu", help="cpu, mps or cuda")
     add_dtype_arg(p)
     add_numerics_arg(p)
@@ -186,6 +189,9 @@ def main(args: argparse.Namespace) -> int:
     except ValueError as e:
         raise ValueError(f"--numerics {args.numerics} --backend {args.backend}: {e}") from None
     model = load_model(path, device, args)
+    if args.draft is not None:
+        from .models import from_gguf
+        model.draft = from_gguf(args.draft, target=model, numerics=args.numerics)
     tok = model.tokenizer
     with ops.use_backend(args.backend):
         if args.chat:
@@ -232,6 +238,8 @@ def _generate(model, tok, ids: list[int], path: Path, device: torch.device,
     out = sys.stdout
     out.flush()
     stop = set(tok.stop_ids)
+    if getattr(model, "draft", None) is not None:
+        return _generate_drafted(model, tok, ids, path, device, args, stop)
     text = TextStream(tok)
     synchronize(device)
     start = time.perf_counter()
@@ -259,3 +267,23 @@ def _generate(model, tok, ids: list[int], path: Path, device: torch.device,
           f"{n} new tokens, decode {rate:.1f} tok/s; {per_token / 1e6:.2f} MB of weights read "
           f"per token ({per_token * rate / 1e9:.2f} GB/s)]", file=sys.stderr)
     return text.shown
+
+
+def _generate_drafted(model, tok, ids: list[int], path: Path, device: torch.device,
+                      args: argparse.Namespace, stop: set[int]) -> str:
+    """The continuation of ``ids`` with the draft, printed when done; return its text."""
+    synchronize(device)
+    start = time.perf_counter()
+    out, stats = model.generate(torch.tensor(ids, device=device), args.max_new_tokens,
+                                draft=model.draft, return_stats=True, temperature=args.temperature,
+                                top_k=args.top_k, top_p=args.top_p, seed=args.seed, stop=sorted(stop))
+    synchronize(device)
+    seconds = time.perf_counter() - start
+    new = [t for t in out[len(ids):].tolist() if t not in stop]
+    text = tok.decode(new)
+    sys.stdout.write(text + "\n")
+    n = len(out) - len(ids)
+    print(f"[{path.name} with {args.draft.name} on {device}: prompt {len(ids)} tokens, {n} new tokens "
+          f"in {seconds:.3f} s ({n / seconds:.1f} tok/s, prefill included); {stats.rounds} rounds, "
+          f"mean accepted {stats.mean_accepted:.2f} draft tokens per round]", file=sys.stderr)
+    return text

@@ -14,16 +14,18 @@ import pytest
 from muser_torch.arch import ARCHITECTURES
 from muser_torch.arch.names import TENSOR_NAMES
 from muser_torch.convert.rules import _GLOBAL, FAMILIES, _pattern_of
-from muser_torch.models import MODELS, Decoder
+from muser_torch.models import DRAFTS, MODELS, Decoder, Drafter
 
 FAMILY_OF = {f.gguf_arch: f for f in FAMILIES}
 
 
 def test_every_architecture_has_a_model_and_every_model_an_architecture():
-    assert set(MODELS) == set(ARCHITECTURES)
+    assert set(MODELS) | set(DRAFTS) == set(ARCHITECTURES) and not set(MODELS) & set(DRAFTS)
     for name, cls in MODELS.items():
         assert issubclass(cls, Decoder), name
         assert cls.ARCH is ARCHITECTURES[name], f"MODELS[{name!r}].ARCH is {cls.ARCH.name!r}"
+    for name, cls in DRAFTS.items():
+        assert issubclass(cls, Drafter) and cls.ARCH is ARCHITECTURES[name], name
 
 
 def test_every_converter_writes_an_architecture_we_run():

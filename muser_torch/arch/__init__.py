@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import MetadataError
+from .dflash import DFLASH
 from .gemma3 import GEMMA3
 from .muse_glimmer import MUSE_GLIMMER
 from .llama import LLAMA
@@ -18,7 +19,8 @@ from .spec import Architecture, Role, TensorSpec
 
 __all__ = ["ARCHITECTURES", "architecture_of", "Architecture", "Role", "TensorSpec"]
 
-ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (GEMMA3, LLAMA, MUSE_GLIMMER, QWEN2, QWEN3)}
+ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (DFLASH, GEMMA3, LLAMA, MUSE_GLIMMER, QWEN2,
+                                                              QWEN3)}
 
 
 def architecture_of(md: dict[str, Any], where: str) -> Architecture:

@@ -34,9 +34,13 @@ ffn_down            blk.{i}.ffn_down.weight            layers.{i}.feed_forward.w
 post_ffw_norm       blk.{i}.post_ffw_norm.weight       layers.{i}.post_ffw_norm       norm       hidden
 output_norm         output_norm.weight                 norm                           norm       hidden
 output              output.weight                      output                         projection hidden vocab_size
+fc                  fc.weight                          fc                             projection fc_in hidden
+enc_output_norm     enc.output_norm.weight             enc_norm                       norm       hidden
 """
 # attn_gate is Glimmer's sigmoid output gate (per feature of the attention output).
 # A bias row follows its weight's row in a table: it goes onto that QLinear.
+# fc / enc_output_norm: a DFlash draft's encoder of the target's tapped hidden states
+# (fc_in = taps x hidden).
 # rope_freqs: Llama 3's per-pair RoPE frequency divisors (rope_pairs = n_rot / 2).
 
 

@@ -258,6 +258,7 @@ _DIM_TEXT = {
     "ffn": "ffn {ffn}",
     "vocab_size": "vocab_size {vocab_size}",
     "head_dim": "head_dim {head_dim}",
+    "fc_in": "{n_taps} tapped layers x hidden {hidden}",
 }
 
 

@@ -39,6 +39,9 @@ def register(subparsers) -> None:
     p.add_argument("--decode", type=int, default=32, help="decode steps to time")
     p.add_argument("--batch", type=int, default=1, help="sequences (cache slots) decoded together")
     p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--draft", type=Path, default=None, metavar="DRAFT",
+                   help="a DFlash draft GGUF for the model: also time greedy generation of --decode "
+                        "tokens with it and without it, and print its mean accepted tokens per round")
     p.add_argument("--compile", action="store_true", help="torch.compile the decode step (fullgraph)")
     p.add_argument("--peers", action="store_true",
                    help="CPU: load time, peak RSS, prefill and decode tok/s of muser, transformers' "
@@ -166,7 +169,30 @@ def main(args: argparse.Namespace) -> int:
     print(f"  weights read per decode step: {per_token / 1e6:.3g} MB "
           f"-> {per_token * steps_per_s / 1e9:.3g} GB/s implied; "
           f"plus {kv / 1e6:.3g} MB of KV cache ({(per_token + kv) * steps_per_s / 1e9:.3g} GB/s in all)")
+    if args.draft is not None:
+        _drafted(model, args, prompt[0], device)
     return 0
+
+
+def _drafted(model, args: argparse.Namespace, prompt: torch.Tensor, device: torch.device) -> None:
+    """Greedy generation of ``--decode`` tokens after the prompt, plain and with
+    the draft, each timed whole (prefill included) in the same run."""
+    from ..models import from_gguf
+    draft = from_gguf(args.draft, target=model, numerics=args.numerics)
+    times = {}
+    with torch.no_grad():
+        for name, kw in (("plain", {}), ("draft", {"draft": draft, "return_stats": True})):
+            synchronize(device)
+            start = time.perf_counter()
+            result = model.generate(prompt, args.decode, **kw)
+            synchronize(device)
+            times[name] = time.perf_counter() - start
+    _, stats = result
+    plain_tps, draft_tps = args.decode / times["plain"], args.decode / times["draft"]
+    print(f"  draft {args.draft.name}: {stats.rounds} rounds, mean accepted {stats.mean_accepted:.2f} "
+          f"tokens per round (+1 of the target's own)")
+    print(f"  generate {args.decode} tokens, greedy, prefill included: plain {plain_tps:.1f} tok/s, "
+          f"with the draft {draft_tps:.1f} tok/s ({draft_tps / plain_tps:.2f}x)")
 
 
 def _peers(args: argparse.Namespace) -> int:

@@ -17,26 +17,45 @@ from ..arch import architecture_of
 from ..gguf_io import load_gguf
 from ..nn import check_numerics, set_numerics
 from .decoder import Decoder
+from .dflash import Drafter
 from .gemma3 import Gemma3
 from .glimmer import Glimmer
 from .llama import Llama, Qwen2, Qwen3
 
-__all__ = ["MODELS", "from_gguf", "Decoder", "Gemma3", "Glimmer", "Llama", "Qwen2", "Qwen3"]
+__all__ = ["MODELS", "DRAFTS", "from_gguf", "Decoder", "Drafter", "Gemma3", "Glimmer", "Llama", "Qwen2", "Qwen3"]
 
 MODELS: dict[str, type[Decoder]] = {cls.ARCH.name: cls for cls in (Gemma3, Glimmer, Llama, Qwen2, Qwen3)}
+# draft models, which run beside a target (``from_gguf(path, target=model)``)
+DRAFTS: dict[str, type[Drafter]] = {Drafter.ARCH.name: Drafter}
 
 
 def from_gguf(path: str | os.PathLike, device: torch.device | str | None = None,
               dtype: torch.dtype | None = None, progress: bool = False,
-              numerics: str = "exact") -> Decoder:
+              numerics: str = "exact", target: Decoder | None = None) -> "Decoder | Drafter":
     """The model in a GGUF file, of whichever supported architecture it holds
     (a MetadataError names an unsupported one and lists the supported).
     ``dtype`` is the activation dtype: float32 on CPU and the architecture's
     choice on an accelerator when None. ``numerics`` is the projections'
     arithmetic (``nn.NUMERICS``): ``"exact"`` (float activations) or
-    ``"ggml"`` (8-bit activations as llama.cpp's CPU backend; CPU only)."""
+    ``"ggml"`` (8-bit activations as llama.cpp's CPU backend; CPU only).
+
+    A draft (``dflash``) needs ``target``, the model it drafts for: it is
+    built on the target's device and activation dtype (``device`` and ``dtype``
+    must be None) and shares its packed embedding and lm_head; a draft without
+    a target, or one that does not fit it, is a ``DraftMismatchError``."""
     gguf = load_gguf(path)
-    cls = MODELS[architecture_of(gguf.metadata, gguf.path.name).name]
+    name = architecture_of(gguf.metadata, gguf.path.name).name
+    if name in DRAFTS:
+        if device is not None or dtype is not None:
+            raise ValueError("from_gguf: a draft runs on its target's device and dtype; "
+                             "pass neither device nor dtype")
+        draft = DRAFTS[name].from_file(gguf, target)
+        check_numerics(numerics, target.lengths.device if target is not None else None)
+        return set_numerics(draft, numerics)
+    if target is not None:
+        raise ValueError(f"from_gguf: {gguf.path.name} is a {name!r} model, not a draft; "
+                         f"target= is for a draft's file")
+    cls = MODELS[name]
     device = torch.device(device if device is not None else "cpu")
     check_numerics(numerics, device)
     model = cls.from_file(gguf, device, dtype, progress)

@@ -7,15 +7,23 @@ from typing import Callable, Iterator, Sequence
 
 import torch
 
-__all__ = ["sample", "Generation"]
+__all__ = ["sample", "distribution", "Generation"]
 
 
 def sample(logits: torch.Tensor, temperature: float = 0.0, top_k: int | None = None,
            top_p: float | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
     """Next token ``[B]`` from logits ``[B, V]``: argmax at temperature 0, else a
-    draw from the temperature-scaled distribution cut to top-k, then top-p."""
+    draw from ``distribution``."""
     if temperature == 0:
         return logits.argmax(-1)
+    probs = distribution(logits, temperature, top_k, top_p)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
+def distribution(logits: torch.Tensor, temperature: float, top_k: int | None = None,
+                 top_p: float | None = None) -> torch.Tensor:
+    """float32 probabilities ``[..., V]`` of logits ``[..., V]`` scaled by
+    ``temperature`` (> 0) and cut to top-k, then top-p."""
     # Scale with the max shifted to 0 and the divisor kept a normal float32, so a
     # tiny temperature drives the others toward -inf and never the max to +inf
     # (inf - inf is NaN in softmax).
@@ -32,8 +40,7 @@ def sample(logits: torch.Tensor, temperature: float = 0.0, top_k: int | None = N
         drop = (probs.cumsum(-1) - probs) >= top_p
         sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
         logits = torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
-    probs = logits.softmax(-1)
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    return logits.softmax(-1)
 
 
 class Generation:
@@ -42,18 +49,9 @@ class Generation:
     ``setup_cache``, ``reset``, ``check_room``, ``tokenizer`` and
     ``forward(tokens, slots, last_only)``."""
 
-    @torch.no_grad()
-    def stream(self, input_ids: torch.Tensor | Sequence[int], max_new_tokens: int,
-               temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
-               seed: int | None = None, stop: Sequence[int] | None = None,
-               decode_step: Callable | None = None) -> Iterator[torch.Tensor]:
-        """Yield ``[B]`` next tokens as they are produced (one tensor per step).
-
-        ``input_ids`` is ``[T]`` or ``[B, T]``; the B prompts run in cache
-        slots 0..B-1 (the cache is set up or reset here). A row that emits a
-        token in ``stop`` (default: the tokenizer's stop ids, else its EOS) keeps emitting it;
-        the stream ends when every row has stopped. ``decode_step`` replaces
-        the one-token forward (e.g. a ``torch.compile``d ``model.forward``)."""
+    def _start(self, input_ids, max_new_tokens: int, temperature: float, top_k: int | None,
+               top_p: float | None, stop: Sequence[int] | None):
+        """Checked ``[B, T]`` ids, their slots (a cache set up and reset) and the stop ids."""
         ids = torch.as_tensor(input_ids, dtype=torch.long, device=self.lengths.device)
         if ids.dim() == 1:
             ids = ids.unsqueeze(0)
@@ -77,6 +75,22 @@ class Generation:
         if stop is None:   # the tokenizer's stop tokens (end of turn too, where it has them)
             tok = self.tokenizer
             stop = [] if tok is None else list(getattr(tok, "stop_ids", None) or [tok.eos_id])
+        return ids, slots, stop
+
+    @torch.no_grad()
+    def stream(self, input_ids: torch.Tensor | Sequence[int], max_new_tokens: int,
+               temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
+               seed: int | None = None, stop: Sequence[int] | None = None,
+               decode_step: Callable | None = None) -> Iterator[torch.Tensor]:
+        """Yield ``[B]`` next tokens as they are produced (one tensor per step).
+
+        ``input_ids`` is ``[T]`` or ``[B, T]``; the B prompts run in cache
+        slots 0..B-1 (the cache is set up or reset here). A row that emits a
+        token in ``stop`` (default: the tokenizer's stop ids, else its EOS) keeps emitting it;
+        the stream ends when every row has stopped. ``decode_step`` replaces
+        the one-token forward (e.g. a ``torch.compile``d ``model.forward``)."""
+        ids, slots, stop = self._start(input_ids, max_new_tokens, temperature, top_k, top_p, stop)
+        B = ids.shape[0]
         stop_t = torch.as_tensor(list(stop), dtype=torch.long, device=ids.device)
         gen = None
         if seed is not None:
@@ -93,12 +107,47 @@ class Generation:
                 return
             logits = step(tok.unsqueeze(-1), slots)[:, -1]
 
-    def generate(self, input_ids, max_new_tokens: int, **kw) -> torch.Tensor:
+    def generate(self, input_ids, max_new_tokens: int, *, draft=None, return_stats: bool = False,
+                 **kw):
         """Prompt plus generated tokens, ``[B, T + n]`` (or ``[T + n]`` for a 1-D
-        prompt). Takes ``stream``'s keyword arguments."""
+        prompt). Takes ``stream``'s keyword arguments.
+
+        ``draft``: a DFlash draft loaded for this model
+        (``muser_torch.from_gguf(path, target=model)``) proposes tokens that
+        this model verifies (``models/speculative.py``), one sequence at a
+        time; greedy output is this model's own, sampled output has its
+        distribution. ``return_stats=True`` (with a draft) returns ``(ids,
+        stats)``: ``stats.proposed`` each round's candidates, ``stats.accepted``
+        each round's count of accepted candidates."""
+        if draft is not None or return_stats:
+            if draft is None:
+                raise ValueError("generate: return_stats=True reports a draft's rounds; pass draft=")
+            return self._generate_drafted(input_ids, max_new_tokens, draft, return_stats, **kw)
         ids = torch.as_tensor(input_ids, dtype=torch.long, device=self.lengths.device)
         out = list(self.stream(ids, max_new_tokens, **kw))
         new = torch.stack(out, dim=-1) if out else ids.new_zeros(ids.reshape(-1, ids.shape[-1]).shape[0], 0)
         if ids.dim() == 1:
             return torch.cat((ids, new[0]))
         return torch.cat((ids, new), dim=-1)
+
+    def _generate_drafted(self, input_ids, max_new_tokens: int, draft, return_stats: bool,
+                          decode_step=None, **kw):
+        from .speculative import speculative_generate
+        ids = torch.as_tensor(input_ids, dtype=torch.long, device=self.lengths.device)
+        rows = ids.unsqueeze(0) if ids.dim() == 1 else ids
+        if rows.dim() != 2 or rows.shape[0] != 1:
+            raise ValueError(f"generate: draft= runs one sequence ([T] or [1, T]), got input_ids of "
+                             f"shape {tuple(ids.shape)}")
+        if decode_step is not None:
+            raise ValueError("generate: draft= verifies blocks with the model's own forward; "
+                             "decode_step does not apply")
+        t, k, p = kw.get("temperature", 0.0), kw.get("top_k"), kw.get("top_p")
+        unknown = set(kw) - {"temperature", "top_k", "top_p", "seed", "stop"}
+        if unknown:
+            raise TypeError(f"generate() got an unexpected keyword argument {sorted(unknown)[0]!r}")
+        rows, _, stop = self._start(rows, max_new_tokens, t, k, p, kw.get("stop"))
+        new, stats = speculative_generate(self, draft, rows, max_new_tokens, t, k, p, kw.get("seed"),
+                                          stop)
+        out = torch.cat((rows, torch.tensor([new], dtype=torch.long, device=rows.device)), dim=-1)
+        out = out[0] if ids.dim() == 1 else out
+        return (out, stats) if return_stats else out

@@ -191,6 +191,8 @@ def native_layers(model, x: torch.Tensor, slots: torch.Tensor | None) -> NativeL
     if (slots is None or x.dtype is not torch.float32 or x.shape[1] != 1
             or x.shape[0] > FUSED_MAX_TOKENS or not plain_eager(x)):
         return None
+    if any(layer._forward_hooks or layer._forward_pre_hooks for layer in model.layers):
+        return None   # the library would skip them (DFlash taps layer outputs with hooks)
     lib = _native_lib()
     if lib is None:
         return None

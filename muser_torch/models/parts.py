@@ -102,6 +102,9 @@ class KVCache(nn.Module):
         shape = (slots, capacity, n_kv, head_dim)
         self.register_buffer("k", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
         self.register_buffer("v", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+        # While a list, each update also records what it overwrote, so that a
+        # speculative verify can be taken back (``rewind``).
+        self.journal: list | None = None
 
     def _apply(self, fn, recurse=True):
         changes.bump()   # .to()/.half() replace the buffers without registering them
@@ -116,7 +119,26 @@ class KVCache(nn.Module):
                k: torch.Tensor, v: torch.Tensor) -> None:
         """Store the last ``min(T, capacity)`` of the new keys ``[B, T, n_kv, D]``
         at their ring entries, in place."""
+        if self.journal is not None:
+            idx = positions % self.capacity
+            rows = slots.unsqueeze(-1).expand_as(idx)
+            self.journal.append((slots, positions, self.k[rows, idx], self.v[rows, idx],
+                                 k.to(self.k.dtype), v.to(self.v.dtype)))
         layer_ops.kv_store(self.k, self.v, slots, positions, k, v)
+
+    def rewind(self, keep: int) -> None:
+        """Take back the journaled step but its first ``keep`` positions: every
+        entry it wrote gets its old key back, then the kept positions are
+        stored again (a ring entry then holds the newest position below the
+        rewound length, as ``entry_positions`` says). Ends the journal."""
+        for slots, positions, old_k, old_v, k, v in reversed(self.journal or []):
+            idx = positions % self.capacity
+            rows = slots.unsqueeze(-1).expand_as(idx)
+            self.k.index_put_((rows, idx), old_k)   # a repeated entry got one old value
+            self.v.index_put_((rows, idx), old_v)
+            if keep:
+                layer_ops.kv_store(self.k, self.v, slots, positions[:, :keep], k[:, :keep], v[:, :keep])
+        self.journal = None
 
     def rows(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values ``[B, capacity, n_kv, D]`` of the batch's slots: the

@@ -1,0 +1,193 @@
+"""DFlash speculative decoding: a target model (a ``Decoder``) and its draft
+(``models/dflash.py``) generate one sequence together.
+
+One round, with ``n`` positions in the target's cache and ``anchor`` the last
+emitted token (not yet in the cache):
+
+1. the draft proposes ``block_size - 1`` candidates after ``anchor`` (greedy:
+   its argmax; sampling: draws from its distribution), cut after the first
+   stop token and to what the budget can still emit;
+2. the target scores ``[anchor, candidates]`` in one forward at ``n ..``,
+   its KV writes journaled, and its tapped layers' outputs recorded;
+3. greedy accepts the longest prefix of candidates equal to the target's
+   argmax, plus the target's own next token; sampling accepts candidate x
+   with probability ``min(1, p(x) / q(x))`` and on the first rejection draws
+   from ``max(p - q, 0)`` normalized, else from p after the last candidate
+   (so every emitted token is distributed as the target's own);
+4. the emitted tokens are cut after a stop token; the target's cache keeps
+   the anchor and the accepted candidates (``KVCache.rewind`` restores what
+   the rejected rows overwrote, sliding rings included) and the draft
+   encodes their tapped states as its next context.
+
+``stats.proposed`` lists each round's candidates, ``stats.accepted`` each
+round's count of accepted candidates (the target's own token not counted).
+A round is one draft proposal: the prefill, and a last token that no
+candidate could precede, run the target alone."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import torch
+
+from .dflash import DraftContext, Drafter
+from .generation import distribution, sample
+
+__all__ = ["DraftStats", "Taps", "speculative_generate"]
+
+
+@dataclass
+class DraftStats:
+    proposed: list[list[int]] = field(default_factory=list)
+    accepted: list[int] = field(default_factory=list)
+
+    @property
+    def rounds(self) -> int:
+        return len(self.accepted)
+
+    @property
+    def mean_accepted(self) -> float:
+        """Mean accepted candidates per round (0.0 with no round)."""
+        return sum(self.accepted) / len(self.accepted) if self.accepted else 0.0
+
+
+class Taps:
+    """Records the outputs of ``layers`` of ``target`` during its forwards
+    (forward hooks); ``take()`` returns them concatenated, ``[B, T, taps x
+    hidden]``, and forgets them."""
+
+    def __init__(self, target: Any, layers: Sequence[int]):
+        self.target, self.layers = target, tuple(layers)
+        self.seen: dict[int, torch.Tensor] = {}
+        self.handles: list = []
+
+    def __enter__(self) -> "Taps":
+        for i in sorted(set(self.layers)):
+            self.handles.append(self.target.layers[i].register_forward_hook(self._hook(i)))
+        return self
+
+    def _hook(self, i: int):
+        def record(module, args, out):
+            self.seen[i] = out
+        return record
+
+    def __exit__(self, *exc) -> None:
+        for h in self.handles:
+            h.remove()
+        self.handles.clear()
+
+    def take(self) -> torch.Tensor:
+        out = torch.cat([self.seen[i] for i in self.layers], dim=-1)
+        self.seen.clear()
+        return out
+
+
+def _caches(target: Any) -> list:
+    return [layer.attention.kv_cache for layer in target.layers]
+
+
+def _accept_greedy(cands: torch.Tensor, logits: torch.Tensor) -> list[int]:
+    """The accepted candidates and the target's next token."""
+    best = logits.argmax(-1)                      # [k + 1]
+    k = cands.numel()
+    m = int((cands == best[:k]).int().cumprod(0).sum()) if k else 0
+    return cands[:m].tolist() + [int(best[m])]
+
+
+def _accept_sampled(cands: torch.Tensor, q: torch.Tensor, p: torch.Tensor,
+                    gen: torch.Generator | None) -> list[int]:
+    """The standard speculative-sampling rule: ``q [k, V]`` the draft's
+    distributions the candidates were drawn from, ``p [k + 1, V]`` the target's."""
+    k = cands.numel()
+    idx = torch.arange(k, device=cands.device)
+    ratio = p[idx, cands] / q[idx, cands]
+    u = torch.rand(k, generator=gen, device=cands.device)
+    m = int((u <= ratio).int().cumprod(0).sum()) if k else 0
+    if m < k:
+        residual = (p[m] - q[m]).clamp(min=0)
+        total = residual.sum()
+        # p == q leaves no mass to draw from, and then the candidate would have been accepted
+        last = p[m] if float(total) <= 0 else residual / total
+    else:
+        last = p[m]
+    nxt = torch.multinomial(last, 1, generator=gen)
+    return cands[:m].tolist() + [int(nxt)]
+
+
+@torch.no_grad()
+def speculative_generate(target: Any, draft: Drafter, ids: torch.Tensor, max_new_tokens: int,
+                         temperature: float = 0.0, top_k: int | None = None,
+                         top_p: float | None = None, seed: int | None = None,
+                         stop: Sequence[int] = ()) -> tuple[list[int], DraftStats]:
+    """The new tokens after ``ids`` (``[1, T]``, already checked) and the
+    rounds' statistics. The target's cache must hold slot 0 with room for
+    ``T + max_new_tokens`` positions, empty."""
+    if draft.target is not target:
+        raise ValueError("generate: draft= was loaded for another model "
+                         "(muser_torch.from_gguf(draft_path, target=this_model))")
+    stats = DraftStats()
+    if max_new_tokens == 0:
+        return [], stats
+    stop_set = set(int(s) for s in stop)
+    gen = None
+    if seed is not None:
+        gen = torch.Generator(device=ids.device).manual_seed(seed)
+    greedy = temperature == 0
+    slots = torch.zeros(1, dtype=torch.long, device=ids.device)
+    ctx = DraftContext()
+    out: list[int] = []
+
+    def pick(logits: torch.Tensor) -> int:
+        return int(sample(logits[None], temperature, top_k, top_p, gen)[0])
+
+    with Taps(target, draft.tap_layers) as taps:
+        logits = target(ids, slots)[0]
+        draft.extend(ctx, taps.take())
+        out.append(pick(logits[-1]))
+        while len(out) < max_new_tokens and out[-1] not in stop_set:
+            left, anchor = max_new_tokens - len(out), out[-1]
+            if left == 1:   # no room for a candidate: the target's own step
+                out.append(pick(target(torch.tensor([[anchor]], device=ids.device), slots)[0, -1]))
+                taps.take()
+                break
+            draft_logits = draft.propose(ctx, anchor)
+            if greedy:
+                cands, q = draft_logits.argmax(-1), None
+            else:
+                q = distribution(draft_logits, temperature, top_k, top_p)
+                cands = torch.multinomial(q, 1, generator=gen).squeeze(-1)
+            cands = _cut_at_stop(cands, stop_set)
+            stats.proposed.append(cands.tolist())
+            cands = cands[:left - 1]
+            n = int(target.lengths[0])
+            for cache in _caches(target):
+                cache.journal = []
+            block = torch.cat((torch.tensor([anchor], device=ids.device), cands))[None]
+            logits = target(block, slots)[0].float()
+            if greedy:
+                new = _accept_greedy(cands, logits)
+            else:
+                new = _accept_sampled(cands, q[:cands.numel()],
+                                      distribution(logits, temperature, top_k, top_p), gen)
+            new = _cut_list_at_stop(new, stop_set)
+            keep = len(new)   # the anchor and the accepted candidates stay in the cache
+            for cache in _caches(target):
+                cache.rewind(keep)
+            target.lengths[0] = n + keep
+            stats.accepted.append(keep - 1)
+            draft.extend(ctx, taps.take()[:, :keep])
+            out.extend(new)
+    return out, stats
+
+
+def _cut_at_stop(cands: torch.Tensor, stop: set[int]) -> torch.Tensor:
+    """Candidates up to and including the first stop token."""
+    hits = [i for i, t in enumerate(cands.tolist()) if t in stop]
+    return cands[:hits[0] + 1] if hits else cands
+
+
+def _cut_list_at_stop(tokens: list[int], stop: set[int]) -> list[int]:
+    for i, t in enumerate(tokens):
+        if t in stop:
+            return tokens[:i + 1]
+    return tokens

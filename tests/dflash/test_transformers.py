@@ -1,0 +1,95 @@
+"""A random DFlash draft and its random Muse Glimmer target, both written as
+llama.cpp's converter writes them (``draft_files.py``, ``muse_files.py``),
+against transformers' own ``MuseGlimmerAssistantModel`` and
+``MuseGlimmerForConditionalGeneration`` holding the dequantized weights,
+generating with ``speculation_type="dflash"`` (its
+``DFlashTokenCandidateGenerator``): the first round's draft logits, and
+every round's proposed block and accepted count over 64 tokens.
+
+The draft has 2 layers with a 5-token bidirectional window (narrower than
+the 16-token block), reads target layers 0, 2 and 3 of 5, and its
+projections mix ggml types. ``SEED`` (conftest) replays a run."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from muser_torch.models.dflash import DraftContext
+from muser_torch.models.speculative import Taps
+
+from ..glimmer.conftest import rel_err
+from .conftest import SEED, VOCAB
+from .draft_files import reference_draft, reference_target
+
+N_NEW = 64
+
+
+def _prompt(n: int = 11) -> torch.Tensor:
+    g = torch.Generator().manual_seed(SEED * 31 + 5)
+    return torch.randint(0, VOCAB, (1, n), generator=g)
+
+
+def _transformers_rounds(target, draft, ids):
+    """transformers' DFlash generation, and per round with candidates:
+    (candidate ids, their logits, accepted count)."""
+    from transformers.generation.candidate_generator import DFlashTokenCandidateGenerator
+    rounds: list[list] = []
+    get, update = DFlashTokenCandidateGenerator.get_candidates, \
+        DFlashTokenCandidateGenerator.update_candidate_strategy
+
+    def get_candidates(self, input_ids, *a, **kw):
+        cand, logits = get(self, input_ids, *a, **kw)
+        rounds.append([cand[0, input_ids.shape[1]:].tolist(), logits, None])
+        return cand, logits
+
+    def update_candidate_strategy(self, input_ids, scores, n_matches):
+        rounds[-1][2] = int(n_matches)
+        return update(self, input_ids, scores, n_matches)
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(DFlashTokenCandidateGenerator, "get_candidates", get_candidates)
+    mp.setattr(DFlashTokenCandidateGenerator, "update_candidate_strategy", update_candidate_strategy)
+    try:
+        with torch.no_grad():
+            out = target.generate(ids, assistant_model=draft, speculation_type="dflash",
+                                  max_new_tokens=N_NEW, do_sample=False)
+    finally:
+        mp.undo()
+    return out[0, ids.shape[1]:].tolist(), [r for r in rounds if r[0]]
+
+
+@pytest.fixture(scope="module")
+def references(pair_files):
+    target_path, text_cfg, draft_path, acfg = pair_files
+    return reference_target(target_path, text_cfg), reference_draft(draft_path, acfg)
+
+
+@pytest.fixture(scope="module")
+def transformers_run(references):
+    return _transformers_rounds(*references, _prompt())
+
+
+def test_first_round_draft_logits_match_transformers(pair, transformers_run):
+    target, draft = pair
+    _, rounds = transformers_run
+    ids = _prompt()
+    with Taps(target, draft.tap_layers) as taps:
+        anchor = int(target(ids)[0, -1].argmax())
+        ctx = DraftContext()
+        draft.extend(ctx, taps.take())
+    got = draft.propose(ctx, anchor)
+    want = rounds[0][1][0]
+    err = rel_err(got, want)
+    assert got.shape == want.shape == (15, VOCAB)
+    assert err < 1e-4, f"relative error {err:.2e} against transformers (seed {SEED})"
+    assert float(want.std()) > 0.1, f"degenerate draft logits (seed {SEED})"
+
+
+def test_blocks_and_acceptance_match_transformers(pair, transformers_run):
+    target, draft = pair
+    want_tokens, rounds = transformers_run
+    out, stats = target.generate(_prompt()[0], N_NEW, draft=draft, return_stats=True)
+    assert out[-N_NEW:].tolist() == want_tokens, f"seed {SEED}"
+    assert stats.proposed == [r[0] for r in rounds], f"seed {SEED}"
+    assert stats.accepted == [r[2] for r in rounds], f"seed {SEED}"
+    assert len(stats.proposed) >= 4 and all(len(p) == 15 for p in stats.proposed), f"seed {SEED}"
