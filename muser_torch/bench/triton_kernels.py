@@ -117,7 +117,8 @@ def bench_rungs(bw, gen, shapes=SHAPES + LLAMA8B_SHAPES, dtype=torch.float16):
     rows = []
     for shape in shapes:
         qt = shape.qtype
-        rungs = [r for r in cuda.LADDER if r.serves(qt, 1, dtype)]
+        rungs = [r for r in cuda.LADDER if r.serves(qt, 1, dtype)
+                 and r.max_tokens is not None and r.max_tokens <= 8]      # the vector kernels
         if len(rungs) < 2:
             continue
         w, nbytes, args = _weights(shape, gen)
