@@ -26,7 +26,7 @@ shaped() {  # layout name -> a file in /tmp/shaped
 }
 echo "nvcc: $(command -v nvcc || ls /usr/local/cuda/bin/nvcc 2>/dev/null || echo none)"
 if want kernels; then     # the CUDA C++ and Triton matmul kernels (compiles mv.cu first)
-  timeout 400 python3 -m pytest -q -x -p no:cacheprovider tests/ops/cuda/test_kernels.py ${KERNEL_TESTS:+-k "$KERNEL_TESTS"} 2>&1 \
+  timeout 560 python3 -m pytest -q -x -p no:cacheprovider tests/ops/cuda/test_kernels.py ${KERNEL_TESTS:+-k "$KERNEL_TESTS"} 2>&1 \
     | tail -15 | tee "$OUT/kernels-tests.log"
 fi
 want rungs && timeout 300 python3 -m muser_torch.cli bench triton --what rungs 2>&1 \

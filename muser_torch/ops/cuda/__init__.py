@@ -358,7 +358,7 @@ HALF = frozenset({torch.float16, torch.bfloat16})
 LADDER: tuple[Rung, ...] = (
     # Hand-written CUDA (mv.cu) where nvcc is present: the Triton rungs below are its fallback.
     # Its ``bn`` is the rows each warp walks (1, 2 or 4).
-    Rung("cuda_mv", 1, {T.Q4_K: Launch(4, 4, 0), T.Q6_K: Launch(2, 4, 0)}, _cuda_mv, HALF,
+    Rung("cuda_mv", 1, {T.Q4_K: Launch(2, 4, 0), T.Q6_K: Launch(2, 4, 0)}, _cuda_mv, HALF,
          _cpp_built),
     Rung("i8_dot", 1, _each((T.Q4_K, T.Q5_K), Launch(64, 4, 4)), _i8_dot, HALF),
     Rung("mv_kquant", 1, {T.Q4_K: Launch(64, 8, 4), T.Q5_K: Launch(64, 8, 8),
