@@ -21,7 +21,22 @@ from .types import NEEDS_COMPANIONS, QK_K, GGMLType
 from .weight import PackedWeight
 
 __all__ = ["GGMLType", "QK_K", "PackedWeight", "dequantize_reference", "quantize", "can_quantize",
-           "check_packed", "check_companions", "companion_args", "random_weight"]
+           "check_packed", "check_companions", "companion_args", "random_weight", "scale_byte_table"]
+
+# The value of every byte of a one-byte float scale, by its field kind (layout.FIELD_KINDS).
+_SCALE_BYTE_TABLES = {"ue4m3": nvfp4.ue4m3_half_table, "e4m3": floats.e4m3fn_table}
+
+
+def scale_byte_table(qtype: "GGMLType | int", device: torch.device | str = "cpu") -> torch.Tensor | None:
+    """float32 ``[256]``: the values of ``qtype``'s one-byte float scales, an
+    in-block field or a companion tensor (read from its layout), or None when
+    it has none. Kernels gather their scales through it without naming a format."""
+    from .layout import LAYOUTS
+    lay = LAYOUTS[GGMLType.parse(qtype).name]
+    kinds = [f.kind for f in lay.fields] + [LAYOUTS[c.type_name].fields[0].kind for c in lay.companions]
+    found = [k for k in kinds if k in _SCALE_BYTE_TABLES]
+    return _SCALE_BYTE_TABLES[found[0]](device) if found else None
+
 
 # Activation dtypes the quantizers and the ops accept.
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)

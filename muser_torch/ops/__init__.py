@@ -44,7 +44,7 @@ and ``scale_2`` (float32, one element); other types take neither.
 
 Backends: the default implementation (``defaults.CPU_DEFAULTS``) runs
 ``cpu/`` on CPU tensors and raises ValueError for a device with no kernel. ``cuda/`` and ``metal/``
-register theirs with ``checks.register_kernels("cuda" | "mps", {op: fn})``,
+register theirs with ``checks.register_kernels("cuda" | "mps", {op: fn}, types)``,
 ``fn`` taking the schema's arguments in order; they are imported here when
 present and their device is available. Every kernel, the default
 implementation included (``checks.default_kernel``), is built by ``checks.checked``, so every

@@ -185,23 +185,45 @@ def check_call(op: str, *args) -> GGMLType:
 KERNELS: dict[tuple[str, str], Callable] = {}
 
 
-def checked(op: str, fn: Callable) -> Callable:
+# What the backends are called in their refusals, by device type.
+BACKEND_NAMES = {"cuda": "CUDA", "mps": "Metal", "metal-emulator": "Metal"}
+
+
+def check_backend_type(qt: GGMLType, where: str, types: frozenset[GGMLType]) -> None:
+    """Refuse, by name, a type the ``where`` backend has no kernel for."""
+    if qt not in types:
+        name = BACKEND_NAMES.get(where, where)
+        raise ValueError(f"{qt.name} has no {name} kernel (the {name} kernels run "
+                         f"{', '.join(t.name for t in sorted(types))}; use the CPU for others)")
+
+
+def checked(op: str, fn: Callable, types: frozenset[GGMLType] | None = None,
+            where: str = "") -> Callable:
     """``fn`` (taking ``muser.<op>``'s arguments in schema order) behind the op's
-    checks: the arguments are checked, NVFP4 companions normalised once
-    (uint8 scales, float32 ``[1]`` scale_2 on packed's device), then ``fn`` runs."""
+    checks: the arguments are checked, a type outside ``types`` (when given) is
+    refused for backend ``where``, companions are normalised once (uint8
+    scales, float32 ``[1]`` scale_2 on packed's device), then ``fn`` runs: every
+    kernel receives the one canonical weight."""
     if op not in OPS:
         raise ValueError(f"checked: unknown op {op!r}; expected one of {tuple(OPS)}")
     check = OPS[op]
 
+    def canonical(qt, packed, scales, scale_2):
+        if types is not None:
+            check_backend_type(qt, where, types)
+        if qt in NEEDS_COMPANIONS:
+            return companion_args(scales, scale_2, packed.device)
+        return scales, scale_2
+
     if op == "dequantize":
         def kernel(packed, qtype, n_out, n_in, scales=None, scale_2=None):
-            if check(packed, qtype, n_out, n_in, scales, scale_2) in NEEDS_COMPANIONS:
-                scales, scale_2 = companion_args(scales, scale_2, packed.device)
+            qt = check(packed, qtype, n_out, n_in, scales, scale_2)
+            scales, scale_2 = canonical(qt, packed, scales, scale_2)
             return fn(packed, qtype, n_out, n_in, scales, scale_2)
     else:
         def kernel(a, packed, qtype, n_out, n_in, scales=None, scale_2=None):
-            if check(a, packed, qtype, n_out, n_in, scales, scale_2) in NEEDS_COMPANIONS:
-                scales, scale_2 = companion_args(scales, scale_2, packed.device)
+            qt = check(a, packed, qtype, n_out, n_in, scales, scale_2)
+            scales, scale_2 = canonical(qt, packed, scales, scale_2)
             return fn(a, packed, qtype, n_out, n_in, scales, scale_2)
     kernel.__name__ = kernel.__qualname__ = f"checked_{op}"
     kernel.__doc__ = fn.__doc__
@@ -216,14 +238,15 @@ def default_kernel(op: str, fn: Callable) -> Callable:
     return kernel
 
 
-def register_kernels(device_type: str, kernels: Mapping[str, Callable]) -> dict[str, Callable]:
+def register_kernels(device_type: str, kernels: Mapping[str, Callable],
+                     types: frozenset[GGMLType]) -> dict[str, Callable]:
     """Register ``kernels`` (op name -> function in schema order) as the
-    ``device_type`` kernels of the ``muser`` ops, each behind its checks; the
-    one way a backend registers (``ops/cuda``, ``ops/metal``). Returns the
-    checked functions registered."""
+    ``device_type`` kernels of the ``muser`` ops, each behind its checks and
+    refusing types outside ``types``; the one way a backend registers
+    (``ops/cuda``, ``ops/metal``). Returns the checked functions registered."""
     out = {}
     for op, fn in kernels.items():
-        kernel = checked(op, fn)
+        kernel = checked(op, fn, types, device_type)
         torch.library.register_kernel(f"muser::{op}", device_type, kernel)
         KERNELS[(op, device_type)] = out[op] = kernel
     return out

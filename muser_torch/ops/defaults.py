@@ -17,12 +17,14 @@ import torch
 from torch import Tensor
 
 from .backend_choice import chosen_backend
-from .checks import check_ids_in_range
+from ..formats.types import GGMLType
+from .checks import check_backend_type, check_ids_in_range
 
 __all__ = ["CPU_DEFAULTS"]
 
-def _backend_for(op: str, device: torch.device):
-    """The kernel module for a device with no registered kernel of its own."""
+def _backend_for(op: str, device: torch.device, qtype: int):
+    """The kernel module for a device with no registered kernel of its own;
+    the emulated Metal backend refuses here, once, the types it has no kernel for."""
     if device.type != "cpu":
         raise ValueError(f"muser.{op}: no kernel for device {device.type!r} (CPU kernels are "
                          f"built in; cuda and mps need ops/cuda or ops/metal and the device)")
@@ -32,6 +34,7 @@ def _backend_for(op: str, device: torch.device):
                              "(the Metal kernels) is not installed")
         from . import metal
         if hasattr(metal, op):
+            check_backend_type(GGMLType.parse(qtype), "metal-emulator", metal.SUPPORTED)
             return metal
     from . import cpu
     return cpu
@@ -40,7 +43,7 @@ def _backend_for(op: str, device: torch.device):
 def qmatmul(x: Tensor, packed: Tensor, qtype: int, n_out: int, n_in: int,
             scales: Tensor | None = None, scale_2: Tensor | None = None) -> Tensor:
     """``x[..., n_in] @ W.T`` in x's dtype; default implementation (CPU)."""
-    return _backend_for("qmatmul", x.device).qmatmul(x, packed, qtype, n_out, n_in, scales, scale_2)
+    return _backend_for("qmatmul", x.device, qtype).qmatmul(x, packed, qtype, n_out, n_in, scales, scale_2)
 
 
 def qmatmul_ggml(x: Tensor, packed: Tensor, qtype: int, n_out: int, n_in: int,
@@ -61,7 +64,7 @@ def qmatmul_t(g: Tensor, packed: Tensor, qtype: int, n_out: int, n_in: int,
     """``g[..., n_out] @ W`` in g's dtype; default implementation, also of
     devices whose backend registers no ``qmatmul_t`` (W in row tiles there)."""
     if g.device.type == "cpu":
-        return _backend_for("qmatmul_t", g.device).qmatmul_t(g, packed, qtype, n_out, n_in,
+        return _backend_for("qmatmul_t", g.device, qtype).qmatmul_t(g, packed, qtype, n_out, n_in,
                                                              scales, scale_2)
     return _qmatmul_t_tiled(g, packed, qtype, n_out, n_in, scales, scale_2)
 
@@ -82,7 +85,7 @@ def _qmatmul_t_tiled(g, packed, qtype, n_out, n_in, scales, scale_2, tile_bytes=
 def dequantize(packed: Tensor, qtype: int, n_out: int, n_in: int,
                scales: Tensor | None = None, scale_2: Tensor | None = None) -> Tensor:
     """W as float32 ``[n_out, n_in]``; default implementation (CPU)."""
-    return _backend_for("dequantize", packed.device).dequantize(packed, qtype, n_out, n_in,
+    return _backend_for("dequantize", packed.device, qtype).dequantize(packed, qtype, n_out, n_in,
                                                                 scales, scale_2)
 
 
@@ -90,7 +93,7 @@ def embedding(ids: Tensor, packed: Tensor, qtype: int, n_out: int, n_in: int,
               scales: Tensor | None = None, scale_2: Tensor | None = None) -> Tensor:
     """Rows ``ids`` of W as float32 ``[*ids.shape, n_in]``; default implementation (CPU)."""
     check_ids_in_range("embedding", ids, n_out)
-    return _backend_for("embedding", ids.device).embedding(ids, packed, qtype, n_out, n_in,
+    return _backend_for("embedding", ids.device, qtype).embedding(ids, packed, qtype, n_out, n_in,
                                                            scales, scale_2)
 
 

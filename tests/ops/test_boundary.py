@@ -106,10 +106,10 @@ def test_register_kernels_checks_before_the_backend_runs(op, monkeypatch):
     the backend's function; good ones do, unchanged."""
     seen = _recorded_registrations(monkeypatch)
     backend_fn = _Recorder()
-    out = checks.register_kernels("cuda", {op: backend_fn})
+    w = _weight()
+    out = checks.register_kernels("cuda", {op: backend_fn}, frozenset({w.qtype}))
     assert seen == {(f"muser::{op}", "cuda"): out[op]}
     assert checks.KERNELS == {(op, "cuda"): out[op]}
-    w = _weight()
     _assert_refuses(out[op], op, w)
     assert backend_fn.calls == []
     good = _good(op, w)
@@ -130,6 +130,20 @@ def test_companions_reach_the_backend_in_one_form(monkeypatch):
     with pytest.raises(ValueError, match=r"muser\.dequantize: NVFP4_E2M1 needs both companions"):
         kernel(w.packed, int(w.qtype), w.n_out, w.n_in, w.scales, None)
     assert len(backend_fn.calls) == 1
+
+
+@pytest.mark.parametrize("op", sorted(checks.OPS))
+def test_register_kernels_refuses_types_outside_the_backend(op, monkeypatch):
+    """A type the backend did not declare is refused once, at the boundary, by
+    name: the backend's function never sees it."""
+    _recorded_registrations(monkeypatch)
+    backend_fn = _Recorder()
+    w = _weight()
+    others = frozenset(t for t in (GGMLType.Q8_0, GGMLType.Q6_K) if t != w.qtype)
+    out = checks.register_kernels("mps", {op: backend_fn}, others)
+    with pytest.raises(ValueError, match=f"{w.qtype.name} has no Metal kernel"):
+        out[op](*_good(op, w))
+    assert backend_fn.calls == []
 
 
 @pytest.mark.parametrize("folder, device", [("metal", "mps"), ("cuda", "cuda")])

@@ -96,7 +96,7 @@ def test_direct_torch_ops_call_is_checked(q4k):
 
 def test_device_without_kernel():
     with pytest.raises(ValueError, match=r"muser\.qmatmul: no kernel for device 'xpu'"):
-        defaults._backend_for("qmatmul", torch.device("xpu"))
+        defaults._backend_for("qmatmul", torch.device("xpu"), 12)
 
 
 def test_metal_emulation_without_mps_module(q4k, monkeypatch):

@@ -48,8 +48,7 @@ from typing import Callable
 import torch
 
 from ...formats import dequantize_reference as _ref_dequantize
-from ...formats.floats import e4m3fn_table
-from ...formats.nvfp4 import ue4m3_half_table
+from ...formats import scale_byte_table
 from ...formats.types import GGMLType
 from ..ladder import no_rung, takes
 from .build import NATIVE_MAX_TOKENS, NATIVE_TYPES, _native_lib, native_available  # noqa: F401
@@ -90,14 +89,6 @@ def _native_for(qtype: GGMLType) -> ctypes.CDLL | None:
     return _native_lib()
 
 
-def _lut(qtype: GGMLType) -> torch.Tensor | None:
-    if qtype == GGMLType.NVFP4_E2M1:
-        return e4m3fn_table()
-    if qtype == GGMLType.NVFP4:
-        return ue4m3_half_table()
-    return None
-
-
 def _ptr(t: torch.Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
 
@@ -105,7 +96,7 @@ def _ptr(t: torch.Tensor | None) -> int | None:
 def _weight_ptrs(qtype: GGMLType, packed: torch.Tensor, scales, scale_2) -> tuple:
     """The leading (type, packed, scales, lut, s2) arguments of every library call."""
     s2 = float(scale_2) if scale_2 is not None else 0.0
-    return int(qtype), _ptr(packed), _ptr(scales), _ptr(_lut(qtype)), s2
+    return int(qtype), _ptr(packed), _ptr(scales), _ptr(scale_byte_table(qtype)), s2
 
 
 def _threads(nbytes: int) -> int:

@@ -10,7 +10,8 @@ from ctypes import c_float, c_int, c_int64, c_void_p
 import torch
 
 from ...formats.types import GGMLType
-from . import GGML_NUMERICS_TYPES, _lut, _native_for
+from ...formats import scale_byte_table
+from . import GGML_NUMERICS_TYPES, _native_for
 
 __all__ = ["Linear", "Norm", "Block", "ROPE", "ACTIVATIONS", "MUL", "ABSENT", "linear", "norm",
            "rmsnorm", "block_work"]
@@ -57,7 +58,7 @@ def linear(packed: torch.Tensor, qtype: GGMLType, n_out: int, n_in: int,
     mul = MUL["float"]
     if numerics == "ggml" and qtype in GGML_NUMERICS_TYPES:
         mul = MUL["rounded"] if qtype in (GGMLType.F16, GGMLType.BF16) else MUL["q8"]
-    lut = _lut(qtype)
+    lut = scale_byte_table(qtype)
     return Linear(type=int(qtype), mul=mul, packed=packed.data_ptr(),
                   scales=None if scales is None else scales.data_ptr(),
                   lut=None if lut is None else lut.data_ptr(),

@@ -25,7 +25,8 @@ import torch
 
 from ...formats.types import NEEDS_COMPANIONS, GGMLType
 from ..backend_choice import chosen_backend
-from . import BACK_TO_BACK_THREAD_MIN_BYTES, FUSED_MAX_TOKENS, _lut, _native_for
+from ...formats import scale_byte_table
+from . import BACK_TO_BACK_THREAD_MIN_BYTES, FUSED_MAX_TOKENS, _native_for
 from . import block
 
 __all__ = ["plain_eager", "profiling", "recorded", "Projection"]
@@ -80,7 +81,7 @@ class Projection:
         if self._linear is None:
             return
         self._ref, self._run = ctypes.byref(self._linear), lib.muser_linear
-        self._lut = _lut(qtype)   # kept alive: the library reads it by pointer
+        self._lut = scale_byte_table(qtype)   # kept alive: the library reads it by pointer
         self._max_rows = None if self._linear.mul == block.MUL["q8"] else FUSED_MAX_TOKENS
         # NVFP4_E2M1's global scale is read at each call (load_state_dict writes it in place)
         self._scale_2 = scale_2 if qtype in NEEDS_COMPANIONS else None

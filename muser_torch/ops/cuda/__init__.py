@@ -43,8 +43,8 @@ int8-dot kernels, by the last program of each row block in split order
 ``embedding`` are bit-exact with gguf's numpy ``dequantize`` (and
 ``muser_torch.dequantize`` runs this ``dequantize`` for CUDA tensors).
 
-Arguments arrive validated, and the NVFP4 companions normalised, by
-``ops.checks.register_kernels``; nothing here synchronizes
+Arguments arrive validated, types outside ``SUPPORTED`` refused and companions
+normalised, by ``ops.checks.register_kernels``; nothing here synchronizes
 with the host, so every op can be captured in a CUDA graph.
 """
 from __future__ import annotations
@@ -57,7 +57,6 @@ from typing import Callable, Mapping
 import torch
 import triton
 
-from ...formats.companions import companion_args
 from ...formats.types import GGMLType
 from ..checks import register_kernels, register_layer_kernels
 from ..ladder import no_rung, takes
@@ -129,22 +128,13 @@ def _target(launch: Launch, device: torch.device) -> int:
 
 
 def _qtype(qtype: int) -> GGMLType:
-    qt = GGMLType.parse(qtype)
-    if qt not in SUPPORTED:
-        raise ValueError(f"the CUDA kernels do not support {qt.name}; "
-                         f"supported: {', '.join(sorted(t.name for t in SUPPORTED))}")
-    return qt
+    return GGMLType.parse(qtype)      # the boundary (checks) refused types outside SUPPORTED
 
 
 def _companions(qt, packed, scales, scale_2):
-    """Pointers for NVFP4's companions (uint8 scales, float32 [1] scale_2, by
-    ``formats.companions.companion_args``); a dummy (never read) for other types."""
-    if qt is GGMLType.NVFP4_E2M1:
-        if scales is None or scale_2 is None:
-            raise ValueError("NVFP4_E2M1 needs both companions: scales and scale_2")
-        scales, s2 = companion_args(scales, scale_2, packed.device)
-        return scales.contiguous(), s2
-    return packed, packed
+    """The companions as the boundary hands them (``checks.checked``: uint8
+    scales, float32 [1] scale_2), or stand-ins (never read) for a format without."""
+    return (scales.contiguous(), scale_2) if scales is not None else (packed, packed)
 
 
 def _split(n_row_blocks: int, n_kb: int, target: int) -> tuple[int, int]:
@@ -465,7 +455,8 @@ def register() -> None:
     global _registered
     if _registered:
         return
-    register_kernels("cuda", {"qmatmul": qmatmul, "dequantize": dequantize, "embedding": embedding})
+    register_kernels("cuda", {"qmatmul": qmatmul, "dequantize": dequantize, "embedding": embedding},
+                     SUPPORTED)
     from .. import layer as _layer_ops   # noqa: F401  (defines the layer ops)
     register_layer_kernels("cuda", layer.KERNELS)
     _registered = True

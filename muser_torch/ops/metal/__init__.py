@@ -23,7 +23,6 @@ from typing import Callable
 
 import torch
 
-from ...formats.companions import companion_args
 from ...formats.layout import c_header
 from ...formats.types import GGMLType
 from ..checks import check_ids_in_range, register_kernels
@@ -197,10 +196,7 @@ def _kernel(device: torch.device, name: str, op: str):
 # ---- argument handling ------------------------------------------------------------------
 
 def _fence(op: str, qtype, n_in: int) -> GGMLType:
-    qt = GGMLType.parse(qtype)
-    if qt not in SUPPORTED:
-        raise ValueError(f"muser.{op} on Metal: {qt.name} has no Metal kernel (Metal runs "
-                         f"{', '.join(t.name for t in sorted(SUPPORTED))}; use the CPU for others)")
+    qt = GGMLType.parse(qtype)     # the boundary refused types outside SUPPORTED
     if n_in % CHUNK:
         raise ValueError(f"muser.{op} on Metal: n_in={n_in} must be a multiple of {CHUNK} "
                          f"for {qt.name}")
@@ -215,9 +211,8 @@ def _one(device: torch.device) -> torch.Tensor:
 def _weights(qt: GGMLType, packed, scales, scale_2):
     """(W, S, S2) buffers 0..2; formats without companions get stand-ins they never read."""
     W = packed.contiguous()
-    if qt is GGMLType.NVFP4_E2M1:
-        S, S2 = companion_args(scales, scale_2, packed.device)
-        return W, S.contiguous(), S2
+    if scales is not None:        # as the boundary hands them (checks.checked)
+        return W, scales.contiguous(), scale_2
     return W, W, _one(packed.device)
 
 
@@ -275,7 +270,8 @@ def embedding(ids, packed, qtype, n_out, n_in, scales=None, scale_2=None):
 
 def register() -> None:
     """Register the Metal kernels for the ``muser`` ops, behind their checks."""
-    register_kernels("mps", {"qmatmul": qmatmul, "dequantize": dequantize, "embedding": embedding})
+    register_kernels("mps", {"qmatmul": qmatmul, "dequantize": dequantize, "embedding": embedding},
+                     SUPPORTED)
 
 
 if torch.backends.mps.is_available():
