@@ -6,10 +6,10 @@ from __future__ import annotations
 from .arch.muse_glimmer import MUSE_GLIMMER, GlimmerConfig
 from .arch.spec import expand
 from .models.generation import sample
-from .models.glimmer import Glimmer, TransformerBlock
+from .models.glimmer import Glimmer, GlimmerBlock
 from .models.parts import KVCache
 
-__all__ = ["Glimmer", "GlimmerConfig", "KVCache", "TransformerBlock", "gguf_names",
+__all__ = ["Glimmer", "GlimmerConfig", "KVCache", "GlimmerBlock", "gguf_names",
            "module_name", "sample"]
 
 

@@ -297,7 +297,7 @@ def test_the_checks_find_what_does_not_exist(tmp_path):
     assert _resolves("Decoder.forward") and _resolves("muser_torch.Glimmer")
     assert _resolves("QLinear.numerics")              # set on self in __init__
     assert _resolves("model.generate") and not _resolves("model.no_such_method")
-    assert not _resolves("TransformerBlock.forward_all") and not _resolves("Decoder.nothing")
+    assert not _resolves("GlimmerBlock.forward_all") and not _resolves("Decoder.nothing")
     assert _resolves("general.architecture") and not _resolves("general.no_such_key")
     assert not _is_class("NoSuchBlock") and _is_class("MemoryError")
     assert not _exists("muser_torch/no_such_file.py") and _exists("selftest.py")

@@ -26,10 +26,10 @@ from .assembly import assemble
 from .decoder import Decoder
 from .parts import Attention, GatedMLP, SandwichBlock, no_rope, rope_inv_freq, rope_normal
 
-__all__ = ["Glimmer", "TransformerBlock", "no_rope"]
+__all__ = ["Glimmer", "GlimmerBlock", "no_rope"]
 
 
-class TransformerBlock(SandwichBlock):
+class GlimmerBlock(SandwichBlock):
     def __init__(self, config: GlimmerConfig, layer: int):
         c = config
         sliding = not c.is_global(layer)
@@ -45,7 +45,7 @@ class Glimmer(Decoder):
     ARCH = MUSE_GLIMMER
 
     def __init__(self, config: GlimmerConfig):
-        super().__init__(config, [TransformerBlock(config, il) for il in range(config.n_layers)],
+        super().__init__(config, [GlimmerBlock(config, il) for il in range(config.n_layers)],
                          final_softcap=config.final_softcap)
 
     def rope_tables(self) -> list[torch.Tensor]:

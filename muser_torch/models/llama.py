@@ -19,10 +19,10 @@ from .decoder import Decoder
 from .parts import Attention, GatedMLP, PreNormBlock, rope_neox, rope_normal
 from .rope_scaling import rope_frequencies, rotate
 
-__all__ = ["LlamaFamily", "Llama", "Qwen2", "Qwen3", "Block"]
+__all__ = ["LlamaFamily", "Llama", "Qwen2", "Qwen3", "LlamaBlock"]
 
 
-class Block(PreNormBlock):
+class LlamaBlock(PreNormBlock):
     def __init__(self, config: LlamaFamilyConfig, *, qkv_bias: bool, qk_norm: bool, mscale: float):
         c, r = config, config.rope
         if r.n_rot == c.head_dim and mscale == 1.0:   # the whole head, unscaled: one fused op
@@ -49,7 +49,7 @@ class LlamaFamily(Decoder):
     def __init__(self, config: LlamaFamilyConfig, groups: frozenset[str] = frozenset()):
         rows = {s.name for s in self.ARCH.tensors}
         _, mscale = rope_frequencies(config.rope)
-        blocks = [Block(config, qkv_bias="blk.{i}.attn_q.bias" in rows,
+        blocks = [LlamaBlock(config, qkv_bias="blk.{i}.attn_q.bias" in rows,
                         qk_norm="blk.{i}.attn_q_norm.weight" in rows, mscale=mscale)
                   for _ in range(config.n_layers)]
         super().__init__(config, blocks)
