@@ -28,7 +28,10 @@ import torch
 
 from muser_torch.arch.dflash import ARCH, HF_NAMES, MASK_KEY
 from muser_torch.gguf_io import save_gguf
+from muser_torch.models.dflash import DraftContext
+from muser_torch.models.speculative import Taps
 
+from ..glimmer.conftest import rel_err
 from ..glimmer.muse_files import dequantized, reference_model
 from ..models.hf_files import _quantized
 
@@ -183,3 +186,23 @@ def transformers_rounds(target, draft, ids: torch.Tensor, n_new: int) -> tuple[l
     finally:
         mp.undo()
     return out[0, ids.shape[1]:].tolist(), [r for r in rounds if r[0]]
+
+
+@torch.no_grad()
+def first_round(target, draft, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """muser_torch's first round after prompt ``ids``: (the draft's logits
+    ``[block - 1, vocab]``, the tapped states it encoded, the anchor token)."""
+    with Taps(target, draft.tap_layers) as taps:
+        anchor = int(target(ids)[0, -1].argmax())
+        tapped = taps.take()
+    ctx = DraftContext()
+    draft.extend(ctx, tapped)
+    return draft.propose(ctx, anchor), tapped, anchor
+
+
+def assert_draft_logits_match(got: torch.Tensor, want: torch.Tensor, shape: tuple[int, int], seed: int) -> None:
+    """Within 1e-4 relative of the reference, and the reference not degenerate."""
+    err = rel_err(got, want)
+    assert got.shape == want.shape == shape, (got.shape, want.shape, shape)
+    assert err < 1e-4, f"relative error {err:.2e} against transformers (seed {seed})"
+    assert float(want.std()) > 0.1, f"degenerate draft logits (seed {seed})"

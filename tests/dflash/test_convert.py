@@ -17,13 +17,11 @@ import torch
 import muser_torch
 from muser_torch.arch.dflash import MASK_KEY
 from muser_torch.cli import main as cli
-from muser_torch.models.dflash import DraftContext
-from muser_torch.models.speculative import Taps
 
 from ..convert.checkpoints import write_glimmer_checkpoint
-from ..glimmer.conftest import rel_err
 from .conftest import SEED
-from .draft_files import assistant_config, transformers_rounds, write_assistant_checkpoint
+from .draft_files import (assert_draft_logits_match, assistant_config, first_round, transformers_rounds,
+                          write_assistant_checkpoint)
 
 TAPS = (0, 2, 3)
 
@@ -87,16 +85,8 @@ def test_first_round_draft_logits_match_transformers(checkpoints, converted):
     ref_draft = MuseGlimmerAssistantModel.from_pretrained(
         str(assistant_dir), dtype=torch.float32, attn_implementation="eager").eval()
     _, rounds = transformers_rounds(ref_target, ref_draft, ids, 16)
-    with Taps(target, draft.tap_layers) as taps:
-        anchor = int(target(ids)[0, -1].argmax())
-        ctx = DraftContext()
-        draft.extend(ctx, taps.take())
-    got = draft.propose(ctx, anchor)
-    want = rounds[0][1][0]
-    err = rel_err(got, want)
-    assert got.shape == want.shape == (15, cfg.text_config.vocab_size)
-    assert err < 1e-4, f"relative error {err:.2e} against transformers (seed {SEED})"
-    assert float(want.std()) > 0.1, f"degenerate draft logits (seed {SEED})"
+    got, _, _ = first_round(target, draft, ids)
+    assert_draft_logits_match(got, rounds[0][1][0], (15, cfg.text_config.vocab_size), SEED)
 
 
 def _refused(args: list[str], capsys, out) -> str:

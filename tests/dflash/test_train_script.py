@@ -13,12 +13,10 @@ from pathlib import Path
 import torch
 
 import muser_torch
-from muser_torch.models.dflash import DraftContext
-from muser_torch.models.speculative import Taps
 from muser_torch.text.byte_tokenizer import ByteTokenizer
 
-from ..glimmer.conftest import rel_err
 from .conftest import SEED
+from .draft_files import assert_draft_logits_match, first_round
 
 REPO = Path(__file__).resolve().parents[2]
 DEMO = REPO / "models" / "glimmer-demo-q4_k_xl.gguf"
@@ -52,20 +50,11 @@ def test_the_written_draft_computes_what_transformers_computes(tmp_path):
     assert draft.tap_layers == args.tap_ids and draft.config.mask_token_id == ByteTokenizer.BOS
 
     ids = torch.randint(0, 256, (1, 23), generator=gen)
-    with Taps(target, draft.tap_layers) as taps:
-        anchor = int(target(ids)[0, -1].argmax())
-        tapped = taps.take()
-    ctx = DraftContext()
-    draft.extend(ctx, tapped)
-    got = draft.propose(ctx, anchor)
+    got, tapped, anchor = first_round(target, draft, ids)
     block = torch.full((1, args.block), ByteTokenizer.BOS)
     block[0, 0] = anchor
     from transformers.cache_utils import DFlashCache
     cache = DFlashCache(config=model.config)           # as transformers' candidate generator calls it
     cache.set_previous_accepted_tokens(tapped.shape[1])
     h = model(noise_embeds=embed[block], context_hidden_states=tapped.float(), cache=cache).last_hidden_state
-    want = h[0, 1:] @ lm_head.T
-    err = rel_err(got, want)
-    assert got.shape == want.shape == (args.block - 1, embed.shape[0])
-    assert err < 1e-4, f"relative error {err:.2e} against transformers (seed {SEED})"
-    assert float(want.std()) > 0.1, f"degenerate draft logits (seed {SEED})"
+    assert_draft_logits_match(got, h[0, 1:] @ lm_head.T, (args.block - 1, embed.shape[0]), SEED)

@@ -14,12 +14,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from muser_torch.models.dflash import DraftContext
-from muser_torch.models.speculative import Taps
 
-from ..glimmer.conftest import rel_err
 from .conftest import SEED, VOCAB
-from .draft_files import reference_draft, reference_target, transformers_rounds
+from .draft_files import (assert_draft_logits_match, first_round, reference_draft, reference_target,
+                          transformers_rounds)
 
 N_NEW = 64
 
@@ -44,16 +42,8 @@ def test_first_round_draft_logits_match_transformers(pair, transformers_run):
     target, draft = pair
     _, rounds = transformers_run
     ids = _prompt()
-    with Taps(target, draft.tap_layers) as taps:
-        anchor = int(target(ids)[0, -1].argmax())
-        ctx = DraftContext()
-        draft.extend(ctx, taps.take())
-    got = draft.propose(ctx, anchor)
-    want = rounds[0][1][0]
-    err = rel_err(got, want)
-    assert got.shape == want.shape == (15, VOCAB)
-    assert err < 1e-4, f"relative error {err:.2e} against transformers (seed {SEED})"
-    assert float(want.std()) > 0.1, f"degenerate draft logits (seed {SEED})"
+    got, _, _ = first_round(target, draft, ids)
+    assert_draft_logits_match(got, rounds[0][1][0], (15, VOCAB), SEED)
 
 
 def test_blocks_and_acceptance_match_transformers(pair, transformers_run):
