@@ -10,8 +10,9 @@ continuation: the context is the taps of positions ``0 .. p-1``, the block is
 ``[token p, MASK x (block-1)]`` embedded with the target's raw embedding,
 the labels are the target's tokens ``p+1 .. p+block-1``, scored through the
 target's lm_head (frozen, no logit scale, no soft-cap: what a draft round
-computes). The trainable model is transformers' ``MuseGlimmerAssistantModel``
-(the [hf] extra), whose weights the file holds under ``arch/dflash.py``'s names.
+computes). The trainable model is plain torch (``TrainableDrafter``; the
+tests hold it to transformers' ``MuseGlimmerAssistantModel``), its weights
+written under ``arch/dflash.py``'s names.
 
 The demo's vocabulary (256 bytes, BOS, EOS) has no mask token; the drafter
 uses BOS, which never occurs after a sequence's first position.
@@ -25,8 +26,8 @@ Smoke run (CPU, minutes):
 
 Real run (the settings for a measurement of acceptance; CUDA):
     python tools/train_dflash_drafter.py --device cuda --sequences 4096 --gen-batch 256 --new-tokens 384 \\
-        --steps 20000 --batch 64 --lr 1e-3 --layers 2 --eval-prompts 16 --eval-tokens 256 \\
-        --out models/build/glimmer-demo-dflash.gguf
+        --steps 20000 --minutes 6 --batch 64 --lr 1e-3 --layers 2 --eval-prompts 16 \\
+        --eval-tokens 256 --out models/build/glimmer-demo-dflash.gguf
 """
 from __future__ import annotations
 
@@ -39,6 +40,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -66,6 +68,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--new-tokens", type=int, default=128, help="greedy tokens per prompt")
     ap.add_argument("--gen-batch", type=int, default=16, help="prompts generated together")
     ap.add_argument("--steps", type=int, default=500)
+    ap.add_argument("--minutes", type=float, default=None,
+                    help="stop training after this many minutes even if --steps are not done")
     ap.add_argument("--batch", type=int, default=16, help="anchors per step")
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--decay", type=float, default=7.0,
@@ -121,29 +125,125 @@ def target_data(target, files, args, rng) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.cat(seqs), torch.cat(taps)
 
 
-def assistant(args, hidden: int):
-    from transformers import MuseGlimmerAssistantConfig, MuseGlimmerAssistantModel
-    cfg = MuseGlimmerAssistantConfig(
-        hidden_size=hidden, intermediate_size=args.ffn, num_hidden_layers=args.layers,
-        num_attention_heads=args.heads, num_key_value_heads=args.kv_heads, head_dim=args.head_dim,
-        rms_norm_eps=1e-6, sliding_window=args.window, max_position_embeddings=args.context,
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, block_size=args.block,
-        mask_token_id=ByteTokenizer.BOS, target_layer_ids=list(args.tap_ids),
-        bos_token_id=None, eos_token_id=None, pad_token_id=None)
-    cfg._attn_implementation = "sdpa"
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight, self.eps = nn.Parameter(torch.ones(dim)), eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps))
+
+
+class Attention(nn.Module):
+    def __init__(self, c: DFlashConfig):
+        super().__init__()
+        self.c = c
+        self.q_proj = nn.Linear(c.hidden, c.q_dim, bias=False)
+        self.k_proj = nn.Linear(c.hidden, c.kv_dim, bias=False)
+        self.v_proj = nn.Linear(c.hidden, c.kv_dim, bias=False)
+        self.o_proj = nn.Linear(c.q_dim, c.hidden, bias=False)
+        self.q_norm, self.k_norm = RMSNorm(c.head_dim, c.rms_eps), RMSNorm(c.head_dim, c.rms_eps)
+
+    def forward(self, x, context, cos, sin, mask):
+        B, S, _ = x.shape
+        kv = torch.cat((context, x), dim=1)
+        q = self.q_norm(self.q_proj(x).view(B, S, -1, self.c.head_dim)).transpose(1, 2)
+        k = self.k_norm(self.k_proj(kv).view(B, kv.shape[1], -1, self.c.head_dim)).transpose(1, 2)
+        v = self.v_proj(kv).view(B, kv.shape[1], -1, self.c.head_dim).transpose(1, 2)
+        q, k = rotate(q, cos[-S:], sin[-S:]), rotate(k, cos, sin)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.c.head_dim ** -0.5,
+                                             enable_gqa=True)
+        return self.o_proj(out.transpose(1, 2).reshape(B, S, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, c: DFlashConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(c.hidden, c.ffn, bias=False)
+        self.up_proj = nn.Linear(c.hidden, c.ffn, bias=False)
+        self.down_proj = nn.Linear(c.ffn, c.hidden, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Layer(nn.Module):
+    def __init__(self, c: DFlashConfig):
+        super().__init__()
+        self.input_layernorm = RMSNorm(c.hidden, c.rms_eps)
+        self.post_attention_layernorm = RMSNorm(c.hidden, c.rms_eps)
+        self.self_attn, self.mlp = Attention(c), MLP(c)
+
+    def forward(self, x, context, cos, sin, mask):
+        x = x + self.self_attn(self.input_layernorm(x), context, cos, sin, mask)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Encoder(nn.Module):
+    def __init__(self, c: DFlashConfig):
+        super().__init__()
+        self.fc = nn.Linear(c.fc_in, c.hidden, bias=False)
+        self.output_norm_enc = RMSNorm(c.hidden, c.rms_eps)
+
+
+class TrainableDrafter(nn.Module):
+    """The DFlash draft's forward in float, trainable. Its parameter names are
+    transformers' MuseGlimmerAssistantModel's (``arch/dflash.py``'s
+    ``HF_NAMES``), and tests/dflash/test_train_script.py holds its output to
+    that class's. Each layer's block queries attend to the encoded context
+    rows and the block's own rows, both ways within the window; RoPE in
+    rotate-half order at absolute positions (context 0..n-1, block n..)."""
+
+    def __init__(self, c: DFlashConfig):
+        super().__init__()
+        self.c = c
+        self.encoder = Encoder(c)
+        self.layers = nn.ModuleList(Layer(c) for _ in range(c.n_layers))
+        self.norm = RMSNorm(c.hidden, c.rms_eps)
+        dim = c.head_dim
+        self.register_buffer("inv_freq", 1.0 / c.rope_base ** (torch.arange(0, dim, 2).float() / dim),
+                             persistent=False)
+
+    def forward(self, noise: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
+        """Final hidden states ``[B, block, hidden]`` of the embedded block
+        ``noise`` after the target's tapped states ``context`` ``[B, n, taps x hidden]``."""
+        n, S = context.shape[1], noise.shape[1]
+        ctx = self.encoder.output_norm_enc(self.encoder.fc(context))
+        pos = torch.arange(n + S, device=noise.device, dtype=torch.float32)
+        freqs = pos[:, None] * self.inv_freq
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos, sin = emb.cos(), emb.sin()
+        x = noise
+        for i, layer in enumerate(self.layers):
+            window = self.c.window(i)
+            mask = None if window is None else (pos[n:, None] - pos[None, :]).abs() <= window
+            x = layer(x, ctx, cos, sin, mask)
+        return self.norm(x)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate-half RoPE (the checkpoint's order: element i pairs with i + dim/2)."""
+    a, b = x.chunk(2, dim=-1)
+    return x * cos + torch.cat((-b, a), dim=-1) * sin
+
+
+def drafter_config(args, hidden: int, vocab: int) -> DFlashConfig:
+    """The drafter's shape, as the file carries it."""
+    return DFlashConfig(context_length=args.context, hidden=hidden, ffn=args.ffn, n_layers=args.layers,
+                        n_heads=args.heads, n_kv_heads=args.kv_heads, head_dim=args.head_dim, rms_eps=1e-6,
+                        sliding_window=args.window, rope_base=10000.0, block_size=args.block,
+                        mask_token_id=ByteTokenizer.BOS, target_layers=tuple(i + 1 for i in args.tap_ids),
+                        vocab_size=vocab, swa_layers=(True,) * args.layers)
+
+
+def drafter(args, hidden: int, vocab: int) -> TrainableDrafter:
+    """A fresh drafter: projections N(0, 0.02), norms 1."""
     torch.manual_seed(args.seed)
-    return MuseGlimmerAssistantModel(cfg).to(args.dev).train()
-
-
-def draft_forward(model, noise: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
-    """The block's final hidden states ``[B, block, hidden]``, called as
-    transformers' DFlash candidate generator calls the model: through a
-    ``DFlashCache`` told of the context rows, so that the sliding-window mask
-    spans context and block (without it the mask covers the block alone)."""
-    from transformers.cache_utils import DFlashCache
-    cache = DFlashCache(config=model.config)
-    cache.set_previous_accepted_tokens(context.shape[1])
-    return model(noise_embeds=noise, context_hidden_states=context, cache=cache).last_hidden_state
+    model = TrainableDrafter(drafter_config(args, hidden, vocab))
+    for m in model.modules():
+        if isinstance(m, nn.Linear):
+            nn.init.normal_(m.weight, std=0.02)
+    return model.to(args.dev).train()
 
 
 def train(model, seqs, taps, embed, lm_head, args, rng) -> None:
@@ -157,12 +257,15 @@ def train(model, seqs, taps, embed, lm_head, args, rng) -> None:
     first = args.prompt_len + 1          # positions from here on are the target's own tokens
     start = time.perf_counter()
     for step in range(args.steps):
+        if args.minutes is not None and time.perf_counter() - start > 60 * args.minutes:
+            print(f"  stopped at step {step} of {args.steps}: --minutes {args.minutes} spent")
+            break
         p = rng.randrange(first, L - args.block + 1)
         rows = torch.tensor(rng.sample(range(B), min(args.batch, B)), device=args.dev)
         block = seqs[rows, p:p + args.block]
         inputs = torch.full_like(block, ByteTokenizer.BOS)
         inputs[:, 0] = block[:, 0]
-        h = draft_forward(model, embed[inputs], taps[rows, :p])
+        h = model(embed[inputs], taps[rows, :p])
         logits = h[:, 1:] @ lm_head.T
         ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), block[:, 1:].reshape(-1),
                              reduction="none").view(len(rows), -1)
@@ -179,16 +282,10 @@ def train(model, seqs, taps, embed, lm_head, args, rng) -> None:
                   f"({time.perf_counter() - start:.0f} s)", flush=True)
 
 
-def write_draft(model, target_file, args, hidden: int, vocab: int) -> None:
+def write_draft(model: TrainableDrafter, target_file, path: Path, matrix_type: str) -> None:
     """The trained weights under ``arch/dflash.py``'s names, the dflash keys
     from ``DFlashConfig``, the target's tokenizer keys."""
-    c = model.config
-    cfg = DFlashConfig(context_length=args.context, hidden=hidden, ffn=c.intermediate_size,
-                       n_layers=c.num_hidden_layers, n_heads=c.num_attention_heads,
-                       n_kv_heads=c.num_key_value_heads, head_dim=c.head_dim, rms_eps=c.rms_norm_eps,
-                       sliding_window=c.sliding_window, rope_base=10000.0, block_size=c.block_size,
-                       mask_token_id=c.mask_token_id, target_layers=tuple(i + 1 for i in c.target_layer_ids),
-                       vocab_size=vocab, swa_layers=(True,) * c.num_hidden_layers)
+    cfg = model.c
     md = cfg.to_metadata() | {"general.name": f"DFlash drafter for {target_file.path.name}"}
     types = {}
     for key, value in target_file.metadata.items():
@@ -198,16 +295,16 @@ def write_draft(model, target_file, args, hidden: int, vocab: int) -> None:
     state = {n: t.detach().float().cpu() for n, t in model.state_dict().items()}
     tensors = {}
     for gguf_name, hf_name in HF_NAMES.items():
-        for i in (range(c.num_hidden_layers) if "{i}" in gguf_name else [None]):
+        for i in (range(cfg.n_layers) if "{i}" in gguf_name else [None]):
             w = state[hf_name.format(i=i)]
-            if w.dim() == 1 or args.type == "f32":
+            if w.dim() == 1 or matrix_type == "f32":
                 tensors[gguf_name.format(i=i)] = ("F32", w.contiguous())
-            elif args.type == "f16":
+            elif matrix_type == "f16":
                 tensors[gguf_name.format(i=i)] = ("F16", w.half().contiguous())
             else:
                 tensors[gguf_name.format(i=i)] = ("Q8_0", quantize(w, GGMLType.Q8_0), tuple(reversed(w.shape)))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    save_gguf(args.out, md, tensors, types=types)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_gguf(path, md, tensors, types=types)
 
 
 @torch.no_grad()
@@ -265,11 +362,11 @@ def main(argv: list[str] | None = None) -> int:
     seqs, taps = target_data(target, train_files, args, rng)
     embed = target.tok_embeddings.dequantize().float().to(args.dev)   # raw: no norm, no scale
     lm_head = target.output.dequantize().float().to(args.dev)
-    model = assistant(args, c.hidden)
+    model = drafter(args, c.hidden, embed.shape[0])
     n_params = sum(p.numel() for p in model.parameters())
     print(f"drafter: {args.layers} layers, {n_params:,} parameters; training {args.steps} steps")
     train(model, seqs, taps, embed, lm_head, args, rng)
-    write_draft(model.eval(), target_file, args, c.hidden, embed.shape[0])
+    write_draft(model.eval(), target_file, args.out, args.type)
     print(f"wrote {args.out}")
     evaluate(target, held_files, args, rng)
     return 0
