@@ -200,7 +200,8 @@ def first_round(target, draft, ids: torch.Tensor) -> tuple[torch.Tensor, torch.T
     return draft.propose(ctx, anchor), tapped, anchor
 
 
-def assert_draft_logits_match(got: torch.Tensor, want: torch.Tensor, shape: tuple[int, int], seed: int) -> None:
+def assert_draft_logits_match(got: torch.Tensor, want: torch.Tensor, shape: tuple[int, int],
+                              seed: int) -> None:
     """Within 1e-4 relative of the reference, and the reference not degenerate."""
     err = rel_err(got, want)
     assert got.shape == want.shape == shape, (got.shape, want.shape, shape)

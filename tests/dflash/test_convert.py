@@ -61,7 +61,8 @@ def test_the_draft_file_has_the_dflash_layout(checkpoints, converted):
     assert "token_embd.weight" not in f.tensors and "output.weight" not in f.tensors
     from safetensors.torch import load_file
     w = load_file(str(assistant_dir / "model.safetensors"))
-    for name, hf in (("fc.weight", "encoder.fc.weight"), ("enc.output_norm.weight", "encoder.output_norm_enc.weight"),
+    for name, hf in (("fc.weight", "encoder.fc.weight"),
+                     ("enc.output_norm.weight", "encoder.output_norm_enc.weight"),
                      ("blk.1.attn_q.weight", "layers.1.self_attn.q_proj.weight"),
                      ("blk.0.attn_k_norm.weight", "layers.0.self_attn.k_norm.weight"),
                      ("blk.1.ffn_norm.weight", "layers.1.post_attention_layernorm.weight")):
