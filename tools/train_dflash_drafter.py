@@ -25,9 +25,10 @@ Smoke run (CPU, minutes):
     python tools/train_dflash_drafter.py --steps 20 --sequences 8 --new-tokens 48 --eval-prompts 2
 
 Real run (the settings for a measurement of acceptance; CUDA):
-    python tools/train_dflash_drafter.py --device cuda --sequences 4096 --gen-batch 256 --new-tokens 384 \\
-        --steps 20000 --minutes 6 --batch 64 --lr 1e-3 --layers 2 --eval-prompts 16 \\
+    python tools/train_dflash_drafter.py --device cuda --sequences 2048 --gen-batch 256 --new-tokens 384 \\
+        --steps 20000 --minutes 4 --batch 64 --lr 1e-3 --layers 2 --eval-prompts 8 \\
         --eval-tokens 256 --out models/build/glimmer-demo-dflash.gguf
+(--minutes bounds the training; the data and the measurement take minutes more.)
 """
 from __future__ import annotations
 
