@@ -310,12 +310,10 @@ def write_draft(model: TrainableDrafter, target_file, path: Path, matrix_type: s
 
 
 @torch.no_grad()
-def evaluate(files, args, rng) -> None:
+def evaluate(target, files, args, rng) -> None:
     """On held-out prompts: mean accepted tokens per round, and greedy time
     with and without the draft in this run (prefill included, after one
-    untimed run of each), the target loaded as ``muser-torch run`` loads it
-    (the device's default activation dtype)."""
-    target = muser_torch.from_gguf(args.target, device=args.dev)
+    untimed run of each)."""
     draft = muser_torch.from_gguf(args.out, target=target)
     batch = prompts(files, args.eval_prompts, args.prompt_len, rng).to(args.dev)
     runs = {"plain": lambda ids: (target.generate(ids, args.eval_tokens, temperature=0.0), None),
@@ -356,7 +354,8 @@ def main(argv: list[str] | None = None) -> int:
     args.dev = torch.device(args.device)
     rng = random.Random(args.seed)
     target_file = muser_torch.load_gguf(args.target)
-    target = muser_torch.from_gguf(args.target, device=args.dev, dtype=torch.float32)
+    # loaded as `muser-torch run` loads it (the device's default activation dtype)
+    target = muser_torch.from_gguf(args.target, device=args.dev)
     c = target.config
     args.context = c.context_length
     if args.prompt_len + 1 + args.new_tokens > c.context_length:
@@ -374,8 +373,8 @@ def main(argv: list[str] | None = None) -> int:
     train(model, seqs, taps, embed, lm_head, args, rng)
     write_draft(model.eval(), target_file, args.out, args.type)
     print(f"wrote {args.out}")
-    del seqs, taps, target
-    evaluate(held_files, args, rng)
+    del seqs, taps
+    evaluate(target, held_files, args, rng)
     return 0
 
 
