@@ -24,6 +24,9 @@ run, greedy tok/s with and without the draft.
 Smoke run (CPU, minutes):
     python tools/train_dflash_drafter.py --steps 20 --sequences 8 --new-tokens 48 --eval-prompts 2
 
+Measure a drafter already written (here on the CPU, say):
+    python tools/train_dflash_drafter.py --measure-only --out DRAFT.gguf --eval-prompts 8 --eval-tokens 256
+
 Real run (the settings for a measurement of acceptance; CUDA):
     python tools/train_dflash_drafter.py --device cuda --sequences 2048 --gen-batch 256 --new-tokens 384 \\
         --steps 20000 --minutes 4 --batch 64 --lr 1e-3 --layers 2 --eval-prompts 8 \\
@@ -58,8 +61,8 @@ DEMO = REPO / "models" / "glimmer-demo-q4_k_xl.gguf"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    doc = __doc__.split("\n\n")
-    ap = argparse.ArgumentParser(description=doc[0], epilog="\n\n".join(doc[-2:]),
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 epilog=__doc__[__doc__.index("Smoke run"):],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", type=Path, default=DEMO, help="the target GGUF (default: the demo)")
     ap.add_argument("--out", type=Path, default=REPO / "models" / "build" / "glimmer-demo-dflash.gguf")
@@ -84,6 +87,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--block", type=int, default=16)
     ap.add_argument("--taps", default="0,1,2", help="target layers whose outputs the draft reads")
     ap.add_argument("--type", choices=("f16", "q8_0", "f32"), default="f16", help="the matrices' type")
+    ap.add_argument("--measure-only", action="store_true",
+                    help="train nothing: measure the existing --out against --target")
     ap.add_argument("--eval-prompts", type=int, default=8)
     ap.add_argument("--eval-tokens", type=int, default=128)
     ap.add_argument("--seed", type=int, default=0)
@@ -363,6 +368,9 @@ def main(argv: list[str] | None = None) -> int:
     if not all(0 <= i < c.n_layers - 1 for i in args.tap_ids):
         raise SystemExit(f"--taps {args.taps}: the target's {c.n_layers} layers take 0 .. {c.n_layers - 2}")
     train_files, held_files = stdlib_files()
+    if args.measure_only:
+        evaluate(target, held_files, args, rng)
+        return 0
     print(f"target {args.target.name}: generating {args.sequences} x {args.new_tokens} greedy tokens")
     seqs, taps = target_data(target, train_files, args, rng)
     embed = target.tok_embeddings.dequantize().float().to(args.dev)   # raw: no norm, no scale
