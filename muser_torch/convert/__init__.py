@@ -1,7 +1,8 @@
 """``muser-torch convert``: Hugging Face safetensors checkpoints to GGUF, the
 file llama.cpp's converter (and ``llama-quantize``) would write, or, for Muse
 Glimmer, a Muser lane (q4_k_xl, nvfp4; a ModelOpt NVFP4 checkpoint passes
-through without re-quantizing). ``convert(hf_dir, out, type)`` is the whole of it;
+through without re-quantizing), or a DFlash drafter with its target's
+vocabulary (``target_model_dir``). ``convert(hf_dir, out, type)`` is the whole of it;
 ``command`` is the CLI."""
 from __future__ import annotations
 

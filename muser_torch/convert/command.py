@@ -24,6 +24,9 @@ def register(subparsers) -> None:
     p.add_argument("--imatrix", type=Path, help="llama.cpp's imatrix GGUF (for the K-quants)")
     p.add_argument("--pre-tokenizer", help="llama.cpp's name of a BPE pre-tokenizer its converter "
                                            "cannot identify by hash (e.g. 'qwen2')")
+    p.add_argument("--target-model-dir", type=Path,
+                   help="for a DFlash drafter (MuseGlimmerAssistantModel): its target's checkpoint "
+                        "directory, whose vocabulary the draft file carries")
     p.add_argument("--threads", type=int, help="CPU threads (torch.set_num_threads)")
     p.add_argument("--force", action="store_true",
                    help="overwrite OUT if it exists (replaced only once the new file is complete)")
@@ -40,7 +43,7 @@ def main(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     r = convert(args.hf_dir, args.output, args.type, device=args.device, imatrix=args.imatrix,
                 pre_tokenizer=args.pre_tokenizer, progress=False if args.no_progress else None,
-                force=args.force)
+                force=args.force, target_model_dir=args.target_model_dir)
     if r.skipped:
         print(f"left out {len(r.skipped)} tensors that are not the text model "
               f"(e.g. {r.skipped[0]}): a vision tower or projector is not converted")

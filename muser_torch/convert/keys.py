@@ -16,6 +16,7 @@ appending them, so they move to the end) and appends the
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any, Sequence
 
 from ..arch.muse_glimmer import LANE_KEY
@@ -30,8 +31,11 @@ _QUANTIZE_KEYS = ("general.quantization_version", "general.file_type")
 
 def collect_metadata(ck: Checkpoint, fam: Family, hp: dict, n_layers: int,
                      plan: Sequence[PlannedTensor], kind: str, pre_tokenizer: str | None,
-                     imatrix: ImportanceMatrix | None) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(metadata, value types) for ``save_gguf``."""
+                     imatrix: ImportanceMatrix | None, vocab_from: "tuple[Path, dict] | None" = None,
+                     ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(metadata, value types) for ``save_gguf``. ``vocab_from``: the directory
+    and config whose tokenizer the file carries, when not the checkpoint's own
+    (a DFlash drafter carries its target's)."""
     import logging
 
     import gguf
@@ -57,7 +61,7 @@ def collect_metadata(ck: Checkpoint, fam: Family, hp: dict, n_layers: int,
     w.add_file_type(FILE_TYPES["f16" if kind == "q4_k_m" else kind])
     fam.keys(w, hp)
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
-    write_vocab(w, ck.dir, hp, fam.vocab, pre_tokenizer)
+    write_vocab(w, *(vocab_from or (ck.dir, hp)), fam.vocab, pre_tokenizer)
     kv = dict(w.kv_data[0])
     if kind == "q4_k_m":
         for key in _QUANTIZE_KEYS:

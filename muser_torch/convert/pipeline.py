@@ -27,6 +27,7 @@ from ..formats import GGMLType, quantize
 from ..formats.types import NVFP4_GROUP
 from ..gguf_io import SCALE2_SUFFIX, SCALE_SUFFIX, partial_path, save_gguf
 from .checkpoint import Checkpoint
+from .dflash import check_pair, dflash_family, dflash_tensors, is_assistant, mask_key, target_hparams
 from .imatrix import load_imatrix
 from .keys import collect_metadata
 from .nvfp4_source import NVFP4_COMPANIONS, is_nvfp4_checkpoint, packed_source
@@ -68,14 +69,17 @@ class _Source:
 def convert(hf_dir: "str | os.PathLike[str]", out: "str | os.PathLike[str]", type: str = "f16", *,
             device: str = "cpu", imatrix: "str | os.PathLike[str] | None" = None,
             pre_tokenizer: str | None = None, progress: bool | None = None,
-            force: bool = False) -> ConvertResult:
+            force: bool = False, target_model_dir: "str | os.PathLike[str] | None" = None
+            ) -> ConvertResult:
     """Convert the checkpoint at ``hf_dir`` into ``out`` (written atomically).
 
     ``type``: f16, bf16 or q8_0 (llama.cpp's converter), q4_k_m (its converter
     then llama-quantize), q4_k_xl or nvfp4 (the Muser lanes, for Muse Glimmer
     only; nvfp4 passes a ModelOpt NVFP4 checkpoint's weights through bit for bit). ``imatrix``:
     llama.cpp's imatrix GGUF for the K-quants. ``pre_tokenizer`` names a BPE
-    pre-tokenizer llama.cpp cannot identify by hash. An existing ``out`` is
+    pre-tokenizer llama.cpp cannot identify by hash. A DFlash drafter
+    (``MuseGlimmerAssistantModel``) needs ``target_model_dir``, its target's
+    checkpoint, whose vocabulary the file carries. An existing ``out`` is
     refused before the checkpoint is read (OutputExistsError) unless ``force``;
     then it is replaced only when the new file is complete. Raises ConvertError
     subclasses naming what is wrong; nothing is left at ``out`` then."""
@@ -94,6 +98,11 @@ def convert(hf_dir: "str | os.PathLike[str]", out: "str | os.PathLike[str]", typ
     check_output(out, force)
     ck = Checkpoint(hf_dir)
     try:
+        if is_assistant(ck.hparams):
+            return _convert_dflash(ck, target_model_dir, out, type, dev, pre_tokenizer, progress, t0)
+        if target_model_dir is not None:
+            raise ConfigMismatchError(f"{ck.dir} is not a DFlash drafter (MuseGlimmerAssistantModel): "
+                                      f"--target-model-dir applies only to one")
         return _convert(ck, out, type, dev, imatrix, pre_tokenizer, progress, t0)
     finally:
         ck.close()
@@ -140,6 +149,35 @@ def _convert(ck: Checkpoint, out: Path, type: str, dev: torch.device, imatrix: A
               progress=progress if progress is not None else input_bytes >= 64 << 20)
     return ConvertResult(out, len(specs), input_bytes, out.stat().st_size, time.perf_counter() - t0,
                          skipped)
+
+
+def _convert_dflash(ck: Checkpoint, target_dir: Any, out: Path, type: str, dev: torch.device,
+                    pre_tokenizer: str | None, progress: bool | None, t0: float) -> ConvertResult:
+    """A DFlash drafter (``convert/dflash.py``): checked against its target,
+    its tensors as the checkpoint has them, the target's vocabulary."""
+    hp = ck.hparams
+    target_dir, target_hp = target_hparams(target_dir)
+    check_pair(hp, target_hp)
+    fam = dflash_family(target_hp)
+    if type in LANES:
+        raise RecipeError(f"--type {type} is a Muser lane, which DFlash draft files do not have; "
+                          f"a draft takes {', '.join(t for t in TYPES if t not in LANES)}")
+    n_layers = hp["num_hidden_layers"]
+    rows = dflash_tensors(ck, hp)
+    plan = plan_types([(name, ne) for name, _, ne in rows], type, n_layers)
+    if type == "q4_k_m":
+        plan.sort(key=lambda p: llama_quantize_order(p.name))
+    hf_of = {name: hf for name, hf, _ in rows}
+    specs = {p.name: (p.qtype, _producer(_Source(p.name, p.ne, lambda n=hf_of[p.name]: _float_source(
+        ck.load(n), False)), p, dev, None), p.ne) for p in plan}
+    metadata, types = collect_metadata(ck, fam, hp, n_layers, plan, type, pre_tokenizer, None,
+                                       vocab_from=(target_dir, text_hparams(target_hp)))
+    key, mask, vtype = mask_key(hp)
+    metadata[key], types[key] = mask, vtype
+    input_bytes = sum(ck.tensors[hf].nbytes for _, hf, _ in rows)
+    save_gguf(out, metadata, specs, types=types,
+              progress=progress if progress is not None else input_bytes >= 64 << 20)
+    return ConvertResult(out, len(specs), input_bytes, out.stat().st_size, time.perf_counter() - t0, [])
 
 
 def check_output(out: Path, force: bool) -> None:

@@ -12,18 +12,26 @@ gguf-py's numpy code dequantizes them.
    seeded generator;
 2. ggml's quantizer (libggml-python) packs every matrix in a type mix;
 3. :func:`reference_draft` and :func:`reference_target` read the files back
-   with gguf-py, undo nothing but the names, and load transformers' classes."""
+   with gguf-py, undo nothing but the names, and load transformers' classes;
+4. :func:`transformers_rounds` runs transformers' DFlash generation on them.
+
+:func:`write_assistant_checkpoint` saves the same random drafter as a
+transformers checkpoint (``save_pretrained``), the converter's input."""
 from __future__ import annotations
 
 import os
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+import pytest
 import torch
 
 from muser_torch.arch.dflash import ARCH, HF_NAMES, MASK_KEY
 from muser_torch.gguf_io import save_gguf
+from muser_torch.models.dflash import DraftContext
+from muser_torch.models.speculative import Taps
 
+from ..glimmer.conftest import rel_err
 from ..glimmer.muse_files import dequantized, reference_model
 from ..models.hf_files import _quantized
 
@@ -60,6 +68,17 @@ def random_assistant(cfg, seed: int) -> dict[str, torch.Tensor]:
         out[name] = (1.0 + 0.2 * z) if name.endswith("norm.weight") or name.endswith("norm_enc.weight") \
             else z / t.shape[-1] ** 0.5
     return out
+
+
+def write_assistant_checkpoint(directory: "str | os.PathLike[str]", cfg, *, seed: int) -> Path:
+    """``random_assistant`` saved by transformers (bfloat16, so a bf16
+    conversion holds the checkpoint's values exactly)."""
+    from transformers import MuseGlimmerAssistantModel
+    model = MuseGlimmerAssistantModel(cfg)
+    missing, unexpected = model.load_state_dict(random_assistant(cfg, seed), strict=False)
+    assert not unexpected and all("inv_freq" in m for m in missing), (missing, unexpected)
+    model.to(torch.bfloat16).save_pretrained(str(directory))
+    return Path(directory)
 
 
 def converter_metadata(cfg, vocab: int) -> dict[str, Any]:
@@ -138,3 +157,53 @@ def reference_target(path: "str | os.PathLike[str]", text_cfg):
     model.generation_config.pad_token_id = None
     model.generation_config.bos_token_id = None
     return model
+
+
+def transformers_rounds(target, draft, ids: torch.Tensor, n_new: int) -> tuple[list[int], list[list]]:
+    """transformers' DFlash generation, and per round with candidates:
+    (candidate ids, their logits, accepted count)."""
+    from transformers.generation.candidate_generator import DFlashTokenCandidateGenerator
+    rounds: list[list] = []
+    get, update = DFlashTokenCandidateGenerator.get_candidates, \
+        DFlashTokenCandidateGenerator.update_candidate_strategy
+
+    def get_candidates(self, input_ids, *a, **kw):
+        cand, logits = get(self, input_ids, *a, **kw)
+        rounds.append([cand[0, input_ids.shape[1]:].tolist(), logits, None])
+        return cand, logits
+
+    def update_candidate_strategy(self, input_ids, scores, n_matches):
+        rounds[-1][2] = int(n_matches)
+        return update(self, input_ids, scores, n_matches)
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(DFlashTokenCandidateGenerator, "get_candidates", get_candidates)
+    mp.setattr(DFlashTokenCandidateGenerator, "update_candidate_strategy", update_candidate_strategy)
+    try:
+        with torch.no_grad():
+            out = target.generate(ids, assistant_model=draft, speculation_type="dflash",
+                                  max_new_tokens=n_new, do_sample=False)
+    finally:
+        mp.undo()
+    return out[0, ids.shape[1]:].tolist(), [r for r in rounds if r[0]]
+
+
+@torch.no_grad()
+def first_round(target, draft, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """muser_torch's first round after prompt ``ids``: (the draft's logits
+    ``[block - 1, vocab]``, the tapped states it encoded, the anchor token)."""
+    with Taps(target, draft.tap_layers) as taps:
+        anchor = int(target(ids)[0, -1].argmax())
+        tapped = taps.take()
+    ctx = DraftContext()
+    draft.extend(ctx, tapped)
+    return draft.propose(ctx, anchor), tapped, anchor
+
+
+def assert_draft_logits_match(got: torch.Tensor, want: torch.Tensor, shape: tuple[int, int],
+                              seed: int) -> None:
+    """Within 1e-4 relative of the reference, and the reference not degenerate."""
+    err = rel_err(got, want)
+    assert got.shape == want.shape == shape, (got.shape, want.shape, shape)
+    assert err < 1e-4, f"relative error {err:.2e} against transformers (seed {seed})"
+    assert float(want.std()) > 0.1, f"degenerate draft logits (seed {seed})"

@@ -14,12 +14,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from muser_torch.models.dflash import DraftContext
-from muser_torch.models.speculative import Taps
 
-from ..glimmer.conftest import rel_err
 from .conftest import SEED, VOCAB
-from .draft_files import reference_draft, reference_target
+from .draft_files import (assert_draft_logits_match, first_round, reference_draft, reference_target,
+                          transformers_rounds)
 
 N_NEW = 64
 
@@ -27,35 +25,6 @@ N_NEW = 64
 def _prompt(n: int = 11) -> torch.Tensor:
     g = torch.Generator().manual_seed(SEED * 31 + 5)
     return torch.randint(0, VOCAB, (1, n), generator=g)
-
-
-def _transformers_rounds(target, draft, ids):
-    """transformers' DFlash generation, and per round with candidates:
-    (candidate ids, their logits, accepted count)."""
-    from transformers.generation.candidate_generator import DFlashTokenCandidateGenerator
-    rounds: list[list] = []
-    get, update = DFlashTokenCandidateGenerator.get_candidates, \
-        DFlashTokenCandidateGenerator.update_candidate_strategy
-
-    def get_candidates(self, input_ids, *a, **kw):
-        cand, logits = get(self, input_ids, *a, **kw)
-        rounds.append([cand[0, input_ids.shape[1]:].tolist(), logits, None])
-        return cand, logits
-
-    def update_candidate_strategy(self, input_ids, scores, n_matches):
-        rounds[-1][2] = int(n_matches)
-        return update(self, input_ids, scores, n_matches)
-
-    mp = pytest.MonkeyPatch()
-    mp.setattr(DFlashTokenCandidateGenerator, "get_candidates", get_candidates)
-    mp.setattr(DFlashTokenCandidateGenerator, "update_candidate_strategy", update_candidate_strategy)
-    try:
-        with torch.no_grad():
-            out = target.generate(ids, assistant_model=draft, speculation_type="dflash",
-                                  max_new_tokens=N_NEW, do_sample=False)
-    finally:
-        mp.undo()
-    return out[0, ids.shape[1]:].tolist(), [r for r in rounds if r[0]]
 
 
 @pytest.fixture(scope="module")
@@ -66,23 +35,15 @@ def references(pair_files):
 
 @pytest.fixture(scope="module")
 def transformers_run(references):
-    return _transformers_rounds(*references, _prompt())
+    return transformers_rounds(*references, _prompt(), N_NEW)
 
 
 def test_first_round_draft_logits_match_transformers(pair, transformers_run):
     target, draft = pair
     _, rounds = transformers_run
     ids = _prompt()
-    with Taps(target, draft.tap_layers) as taps:
-        anchor = int(target(ids)[0, -1].argmax())
-        ctx = DraftContext()
-        draft.extend(ctx, taps.take())
-    got = draft.propose(ctx, anchor)
-    want = rounds[0][1][0]
-    err = rel_err(got, want)
-    assert got.shape == want.shape == (15, VOCAB)
-    assert err < 1e-4, f"relative error {err:.2e} against transformers (seed {SEED})"
-    assert float(want.std()) > 0.1, f"degenerate draft logits (seed {SEED})"
+    got, _, _ = first_round(target, draft, ids)
+    assert_draft_logits_match(got, rounds[0][1][0], (15, VOCAB), SEED)
 
 
 def test_blocks_and_acceptance_match_transformers(pair, transformers_run):
