@@ -1,11 +1,11 @@
 """Glimmer's public names in one place: the model (``models/glimmer.py``), its
 config and tensor table (``arch/muse_glimmer.py``), and the shared KV cache and
-sampler (``models/parts.py``, ``models/generation.py``)."""
+sampler (``models/parts.py``, ``models/sampling.py``)."""
 from __future__ import annotations
 
 from .arch.muse_glimmer import MUSE_GLIMMER, GlimmerConfig
 from .arch.spec import expand
-from .models.generation import sample
+from .models.sampling import sample
 from .models.glimmer import Glimmer, GlimmerBlock
 from .models.parts import KVCache
 

@@ -31,7 +31,7 @@ from typing import Any, Sequence
 import torch
 
 from .dflash import DraftContext, Drafter
-from .generation import distribution, sample
+from .sampling import distribution, sample
 
 __all__ = ["DraftStats", "Taps", "speculative_generate"]
 

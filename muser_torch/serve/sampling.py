@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..models.generation import sample
+from ..models.sampling import sample
 
 
 @dataclass(frozen=True)
