@@ -26,7 +26,7 @@ import torch
 from ...formats.types import NEEDS_COMPANIONS, GGMLType
 from ..backend_choice import chosen_backend
 from ...formats import scale_byte_table
-from . import BACK_TO_BACK_THREAD_MIN_BYTES, FUSED_MAX_TOKENS, _native_for
+from . import BACK_TO_BACK_THREAD_MIN_BYTES, FUSED_MAX_TOKENS, _native_for, qmatmul as _cpu_qmatmul
 from . import block
 
 __all__ = ["plain_eager", "profiling", "recorded", "Projection"]
@@ -59,12 +59,19 @@ def recorded(name: str, fn, *args):
         return fn(*args)
 
 
+# Rows past the fused kernel's that still skip the dispatcher (through the op's
+# own CPU function): a DFlash verify block of 16, whose 16-row forwards would
+# otherwise pay the dispatcher's ~0.1 ms per projection.
+WIDE_MAX_ROWS = 16
+
+
 class Projection:
     """``x @ W.T`` for one packed weight as the op computes it, on the library
     (``decode.c``'s ``muser_linear``): float32 contiguous x of up to
-    ``FUSED_MAX_TOKENS`` rows (any rows in ggml's integer numerics);
-    :meth:`__call__` returns None for anything else, and the caller takes the
-    op. Points at the weight's tensors: build it again when they are replaced
+    ``FUSED_MAX_TOKENS`` rows (any rows in ggml's integer numerics); in the exact
+    numerics more rows, up to ``WIDE_MAX_ROWS`` (a speculative verify block),
+    run the op's own CPU function without the dispatcher's cost. :meth:`__call__` returns None for
+    anything else, and the caller takes the op. Points at the weight's tensors: build it again when they are replaced
     (``QLinear`` keys it on the data pointers)."""
 
     __slots__ = ("key", "_args", "_linear", "_ref", "_n_in", "_n_out", "_max_rows", "_scale_2",
@@ -93,8 +100,11 @@ class Projection:
         if not shape or shape[-1] != self._n_in:
             return None
         rows = x.numel() // self._n_in
-        if rows < 1 or (self._max_rows is not None and rows > self._max_rows):
+        if rows < 1:
             return None
+        if self._max_rows is not None and rows > self._max_rows:
+            wide = rows <= WIDE_MAX_ROWS and self._args[6] == "exact"
+            return _cpu_qmatmul(x, *self._args[:6]) if wide else None
         if self._scale_2 is not None:
             self._linear.s2 = float(self._scale_2)
         y = torch.empty(*shape[:-1], self._n_out)
