@@ -10,6 +10,8 @@ the reference layer: it imports nothing above it. ``muser_torch.dequantize``
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from . import floats, kquant, legacy, nvfp4  # noqa: F401  (registers the formats)
@@ -27,10 +29,12 @@ __all__ = ["GGMLType", "QK_K", "PackedWeight", "dequantize_reference", "quantize
 _SCALE_BYTE_TABLES = {"ue4m3": nvfp4.ue4m3_half_table, "e4m3": floats.e4m3fn_table}
 
 
+@functools.lru_cache(maxsize=None)
 def scale_byte_table(qtype: "GGMLType | int", device: torch.device | str = "cpu") -> torch.Tensor | None:
     """float32 ``[256]``: the values of ``qtype``'s one-byte float scales, an
     in-block field or a companion tensor (read from its layout), or None when
-    it has none. Kernels gather their scales through it without naming a format."""
+    it has none. Kernels gather their scales through it without naming a
+    format. Built once per (type, device): read it, never write it."""
     from .layout import LAYOUTS
     lay = LAYOUTS[GGMLType.parse(qtype).name]
     kinds = [f.kind for f in lay.fields] + [LAYOUTS[c.type_name].fields[0].kind for c in lay.companions]

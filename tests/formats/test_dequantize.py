@@ -231,3 +231,27 @@ def test_scale_min_packing_round_trips_all_pairs() -> None:
 def test_bad_input_names_the_problem(bad, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         bad()
+
+
+def test_scale_byte_table_follows_the_layout():
+    """Each format with one-byte float scales (an in-block field or a companion)
+    gets their values, read from its layout's kind; the others get None. The
+    values are checked against the bytes' float8 decode (E4M3FN) and half of
+    the unsigned E4M3 formula (llama.cpp's NVFP4)."""
+    from muser_torch.formats import scale_byte_table
+    from muser_torch.formats.layout import LAYOUTS
+    b = torch.arange(256)
+    e4m3 = b.to(torch.uint8).view(torch.float8_e4m3fn).float()
+    exp, man = (b >> 3) & 0xF, (b & 7).double()
+    ue4m3 = torch.where(exp == 0, man * 2.0 ** -9, (1 + man / 8) * 2.0 ** (exp - 7).double())
+    ue4m3 = torch.where((b == 0) | (b == 0x7F), 0.0, ue4m3 / 2).float()
+    for qt in GGMLType:
+        if qt.name not in LAYOUTS:
+            continue
+        table = scale_byte_table(qt)
+        if qt in (GGMLType.NVFP4_E2M1, GGMLType.F8_E4M3FN):
+            assert torch.equal(table.nan_to_num(7.0), e4m3.nan_to_num(7.0)), qt.name
+        elif qt is GGMLType.NVFP4:
+            assert torch.equal(table, ue4m3), qt.name
+        else:
+            assert table is None, qt.name
