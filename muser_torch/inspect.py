@@ -178,7 +178,7 @@ def register(subparsers: "argparse._SubParsersAction") -> None:
     p = subparsers.add_parser(
         "inspect", help="tensor classes, sizes and lane of GGUF files",
         description=__doc__.splitlines()[0],
-        epilog="With several files (e.g. models/*.gguf) the tables follow one another; "
+        epilog="With several files (e.g. demo/*.gguf) the tables follow one another; "
                "--json prints one JSON object per file, one per line (JSON Lines), so a "
                "single file gives a single object.")
     p.add_argument("files", nargs="+", metavar="FILE", help="one or more .gguf files")

@@ -2,7 +2,7 @@
 (``--chat``) answer one chat turn or a conversation typed at the prompt.
 
 MODEL is any GGUF ``muser_torch.from_gguf`` takes (Glimmer, Gemma 3, Llama,
-Qwen2/3); with none it runs the bundled demo (``models/glimmer-demo-q4_k_xl.gguf``,
+Qwen2/3); with none it runs the bundled demo (``demo/glimmer-demo-q4_k_xl.gguf``,
 a byte-level model trained on Python's standard library). ``--chat`` renders
 the file's ``tokenizer.chat_template``.
 """
@@ -21,16 +21,16 @@ from .nn import NUMERICS, check_numerics
 from .text.chat_limits import DEFAULT_MAX_CHARS, DEFAULT_SECONDS, MESSAGES_FACTOR, ChatLimits
 from .text.stream import TextStream
 
-MODELS_DIR = Path(__file__).resolve().parents[1] / "models"
-DEMO = {"q4_k_xl": MODELS_DIR / "glimmer-demo-q4_k_xl.gguf",
-        "nvfp4": MODELS_DIR / "glimmer-demo-nvfp4.gguf"}
+DEMO_DIR = Path(__file__).resolve().parents[1] / "demo"
+DEMO = {"q4_k_xl": DEMO_DIR / "glimmer-demo-q4_k_xl.gguf",
+        "nvfp4": DEMO_DIR / "glimmer-demo-nvfp4.gguf"}
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("run", help="generate text with a GGUF model (default: the bundled demo)")
     p.add_argument("model", nargs="?", type=Path, default=None,
-                   help="GGUF file (default: the bundled demo, models/glimmer-demo-<lane>.gguf)")
+                   help="GGUF file (default: the bundled demo, demo/glimmer-demo-<lane>.gguf)")
     p.add_argument("--lane", choices=tuple(DEMO), default="q4_k_xl",
                    help="which bundled demo to run when MODEL is not given")
     p.add_argument("--prompt", default=None,

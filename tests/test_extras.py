@@ -18,7 +18,7 @@ from .cache_dirs import kernels_only_cache
 
 ROOT = Path(__file__).resolve().parent.parent
 INSTALL = 'pip install -e ".[hf]"'
-DEMO = ROOT / "models" / "glimmer-demo-q4_k_xl.gguf"
+DEMO = ROOT / "demo" / "glimmer-demo-q4_k_xl.gguf"
 
 CHILD = """
 import sys

@@ -28,9 +28,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("muser_torch", "muser_torch_metal_emulator")
-SOURCE_TREES = (*PACKAGES, "tests", "tools", "models")
+SOURCE_TREES = (*PACKAGES, "tests", "tools", "demo")
 DOCS = ("README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md")),
-        "models/README.md")
+        "demo/README.md")
 TEXT_SUFFIXES = (".py", ".md", ".c", ".h", ".metal", ".cpp", ".sh", ".toml")
 
 # Other projects' files and classes, and the user's files, that the docs name.
@@ -38,8 +38,8 @@ ELSEWHERE = {
     # the user's files and what commands write
     "model.safetensors.index.json": "a sharded checkpoint's index (the user's file)",
     "tokenizer.model": "a checkpoint's sentencepiece model (the user's file)",
-    "models/build/": "what models/make_demo.py writes (ignored by git)",
-    "models/build/eval.json": "what models/make_demo.py writes (ignored by git)",
+    "demo/build/": "what demo/make_demo.py writes (ignored by git)",
+    "demo/build/eval.json": "what demo/make_demo.py writes (ignored by git)",
     "muser_layout.h": "the header ops/cpu/build.py generates into its build directory",
     "emu_runtime.o": "the object the Metal emulator builds from emu_runtime.cpp",
     # transformers
@@ -259,7 +259,7 @@ def _tree_path() -> re.Pattern:
 
 def _missing_paths(line: str, here: Path = ROOT) -> list[str]:
     """The paths of ours that ``line`` names and the repository lacks (a path
-    may stop where a placeholder starts, ``models/glimmer-demo-<lane>.gguf``, or
+    may stop where a placeholder starts, ``demo/glimmer-demo-<lane>.gguf``, or
     name a module's attribute, ``bench/cuda_timing.graph_time``)."""
     found = []
     for m in _tree_path().findall(line):

@@ -3,7 +3,7 @@
 
 The data is the target's own greedy output: prompts are byte windows of the
 demo's training text (the Python standard library's ``.py`` files, split as
-``models/train_demo.py`` splits them), the target continues each greedily,
+``demo/train_demo.py`` splits them), the target continues each greedily,
 and one forward over prompt + continuation records the tapped layers'
 outputs. A training example is an anchor position ``p`` inside the
 continuation: the context is the taps of positions ``0 .. p-1``, the block is
@@ -30,7 +30,7 @@ Measure a drafter already written (here on the CPU, say):
 Real run (the settings for a measurement of acceptance; CUDA):
     python tools/train_dflash_drafter.py --device cuda --sequences 2048 --gen-batch 256 --new-tokens 384 \\
         --steps 20000 --minutes 4 --batch 64 --lr 1e-3 --layers 2 --eval-prompts 8 \\
-        --eval-tokens 256 --out models/build/glimmer-demo-dflash.gguf
+        --eval-tokens 256 --out demo/build/glimmer-demo-dflash.gguf
 (--minutes bounds the training; the data and the measurement take minutes more.)
 """
 from __future__ import annotations
@@ -48,7 +48,7 @@ from torch import nn
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "models"))
+sys.path.insert(0, str(REPO / "demo"))
 import muser_torch  # noqa: E402
 from muser_torch.arch.dflash import ARCH, HF_NAMES, DFlashConfig  # noqa: E402
 from muser_torch.formats import GGMLType, quantize  # noqa: E402
@@ -57,7 +57,7 @@ from muser_torch.models.speculative import Taps  # noqa: E402
 from muser_torch.text.byte_tokenizer import ByteTokenizer  # noqa: E402
 from train_demo import stdlib_files  # noqa: E402
 
-DEMO = REPO / "models" / "glimmer-demo-q4_k_xl.gguf"
+DEMO = REPO / "demo" / "glimmer-demo-q4_k_xl.gguf"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -65,7 +65,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                  epilog=__doc__[__doc__.index("Smoke run"):],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", type=Path, default=DEMO, help="the target GGUF (default: the demo)")
-    ap.add_argument("--out", type=Path, default=REPO / "models" / "build" / "glimmer-demo-dflash.gguf")
+    ap.add_argument("--out", type=Path, default=REPO / "demo" / "build" / "glimmer-demo-dflash.gguf")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--sequences", type=int, default=64, help="prompts the target continues")
     ap.add_argument("--prompt-len", type=int, default=64, help="prompt bytes (BOS added)")

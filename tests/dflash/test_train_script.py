@@ -20,7 +20,7 @@ from .conftest import SEED
 from .draft_files import assert_draft_logits_match, assistant_config, first_round
 
 REPO = Path(__file__).resolve().parents[2]
-DEMO = REPO / "models" / "glimmer-demo-q4_k_xl.gguf"
+DEMO = REPO / "demo" / "glimmer-demo-q4_k_xl.gguf"
 
 
 def _script():

@@ -33,8 +33,8 @@ from .mutate import Mutant, materialize, mutant, read_base, sweep
 from .runner import BAD, STAGES, Pool, Result, warm_up
 
 ROOT = Path(__file__).resolve().parents[2]
-NAMED = {"demo-q4_k_xl": ROOT / "models" / "glimmer-demo-q4_k_xl.gguf",
-         "demo-nvfp4": ROOT / "models" / "glimmer-demo-nvfp4.gguf"}
+NAMED = {"demo-q4_k_xl": ROOT / "demo" / "glimmer-demo-q4_k_xl.gguf",
+         "demo-nvfp4": ROOT / "demo" / "glimmer-demo-nvfp4.gguf"}
 CONTROL = -1        # result index of the unmutated file; known-failure replays follow below it
 
 

@@ -157,7 +157,7 @@ def test_nvfp4_companion_scales_are_bytes_not_parameters(tmp_path):
 
 
 def test_cli_takes_several_files(tmp_path, capsys):
-    """``inspect models/*.gguf``: a table per file; --json gives one object per
+    """``inspect demo/*.gguf``: a table per file; --json gives one object per
     file per line; a file that cannot be read is one error line, the others
     are still shown, and the exit status is 2."""
     seed = fresh_seed()

@@ -1,5 +1,5 @@
 """The bundled demo: both lanes load and model held-out Python source as well
-as models/README.md publishes. The measurement is the published one: the
+as demo/README.md publishes. The measurement is the published one: the
 first 128 windows of 512 tokens of the held-out stream, float32 activations,
 through the packed kernels; the perplexity must be within 2% of the README's."""
 from __future__ import annotations
@@ -15,24 +15,24 @@ import torch
 import torch.nn.functional as F
 
 from muser_torch import Glimmer
-from muser_torch.run import DEMO, MODELS_DIR
+from muser_torch.run import DEMO, DEMO_DIR
 
 from .. import slow
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "models"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "demo"))
 
 SEQ, WINDOWS, BATCH = 512, 128, 16
 TOLERANCE = 0.02
 # The held-out stream the README was measured on: 36 standard-library files of
-# Python 3.11.7, 550,707 tokens with their BOS/EOS (models/README.md).
+# Python 3.11.7, 550,707 tokens with their BOS/EOS (demo/README.md).
 HELD_FILES, HELD_TOKENS = 36, 550_707
 
 
 def published_perplexity() -> dict[str, float]:
-    """lane -> perplexity, read from models/README.md's held-out table."""
-    text = (MODELS_DIR / "README.md").read_text()
+    """lane -> perplexity, read from demo/README.md's held-out table."""
+    text = (DEMO_DIR / "README.md").read_text()
     found = dict(re.findall(r"^\| (q4_k_xl|nvfp4) \| ([0-9.]+) ", text, flags=re.M))
-    assert set(found) == set(DEMO), f"models/README.md: no perplexity row for {set(DEMO) - set(found)}"
+    assert set(found) == set(DEMO), f"demo/README.md: no perplexity row for {set(DEMO) - set(found)}"
     return {lane: float(v) for lane, v in found.items()}
 
 

@@ -19,7 +19,7 @@ import torch
 import muser_torch
 
 ROOT = Path(__file__).resolve().parents[2]
-DEMO = ROOT / "models" / "glimmer-demo-q4_k_xl.gguf"
+DEMO = ROOT / "demo" / "glimmer-demo-q4_k_xl.gguf"
 HANG_S = 600
 
 # The child: load, say so, wait for the parent's go (so that every process

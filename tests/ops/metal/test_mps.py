@@ -21,7 +21,7 @@ from muser_torch import GGMLType
 from .helpers import IDS, SHAPES, TOKEN_COUNTS, fresh_seed, random_weights, reference, rel_err
 
 pytestmark = pytest.mark.skipif(not torch.backends.mps.is_available(), reason="needs an MPS device")
-DEMO = Path(__file__).resolve().parents[3] / "models" / "glimmer-demo-q4_k_xl.gguf"
+DEMO = Path(__file__).resolve().parents[3] / "demo" / "glimmer-demo-q4_k_xl.gguf"
 
 
 @pytest.mark.parametrize("qtype,n_out,n_in", SHAPES, ids=IDS)

@@ -5,10 +5,10 @@ anywhere. Files are split by path (every 50th sorted file is held out), each
 file becomes ``BOS bytes EOS``, and the model sees random 512-byte windows of
 the concatenated training stream. One CPU thread, time-boxed:
 
-    python models/train_demo.py --minutes 48          # -> models/build/demo_float.pt
-    python models/make_demo.py                        # -> the two GGUFs + perplexities
+    python demo/train_demo.py --minutes 48          # -> demo/build/demo_float.pt
+    python demo/make_demo.py                        # -> the two GGUFs + perplexities
 
-The float checkpoint stays in models/build/ (ignored); only the GGUFs are committed.
+The float checkpoint stays in demo/build/ (ignored); only the GGUFs are committed.
 """
 from __future__ import annotations
 

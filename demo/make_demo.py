@@ -1,8 +1,8 @@
 """Quantize the trained demo into both lanes and measure held-out perplexity.
 
-    python models/make_demo.py [--ckpt models/build/demo_float.pt]
+    python demo/make_demo.py [--ckpt demo/build/demo_float.pt]
 
-Writes models/glimmer-demo-q4_k_xl.gguf and models/glimmer-demo-nvfp4.gguf
+Writes demo/glimmer-demo-q4_k_xl.gguf and demo/glimmer-demo-nvfp4.gguf
 with the lanes' recipes (muser_torch.tiny.recipe_type; docs/muse-glimmer.md), then evaluates the
 float model and both files on the held-out standard-library files: perplexity
 per byte, bits per byte, and how often each lane's top token differs from the
@@ -71,7 +71,7 @@ def export(model: Glimmer, lane: str, path: Path, imatrix: dict[str, torch.Tenso
     md = gguf_metadata(config, f"glimmer-demo-{lane}")
     md["general.description"] = ("byte-level Muse Glimmer (the released architecture at toy size) "
                                  "trained on the Python standard library's source "
-                                 "(models/train_demo.py)")
+                                 "(demo/train_demo.py)")
     save_gguf(path, md, tensors)
 
 
