@@ -94,6 +94,8 @@ void qdot_q8_0(const uint8_t *, const uint8_t *, int64_t, int64_t, int, float *)
 void qdot_q4_k(const uint8_t *, const uint8_t *, int64_t, int64_t, int, float *);
 void qdot_q5_k(const uint8_t *, const uint8_t *, int64_t, int64_t, int, float *);
 void qdot_q6_k(const uint8_t *, const uint8_t *, int64_t, int64_t, int, float *);
+void qdot_q2_k(const uint8_t *, const uint8_t *, int64_t, int64_t, int, float *);
+void qdot_q3_k(const uint8_t *, const uint8_t *, int64_t, int64_t, int, float *);
 
 struct kind;
 /* The fused matvec over rows [r0, r1) of one muser_matmul call (matvec.c). */

@@ -8,6 +8,8 @@
  *   Q4_1, Q5_1:        (d_w * d_x) * sum(q_w * q_x) + m_w * s_x
  *   Q4_K, Q5_K:        (d_x * d_w) * sum_j sc_j sum(q_w * q_x) - (d_x * dmin_w) * sum_j m_j bsum_j
  *   Q6_K:              (d_w * d_x) * sum_j sc_j sum((q_w - 32) * q_x)
+ *   Q2_K:              (d_x * d_w) * sum_j sc_j sum(q_w * q_x) - (d_x * dmin_w) * sum_j m_j bsum_j
+ *   Q3_K:              (d_w * d_x) * sum_j s_j sum((q_w - 4) * q_x)
  * Every integer sum is exact; the x86 builds keep 8 float lanes per token,
  * as ggml's AVX2 code does (Q6_K: one exact int32 per block, scaled in
  * scalar float, as its offset of 32 cancels most of the block's sum), and
@@ -353,6 +355,82 @@ ROW_KERNEL void qdot_q6_k_rows(const uint8_t *row, const uint8_t *act, int64_t a
     for (int t = 0; t < T; t++) out[t] = sum[t];
 }
 
+/* Block b of a Q2_K / Q3_K row (`three` a constant): isum[t] = sum_j s[j] sum(u * y_t)
+ * over the 16 sub-blocks of 16, u the unsigned code (Q2_K 0..3; Q3_K 0..7,
+ * the 2-bit code plus 4 where the hmask bit is set, so q = u - 4). */
+ROW_KERNEL void q23_k_isums(const uint8_t *blk, const int three, const uint8_t *act,
+                            int64_t act_stride, int64_t b, const int T, const int16_t s[16],
+                            int isum[QDOT_TOKENS]) {
+    const uint8_t *qs = blk + (three ? MUSER_Q3_K_QS : MUSER_Q2_K_QS), *hm = blk + MUSER_Q3_K_HMASK;
+#if defined(__AVX2__) && defined(__FMA__)
+    __m256i acc[QDOT_TOKENS];
+    for (int t = 0; t < T; t++) acc[t] = _mm256_setzero_si256();
+    const __m256i m3 = _mm256_set1_epi8(3), one = _mm256_set1_epi8(1);
+    const __m256i hb = three ? _mm256_loadu_si256((const __m256i *)hm) : _mm256_setzero_si256();
+    for (int h = 0; h < 2; h++) {
+        const __m256i raw = _mm256_loadu_si256((const __m256i *)(qs + 32 * h));
+        for (int j = 0; j < 4; j++) {    /* elements 128h + 32j ..: sub-blocks 8h+2j, 8h+2j+1 */
+            __m256i u = _mm256_and_si256(_mm256_srli_epi16(raw, 2 * j), m3);
+            if (three)
+                u = _mm256_or_si256(u, _mm256_slli_epi16(
+                                           _mm256_and_si256(_mm256_srli_epi16(hb, 4 * h + j), one), 2));
+            const int k = 8 * h + 2 * j;
+            const __m256i s16 = _mm256_set_m128i(_mm_set1_epi16(s[k + 1]), _mm_set1_epi16(s[k]));
+            for (int t = 0; t < T; t++)
+                acc[t] = _mm256_add_epi32(acc[t], scaled_dot(u, ACTK(t, b)->qs + 128 * h + 32 * j, s16));
+        }
+    }
+    for (int t = 0; t < T; t++) isum[t] = hsum_i32(acc[t]);
+#else
+    for (int t = 0; t < T; t++) isum[t] = 0;
+    for (int e = 0; e < QK_K; e++) {
+        const int h = e / 128, j = (e % 128) / 32, l = e % 32;
+        int u = (qs[32 * h + l] >> (2 * j)) & 3;
+        if (three) u |= ((hm[l] >> (4 * h + j)) & 1) << 2;
+        for (int t = 0; t < T; t++) isum[t] += s[e / 16] * u * ACTK(t, b)->qs[e];
+    }
+#endif
+}
+
+/* Q2_K: (d_x * d_w) * isum - (d_x * dmin_w) * sum_j m_j bsum_j, as ggml's vec_dot_q2_K_q8_K;
+ * Q3_K: (d_w * d_x) * (isum - 4 sum_j s_j bsum_j), s_j the signed 6-bit scales. One
+ * float per block, added in block order. */
+ROW_KERNEL void qdot_q23_k(const uint8_t *row, const int three, const uint8_t *act,
+                           int64_t act_stride, int64_t nb, const int T, float *out) {
+    const int bytes = three ? MUSER_Q3_K_BYTES : MUSER_Q2_K_BYTES;
+    float sum[QDOT_TOKENS];
+    for (int t = 0; t < T; t++) sum[t] = 0.0f;
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = row + b * bytes;
+        int16_t s[16], m[16];
+        for (int j = 0; j < 16; j++) {
+            if (three) {
+                const uint8_t *sc = blk + MUSER_Q3_K_SCALES;
+                const int lo = j < 8 ? sc[j] & 0xF : sc[j - 8] >> 4;
+                s[j] = (int16_t)((lo | (((sc[8 + j % 4] >> (2 * (j / 4))) & 3) << 4)) - 32);
+            } else {
+                s[j] = blk[MUSER_Q2_K_SCALES + j] & 0xF;
+                m[j] = blk[MUSER_Q2_K_SCALES + j] >> 4;
+            }
+        }
+        int isum[QDOT_TOKENS];
+        q23_k_isums(blk, three, act, act_stride, b, T, s, isum);
+        const float dw = f16(blk + (three ? MUSER_Q3_K_D : MUSER_Q2_K_D));
+        for (int t = 0; t < T; t++) {
+            const actk_t *a = ACTK(t, b);
+            int bs = 0;    /* Q2_K: the mins' sum; Q3_K: the codes' offset of 4 */
+            for (int j = 0; j < 16; j++) bs += (three ? s[j] : m[j]) * a->bsums[j];
+            if (three) {
+                sum[t] += (dw * a->d) * (float)(isum[t] - 4 * bs);
+            } else {
+                const float dmin = f16(blk + MUSER_Q2_K_DMIN);
+                sum[t] += (a->d * dw) * (float)isum[t] - (a->d * dmin) * (float)bs;
+            }
+        }
+    }
+    for (int t = 0; t < T; t++) out[t] = sum[t];
+}
+
 #define KQ_FN(name, call)                                                                      \
     void name(const uint8_t *row, const uint8_t *act, int64_t act_stride, int64_t nb, int T,   \
               float *out) {                                                                     \
@@ -364,6 +442,10 @@ ROW_KERNEL void qdot_q6_k_rows(const uint8_t *row, const uint8_t *act, int64_t a
 KQ_FN(qdot_q4_k, CALL_Q4_K)
 KQ_FN(qdot_q5_k, CALL_Q5_K)
 KQ_FN(qdot_q6_k, CALL_Q6_K)
+#define CALL_Q2_K(n) qdot_q23_k(row, 0, act, act_stride, nb, n, out)
+#define CALL_Q3_K(n) qdot_q23_k(row, 1, act, act_stride, nb, n, out)
+KQ_FN(qdot_q2_k, CALL_Q2_K)
+KQ_FN(qdot_q3_k, CALL_Q3_K)
 
 /* ---- the matmul ------------------------------------------------------------------------- */
 
