@@ -78,6 +78,30 @@ ROW_KERNEL void row_q6_k(const uint8_t *row, int64_t nb, const float *x, int64_t
     ACC_FINISH(T)
 }
 
+/* Q2_K / Q3_K: see q23_k_w8x4 (the code bytes of each 8 elements read once
+ * for the 4 vectors they hold). */
+ROW_KERNEL void row_q23_k(const uint8_t *row, const int three, int64_t nb, const float *x,
+                          int64_t n_in, const int T, float *out) {
+    ACC_DECLARE(T);
+    const int bytes = three ? MUSER_Q3_K_BYTES : MUSER_Q2_K_BYTES;
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = row + b * bytes;
+        float a[16], c[16];
+        q23_k_factors(blk, three, a, c);
+        for (int h = 0; h < 2; h++)
+            for (int v = 0; v < 4; v++) {
+                v8f w[4];
+                q23_k_w8x4(blk, three, h, v, a, c, w);
+                const int64_t base = b * QK_K + 128 * h + 8 * v;
+                FMA_TOKENS(w[0], base, 0);
+                FMA_TOKENS(w[1], base + 32, 1);
+                FMA_TOKENS(w[2], base + 64, 2);
+                FMA_TOKENS(w[3], base + 96, 3);
+            }
+    }
+    ACC_FINISH(T)
+}
+
 /* NVFP4_E2M1: see nvfp4_e2m1_w16. */
 ROW_KERNEL void row_nvfp4_e2m1(const uint8_t *row, const uint8_t *crow, const float *lut,
                                float s2, int64_t nb, const float *x, int64_t n_in, const int T,
@@ -368,6 +392,8 @@ ROW_KERNEL void row_dot(const kind_t *k, const int type, const uint8_t *row, con
     case MUSER_ID_Q4_K: row_q45_k(row, 0, n_in / QK_K, x, n_in, T, out); return;
     case MUSER_ID_Q5_K: row_q45_k(row, 1, n_in / QK_K, x, n_in, T, out); return;
     case MUSER_ID_Q6_K: row_q6_k(row, n_in / QK_K, x, n_in, T, out); return;
+    case MUSER_ID_Q2_K: row_q23_k(row, 0, n_in / QK_K, x, n_in, T, out); return;
+    case MUSER_ID_Q3_K: row_q23_k(row, 1, n_in / QK_K, x, n_in, T, out); return;
     case MUSER_ID_NVFP4_E2M1:
         row_nvfp4_e2m1(row, crow, lut, s2, n_in / NVFP4_GROUP, x, n_in, T, out);
         return;
@@ -486,6 +512,8 @@ MATVEC(matvec_q8_0, MUSER_ID_Q8_0)
 MATVEC(matvec_q4_k, MUSER_ID_Q4_K)
 MATVEC(matvec_q5_k, MUSER_ID_Q5_K)
 MATVEC(matvec_q6_k, MUSER_ID_Q6_K)
+MATVEC(matvec_q2_k, MUSER_ID_Q2_K)
+MATVEC(matvec_q3_k, MUSER_ID_Q3_K)
 MATVEC(matvec_nvfp4_e2m1, MUSER_ID_NVFP4_E2M1)
 MATVEC(matvec_f16, MUSER_ID_F16)
 MATVEC(matvec_bf16, MUSER_ID_BF16)

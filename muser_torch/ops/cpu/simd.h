@@ -89,6 +89,42 @@ static inline void q6_k_w8(const uint8_t *blk, float d, int h, int q, v8f w[4]) 
     w[3] = splat(d * (float)sc[j + 6]) * to_f32(((l1 >> 4) | (((hb >> 6) & 3) << 4)) - 32);
 }
 
+/* Q2_K / Q3_K: the per-sub-block factors of one block (decoders.c's order):
+ * Q2_K a = d*sc_s, c = dmin*m_s; Q3_K a = d*(s6_s - 32), c unused. */
+static inline void q23_k_factors(const uint8_t *blk, const int three, float a[16], float c[16]) {
+    if (three) {
+        const float d = f16(blk + MUSER_Q3_K_D);
+        const uint8_t *sc = blk + MUSER_Q3_K_SCALES;
+        for (int s = 0; s < 16; s++) {
+            const int lo = s < 8 ? sc[s] & 0xF : sc[s - 8] >> 4;
+            a[s] = d * (float)((lo | (((sc[8 + s % 4] >> (2 * (s / 4))) & 3) << 4)) - 32);
+        }
+    } else {
+        const float d = f16(blk + MUSER_Q2_K_D), dmin = f16(blk + MUSER_Q2_K_DMIN);
+        const uint8_t *sc = blk + MUSER_Q2_K_SCALES;
+        for (int s = 0; s < 16; s++) a[s] = d * (float)(sc[s] & 0xF), c[s] = dmin * (float)(sc[s] >> 4);
+    }
+}
+/* ... and the 4 vectors of 8 that share the code bytes qs[32h + 8v ..]: element
+ * 128h + 32j + 8v + i (j = 0..3, sub-block 8h + 2j + v/2) is bits 2j.. of byte i.
+ * Q2_K w = fma(a, q, -c); Q3_K w = a * (q - 4 + 4 hbit), hbit = bit 4h + j of
+ * hmask[8v + i]. */
+static inline void q23_k_w8x4(const uint8_t *blk, const int three, int h, int v, const float a[16],
+                              const float c[16], v8f w[4]) {
+    const v8i raw = widen_u8(blk + (three ? MUSER_Q3_K_QS : MUSER_Q2_K_QS) + 32 * h + 8 * v);
+    const v8i hb = three ? widen_u8(blk + MUSER_Q3_K_HMASK + 8 * v) : (v8i){0};
+    for (int j = 0; j < 4; j++) {
+        const int s = 8 * h + 2 * j + v / 2;
+        v8i q = (raw >> (2 * j)) & 3;
+        if (three) {
+            q += (((hb >> (4 * h + j)) & 1) << 2) - 4;
+            w[j] = splat(a[s]) * to_f32(q);
+        } else {
+            w[j] = fms8(splat(a[s]), to_f32(q), splat(c[s]));
+        }
+    }
+}
+
 /* NVFP4_E2M1 block b (16 elements, 8 bytes, one scale): w = e2m1(code) *
  * (e4m3(scale) * scale_2), the values looked up by e2m1_values8. */
 static inline void nvfp4_e2m1_w16(__m256 table, const uint8_t *row, float s, int64_t b,
