@@ -144,27 +144,29 @@ def plan_types(tensors: Sequence[tuple[str, tuple[int, ...]]], kind: str, n_laye
     return out
 
 
+# llama_tensor_get_type_impl's exceptions per ftype: the type of the i-th attn_v
+# tensor (of n; g = n_head / n_head_kv), of the i-th ffn_down (of n layers) and of
+# attn_output. None keeps the ftype's default.
+_ATTN_V = {"q4_k_m": lambda i, n, g: T.Q6_K if _use_more_bits(i, n) else None,
+           "q3_k_m": lambda i, n, g: T.Q5_K if i < 2 else T.Q4_K,
+           "q2_k": lambda i, n, g: T.Q4_K if g >= 4 else T.Q3_K}
+_FFN_DOWN = {"q4_k_m": lambda i, n: T.Q6_K if _use_more_bits(i, n) else None,
+             "q3_k_m": lambda i, n: T.Q5_K if i < n // 16 else T.Q4_K,
+             "q2_k": lambda i, n: T.Q3_K}
+_ATTN_OUTPUT = {"q3_k_m": T.Q4_K, "q2_k": T.Q3_K}
+
+
 def _llama_quantize_type(kind: str, name: str, counts: dict[str, int], n_attn_v: int,
                          n_layers: int, n_gqa: int) -> GGMLType:
     """llama_tensor_get_type_impl for one tensor (not the lm_head) of ftype
     ``kind``; ``counts`` holds the attn_v and ffn_down tensors seen so far."""
-    t = LLAMA_QUANTIZE[kind]
+    t = None
     if "attn_v.weight" in name:
-        i = counts["attn_v"]
+        t = _ATTN_V[kind](counts["attn_v"], n_attn_v, n_gqa)
         counts["attn_v"] += 1
-        if kind == "q4_k_m":
-            return T.Q6_K if _use_more_bits(i, n_attn_v) else t
-        if kind == "q3_k_m":
-            return T.Q5_K if i < 2 else T.Q4_K
-        return T.Q4_K if n_gqa >= 4 else T.Q3_K
-    if "attn_output.weight" in name:
-        return {"q3_k_m": T.Q4_K, "q2_k": T.Q3_K}.get(kind, t)
-    if "ffn_down" in name:
-        i = counts["ffn_down"]
+    elif "attn_output.weight" in name:
+        t = _ATTN_OUTPUT.get(kind)
+    elif "ffn_down" in name:
+        t = _FFN_DOWN[kind](counts["ffn_down"], n_layers)
         counts["ffn_down"] += 1
-        if kind == "q4_k_m":
-            return T.Q6_K if _use_more_bits(i, n_layers) else t
-        if kind == "q3_k_m":
-            return T.Q5_K if i < n_layers // 16 else T.Q4_K
-        return T.Q3_K
-    return t
+    return t or LLAMA_QUANTIZE[kind]

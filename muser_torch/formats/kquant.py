@@ -165,10 +165,16 @@ def _positive_max(v: torch.Tensor) -> torch.Tensor:
     return torch.where(top > 0, top, torch.zeros_like(top))
 
 
+def _scale_codes(top: torch.Tensor, values: torch.Tensor, levels: int) -> torch.Tensor:
+    """The ref paths' sub-block scale codes: ``nearest_int(levels/top * v)``, 0
+    where top is 0, as int64 (the caller stores them as ggml does)."""
+    inv = torch.where(top > 0, rdiv(float(levels), top), torch.zeros_like(top))
+    return nearest_int(inv * values).to(torch.int64)
+
+
 def _six_bit(top: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
     """ggml's ``MIN(63, (uint8_t)nearest_int(63/top * v))`` for the ref path."""
-    inv = torch.where(top > 0, rdiv(63.0, top), torch.zeros_like(top))
-    return torch.remainder(nearest_int(inv * values), 256).clamp_(max=63).to(torch.uint8)
+    return torch.remainder(_scale_codes(top, values, 63), 256).clamp_(max=63).to(torch.uint8)
 
 
 def _low_nibbles(codes: torch.Tensor) -> torch.Tensor:
@@ -330,8 +336,8 @@ class Q2_K(_KQuant, qtype=GGMLType.Q2_K):
             codes, scales, mins = make_qkx_quants(sub, sub.abs(), 3, -0.5, 0.1, 15, use_mad=True)
             scales, mins = scales.view(n, 16), mins.view(n, 16)
             max_scale, max_min = _positive_max(scales), _positive_max(mins)
-            ls = _four_bit(max_scale, scales)
-            lm = _four_bit(max_min, mins)
+            ls = _scale_codes(max_scale, scales, 15)
+            lm = _scale_codes(max_min, mins, 15)
             d, dmin = div_rn(max_scale, 15), div_rn(max_min, 15)
         else:
             # quantize_row_q2_K_impl: imatrix times sqrt(sigma2 + x*x), then a
@@ -354,12 +360,6 @@ class Q2_K(_KQuant, qtype=GGMLType.Q2_K):
         codes = torch.where(dd != 0, final, codes.view(n, 16, 16).to(torch.float32))
         return torch.cat((sc_bytes, _pack_crumbs(codes.view(n, QK_K)), f16_bytes(d16),
                           f16_bytes(dmin16)), dim=1)
-
-
-def _four_bit(top: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-    """Q2_K's reference ``nearest_int(15/top * v)`` (0 where top is 0), int64."""
-    inv = torch.where(top > 0, rdiv(15.0, top), torch.zeros_like(top))
-    return nearest_int(inv * values).to(torch.int64)
 
 
 class Q3_K(_KQuant, qtype=GGMLType.Q3_K):

@@ -87,20 +87,16 @@ DECODER(dec_q2_k) {
     }
 }
 
-/* Q3_K: the 6-bit scale s of sub-block j (signed: s - 32), from its 12-byte strip. */
-static inline int q3_k_scale(const uint8_t *sc, int j) {
-    const int lo = j < 8 ? sc[j] & 0xF : sc[j - 8] >> 4;
-    return (lo | (((sc[8 + j % 4] >> (2 * (j / 4))) & 3) << 4)) - 32;
-}
-
 /* Q3_K: y = (d * s_j) * (q - 4), q - 4 raised by 4 where the hmask bit is set. */
 DECODER(dec_q3_k) {
     UNUSED_ARGS;
     for (; nb > 0; nb--, b += MUSER_Q3_K_BYTES, w += QK_K) {
         const float d = f16(b + MUSER_Q3_K_D);
         const uint8_t *qs = b + MUSER_Q3_K_QS, *hm = b + MUSER_Q3_K_HMASK;
+        uint8_t s6[16];
+        q3_k_scales6(b + MUSER_Q3_K_SCALES, s6);
         for (int s = 0; s < QK_K / 16; s++) {
-            const float dl = d * (float)q3_k_scale(b + MUSER_Q3_K_SCALES, s);
+            const float dl = d * (float)(s6[s] - 32);
             const int l0 = 16 * (s & 1), j = (s / 2) % 4, h = s / 8;
             for (int l = 0; l < 16; l++) {
                 const int q = ((qs[32 * h + l0 + l] >> (2 * j)) & 3) -

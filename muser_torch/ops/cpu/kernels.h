@@ -171,6 +171,20 @@ static inline void scale_min_k4(const uint8_t *s, int j, float *sc, float *m) {
     }
 }
 
+/* The 16 6-bit scales of a Q3_K block's 12-byte strip as bytes (0..63; the signed
+ * scale is this minus 32), in sub-block order, four at a time: bytes 0-7 hold the
+ * low 4 bits of s and s+8, bytes 8-11 the high 2 bits of s, s+4, s+8, s+12 (see
+ * muser_torch/formats/kquant.py). */
+static inline void q3_k_scales6(const uint8_t *strip, uint8_t s[16]) {
+    uint32_t u[3], w[4];
+    memcpy(u, strip, 12);
+    w[0] = (u[0] & 0x0F0F0F0Fu) | ((u[2] & 0x03030303u) << 4);
+    w[1] = (u[1] & 0x0F0F0F0Fu) | (((u[2] >> 2) & 0x03030303u) << 4);
+    w[2] = ((u[0] >> 4) & 0x0F0F0F0Fu) | (((u[2] >> 4) & 0x03030303u) << 4);
+    w[3] = ((u[1] >> 4) & 0x0F0F0F0Fu) | (((u[2] >> 6) & 0x03030303u) << 4);
+    memcpy(s, w, 16);
+}
+
 /* Decode elements [c0, c0 + n) of one row (c0, n multiples of the block size). */
 static inline void decode_span(const kind_t *k, const uint8_t *row, const uint8_t *crow,
                                const float *lut, float s2, int64_t c0, int64_t n, float *w) {

@@ -357,17 +357,10 @@ ROW_KERNEL void qdot_q6_k_rows(const uint8_t *row, const uint8_t *act, int64_t a
 
 /* The 16 sub-block scales of a Q2_K / Q3_K block as bytes, in sub-block order:
  * Q2_K the low nibbles of its scale bytes (0..15) and, in m, the high ones (the
- * mins); Q3_K the signed 6-bit scales (s6 - 32), unpacked four at a time as ggml
- * does (bytes 0-7 hold the low 4 bits, 8-11 the high 2 bits of s, s+4, s+8, s+12). */
+ * mins); Q3_K the signed 6-bit scales (s6 - 32). */
 static inline void q23_k_scales(const uint8_t *blk, const int three, int8_t s[16], int8_t m[16]) {
     if (three) {
-        uint32_t u[3], w[4];
-        memcpy(u, blk + MUSER_Q3_K_SCALES, 12);
-        w[0] = (u[0] & 0x0F0F0F0Fu) | ((u[2] & 0x03030303u) << 4);
-        w[1] = (u[1] & 0x0F0F0F0Fu) | (((u[2] >> 2) & 0x03030303u) << 4);
-        w[2] = ((u[0] >> 4) & 0x0F0F0F0Fu) | (((u[2] >> 4) & 0x03030303u) << 4);
-        w[3] = ((u[1] >> 4) & 0x0F0F0F0Fu) | (((u[2] >> 6) & 0x03030303u) << 4);
-        memcpy(s, w, 16);
+        q3_k_scales6(blk + MUSER_Q3_K_SCALES, (uint8_t *)s);
         for (int j = 0; j < 16; j++) s[j] = (int8_t)(s[j] - 32);
     } else {
         for (int j = 0; j < 16; j++) {

@@ -105,15 +105,11 @@ static inline float f16_scale(const uint8_t *p) {
  * time: a scalar loop here costs a third of a 16-wide row's time. */
 static inline void q23_k_factors(const uint8_t *blk, const int three, float a[16], float c[16]) {
     if (three) {
-        uint32_t u[3], w[4];              /* the 6-bit scales as bytes, as ggml unpacks them */
-        memcpy(u, blk + MUSER_Q3_K_SCALES, 12);
-        w[0] = (u[0] & 0x0F0F0F0Fu) | ((u[2] & 0x03030303u) << 4);
-        w[1] = (u[1] & 0x0F0F0F0Fu) | (((u[2] >> 2) & 0x03030303u) << 4);
-        w[2] = ((u[0] >> 4) & 0x0F0F0F0Fu) | (((u[2] >> 4) & 0x03030303u) << 4);
-        w[3] = ((u[1] >> 4) & 0x0F0F0F0Fu) | (((u[2] >> 6) & 0x03030303u) << 4);
+        uint8_t s6[16];
+        q3_k_scales6(blk + MUSER_Q3_K_SCALES, s6);
         const v8f d = splat(f16_scale(blk + MUSER_Q3_K_D));
         for (int i = 0; i < 2; i++) {
-            const v8f v = d * to_f32(widen_u8((const uint8_t *)w + 8 * i) - 32);
+            const v8f v = d * to_f32(widen_u8(s6 + 8 * i) - 32);
             memcpy(a + 8 * i, &v, 32);
         }
     } else {

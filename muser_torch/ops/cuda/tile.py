@@ -118,17 +118,22 @@ def _q45k_tile(p, rbase, rmask, kb, BN: tl.constexpr, BB: tl.constexpr, D: tl.co
 
 
 @triton.jit
+def _sub16_grid(base, rmask):
+    """The [BN, 16, 16] grid of the 256-element blocks cut in 16 sub-blocks of 16
+    (Q6_K, Q3_K, Q2_K): block bases and row mask, then per element its half h,
+    quarter c within the half and column l (0..31) within the quarter."""
+    s3 = tl.arange(0, 16)[None, :, None]                       # sub-block of 16
+    l3 = tl.arange(0, 16)[None, None, :]
+    return (base[:, None, None], rmask[:, None, None], s3 // 8, (s3 // 2) % 4,
+            16 * (s3 % 2) + l3)
+
+
+@triton.jit
 def _q6k_tile(p, rbase, rmask, kb, BN: tl.constexpr):
     """Q6_K: 16 sub-blocks of 16, d * sc * (q - 32)."""
     base = rbase + kb * Q6_K_BYTES
     d = _f16_at(p, base + Q6_K_D, rmask)
-    s3 = tl.arange(0, 16)[None, :, None]                       # sub-block of 16
-    l3 = tl.arange(0, 16)[None, None, :]
-    b3 = base[:, None, None]
-    m3 = rmask[:, None, None]
-    h = s3 // 8
-    c = (s3 // 2) % 4
-    l = 16 * (s3 % 2) + l3
+    b3, m3, h, c, l = _sub16_grid(base, rmask)
     ql = tl.load(p + b3 + Q6_K_QL + 64 * h + 32 * (c % 2) + l, mask=m3, other=0).to(tl.int32)
     qh = tl.load(p + b3 + Q6_K_QH + 32 * h + l, mask=m3, other=0).to(tl.int32)
     q = ((ql >> (4 * (c // 2))) & 0xF) | (((qh >> (2 * c)) & 3) << 4)
@@ -146,13 +151,7 @@ def _q23k_tile(p, rbase, rmask, kb, BN: tl.constexpr, THREE: tl.constexpr):
     BB: tl.constexpr = Q3_K_BYTES if THREE else Q2_K_BYTES
     QS: tl.constexpr = Q3_K_QS if THREE else Q2_K_QS
     base = rbase + kb * BB
-    s3 = tl.arange(0, 16)[None, :, None]
-    l3 = tl.arange(0, 16)[None, None, :]
-    b3 = base[:, None, None]
-    m3 = rmask[:, None, None]
-    h = s3 // 8
-    c = (s3 // 2) % 4
-    l = 16 * (s3 % 2) + l3
+    b3, m3, h, c, l = _sub16_grid(base, rmask)
     q = (tl.load(p + b3 + QS + 32 * h + l, mask=m3, other=0).to(tl.int32) >> (2 * c)) & 3
     j = tl.arange(0, 16)[None, :]
     if THREE:
