@@ -336,7 +336,8 @@ ROW_KERNEL void row_q23_k_16(const uint8_t *const *rows, const int three, int64_
                     v16f w[2];
                     for (int r = 0; r < R; r++) {
                         v16i u = (raw[r] >> (2 * j)) & 3;
-                        if (three) u |= ((hb[r] >> (4 * h + j)) & 1) << 2;
+                        const int bit = 4 * h + j;      /* the hmask bit, moved to bit 2 */
+                        if (three) u |= (bit >= 2 ? hb[r] >> (bit - 2) : hb[r] << (2 - bit)) & 4;
                         w[r] = fms16(splat16(a[r][sb]), to_f32_16(u),
                                      splat16(three ? 4.0f * a[r][sb] : c[r][sb]));
                     }

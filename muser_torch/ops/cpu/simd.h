@@ -133,8 +133,9 @@ static inline void q23_k_w8x4(const uint8_t *blk, const int three, int h, int v,
     for (int j = 0; j < 4; j++) {
         const int s = 8 * h + 2 * j + v / 2;
         v8i q = (raw >> (2 * j)) & 3;
+        const int bit = 4 * h + j;              /* the hmask bit, moved to bit 2 */
         if (three) {
-            q += (((hb >> (4 * h + j)) & 1) << 2) - 4;
+            q = (q | ((bit >= 2 ? hb >> (bit - 2) : hb << (2 - bit)) & 4)) - 4;
             w[j] = splat(a[s]) * to_f32(q);
         } else {
             w[j] = fms8(splat(a[s]), to_f32(q), splat(c[s]));
