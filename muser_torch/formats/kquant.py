@@ -1,4 +1,4 @@
-"""The K-quant super-blocks: Q4_K, Q5_K, Q6_K (256 elements each).
+"""The K-quant super-blocks: Q2_K, Q3_K, Q4_K, Q5_K, Q6_K (256 elements each).
 
 Q4_K, 144 bytes                       Q5_K, 176 bytes
   0x00  2  d     f16 super-scale        0x00  2  d
@@ -26,19 +26,34 @@ Q6_K, 210 bytes: ql[128] (low 4 bits), qh[64] (high 2 bits), int8 sc[16]
   q[l + 96] = ql[64h + l + 32] >> 4  | ((qh[32h + l] >> 6) & 3) << 4
   y = d * sc_j * (q - 32).
 
+Q2_K, 84 bytes                        Q3_K, 110 bytes
+  0x00 16  scales  sub-block j: scale     0x00 32  hmask  third bit of each element
+           in b3..b0, min in b7..b4       0x20 64  qs     2-bit codes
+  0x10 64  qs      2-bit codes            0x60 12  scales 16 x 6-bit, signed (-32)
+  0x50  2  d                              0x6C  2  d
+  0x52  2  dmin
+  Both cut 256 elements into 16 sub-blocks of 16. In 128-element half h,
+  element 128h + 32j + m (m < 32) is bits 2j..2j+1 of qs[32h + m]; Q3_K's
+  bit 4h + j of hmask[m] set means "no -4".
+  Q2_K: y = (d*sc_j) * q - (dmin*m_j), q in 0..3.
+  Q3_K: y = (d*(s_j - 32)) * (q - 4*!hbit), the 6-bit s_j packed as:
+    byte      b7..b4     | b3..b0
+    0..7      s8..15 lo4 | s0..7 lo4
+    8..11     bits 2k..2k+1 of byte 8 + i are the top 2 bits of s(4k + i)
+
 Dequantization multiplies in gguf/ggml's order, ``(d*sc)*q - (dmin*m)``, in
 float32, so results are bit-identical to both.
 
-Quantization ports ggml's ``quantize_row_q{4,5,6}_K_ref`` (no importance
-matrix) and ``quantize_row_q{4,5,6}_K_impl`` (with one), byte for byte; the
+Quantization ports ggml's ``quantize_row_q{2,3,4,5,6}_K_ref`` (no importance
+matrix) and ``quantize_row_q{2,3,4,5,6}_K_impl`` (with one), byte for byte; the
 scale searches live in kquant_search.py.
 """
 from __future__ import annotations
 
 import torch
 
-from .kquant_search import (div_rn, make_qkx_quants, make_qp_quants, make_qx_quants, nearest_int, rdiv,
-                            run_chunks, seq_sum, sqrt_rn)
+from .kquant_search import (div_rn, make_q3_quants, make_qkx_quants, make_qp_quants, make_qx_quants,
+                            nearest_int, rdiv, run_chunks, seq_sum, sqrt_rn)
 from .registry import (BlockFormat, f16_bytes, f16_field, field_of, fifth_bits, join_nibbles,
                        nibbles_into, split_nibbles)
 from .types import QK_K, GGMLType
@@ -150,10 +165,16 @@ def _positive_max(v: torch.Tensor) -> torch.Tensor:
     return torch.where(top > 0, top, torch.zeros_like(top))
 
 
+def _scale_codes(top: torch.Tensor, values: torch.Tensor, levels: int) -> torch.Tensor:
+    """The ref paths' sub-block scale codes: ``nearest_int(levels/top * v)``, 0
+    where top is 0, as int64 (the caller stores them as ggml does)."""
+    inv = torch.where(top > 0, rdiv(float(levels), top), torch.zeros_like(top))
+    return nearest_int(inv * values).to(torch.int64)
+
+
 def _six_bit(top: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
     """ggml's ``MIN(63, (uint8_t)nearest_int(63/top * v))`` for the ref path."""
-    inv = torch.where(top > 0, rdiv(63.0, top), torch.zeros_like(top))
-    return torch.remainder(nearest_int(inv * values), 256).clamp_(max=63).to(torch.uint8)
+    return torch.remainder(_scale_codes(top, values, 63), 256).clamp_(max=63).to(torch.uint8)
 
 
 def _low_nibbles(codes: torch.Tensor) -> torch.Tensor:
@@ -243,3 +264,144 @@ class Q6_K(_KQuant, qtype=GGMLType.Q6_K):
                         dim=1)
         # An all-zero super-block (every scale below ggml's epsilon) is all zero bytes.
         return torch.where(zero, torch.zeros_like(out), out)
+
+
+# ---- the 2- and 3-bit K-quants: 16 sub-blocks of 16 ------------------------------------
+
+_SHIFTS2 = (0, 2, 4, 6)
+
+
+def crumb_codes(qs: torch.Tensor) -> torch.Tensor:
+    """qs ``[n, 64]`` to the 2-bit codes of Q2_K / Q3_K, uint8 ``[n, 256]`` in
+    element order: element 128h + 32j + m is bits 2j.. of qs[32h + m]."""
+    shifts = torch.tensor(_SHIFTS2, dtype=torch.uint8, device=qs.device).view(1, 1, 4, 1)
+    return ((qs.view(-1, 2, 1, 32) >> shifts) & 3).reshape(-1, QK_K)
+
+
+def _pack_crumbs(codes: torch.Tensor) -> torch.Tensor:
+    """Inverse of :func:`crumb_codes`: codes 0..3 ``[n, 256]`` to qs ``[n, 64]``."""
+    shifts = torch.tensor(_SHIFTS2, dtype=torch.uint8, device=codes.device).view(1, 1, 4, 1)
+    return (codes.to(torch.uint8).view(-1, 2, 4, 32) << shifts).sum(2, dtype=torch.uint8).view(-1, 64)
+
+
+def q3_k_scales(scales: torch.Tensor) -> torch.Tensor:
+    """The 12 scale bytes of Q3_K blocks to the 16 unsigned 6-bit scales
+    ``[n, 16]`` (int16; the signed scale is this minus 32)."""
+    lo = torch.cat((scales[:, :8] & 0x0F, scales[:, :8] >> 4), dim=1)
+    shifts = torch.tensor(_SHIFTS2, dtype=torch.uint8, device=scales.device).view(1, 4, 1)
+    hi = ((scales[:, None, 8:12] >> shifts) & 3).reshape(-1, 16)
+    return (lo | (hi << 4)).to(torch.int16)
+
+
+def _pack_q3_k_scales(s6: torch.Tensor) -> torch.Tensor:
+    """Inverse of :func:`q3_k_scales`: 6-bit ``[n, 16]`` to the 12 bytes."""
+    s6 = s6.to(torch.uint8)
+    lo = s6 & 0x0F
+    shifts = torch.tensor(_SHIFTS2, dtype=torch.uint8, device=s6.device).view(1, 4, 1)
+    hi = ((s6 >> 4).view(-1, 4, 4) << shifts).sum(1, dtype=torch.uint8)
+    return torch.cat((lo[:, :8] | (lo[:, 8:] << 4), hi), dim=1)
+
+
+def q3_k_codes(blocks: torch.Tensor) -> torch.Tensor:
+    """The signed codes (-4..3) of Q3_K blocks, int8 ``[n, 256]`` in element order."""
+    low = crumb_codes(field_of(blocks, GGMLType.Q3_K, "qs")).view(torch.int8)
+    hm = field_of(blocks, GGMLType.Q3_K, "hmask")
+    bits = torch.arange(8, dtype=torch.uint8, device=blocks.device).view(1, 8, 1)
+    high = ((hm.unsqueeze(1) >> bits) & 1).reshape(-1, QK_K).view(torch.int8)   # bit e // 32 of hm[e % 32]
+    return low - 4 + 4 * high
+
+
+def _sub16_sums(t: torch.Tensor) -> torch.Tensor:
+    """``[n, 256]`` to the in-order sums of its 16 sub-blocks, ``[n, 16]``."""
+    return seq_sum(t.view(-1, 16, 16).permute(2, 0, 1))
+
+
+class Q2_K(_KQuant, qtype=GGMLType.Q2_K):
+    @classmethod
+    def dequantize_blocks(cls, blocks):
+        n = blocks.shape[0]
+        sc = cls.field(blocks, "scales")
+        dl = (cls.f16(blocks, "d") * (sc & 0x0F).to(torch.float32)).unsqueeze(-1)
+        ml = (cls.f16(blocks, "dmin") * (sc >> 4).to(torch.float32)).unsqueeze(-1)
+        q = crumb_codes(cls.field(blocks, "qs")).to(torch.float32).view(n, 16, 16)
+        return q.mul_(dl).sub_(ml).reshape(n, QK_K)
+
+    @staticmethod
+    def _quantize(x, qw):
+        n = x.shape[0]
+        sub = x.reshape(n * 16, 16)
+        if qw is None:
+            # quantize_row_q2_K_ref: weights |x|, the absolute error, then the
+            # 16 scales and mins to 4 bits against the largest of each.
+            codes, scales, mins = make_qkx_quants(sub, sub.abs(), 3, -0.5, 0.1, 15, use_mad=True)
+            scales, mins = scales.view(n, 16), mins.view(n, 16)
+            max_scale, max_min = _positive_max(scales), _positive_max(mins)
+            ls = _scale_codes(max_scale, scales, 15)
+            lm = _scale_codes(max_min, mins, 15)
+            d, dmin = div_rn(max_scale, 15), div_rn(max_min, 15)
+        else:
+            # quantize_row_q2_K_impl: imatrix times sqrt(sigma2 + x*x), then a
+            # weighted search of the scales and mins (4 bits each).
+            sigma2 = (seq_sum(x.t() * x.t()) / QK_K).view(-1, 1)
+            w = qw * sqrt_rn(sigma2 + x * x)
+            sw = _sub16_sums(w)
+            codes, scales, mins = make_qkx_quants(sub, w.reshape(n * 16, 16), 3, -0.9, 0.05, 36)
+            ls, d = make_qp_quants(scales.view(n, 16), sw, 15)
+            lm, dmin = make_qp_quants(mins.view(n, 16), sw, 15)
+            ls, lm = ls.to(torch.int64), lm.to(torch.int64)
+            d, dmin = d.view(-1, 1), dmin.view(-1, 1)
+        # ggml stores the codes in uint8: (l | m << 4) wraps.
+        sc_bytes = ((ls | (lm << 4)) & 0xFF).to(torch.uint8)
+        d16, dmin16 = d.to(torch.float16), dmin.to(torch.float16)
+        dd = (d16.to(torch.float32) * (sc_bytes & 0x0F).to(torch.float32)).unsqueeze(-1)
+        dm = (dmin16.to(torch.float32) * (sc_bytes >> 4).to(torch.float32)).unsqueeze(-1)
+        final = nearest_int((x.view(n, 16, 16) + dm) / dd).clamp_(0, 3)
+        # Where d*sc is zero ggml keeps the codes of the search.
+        codes = torch.where(dd != 0, final, codes.view(n, 16, 16).to(torch.float32))
+        return torch.cat((sc_bytes, _pack_crumbs(codes.view(n, QK_K)), f16_bytes(d16),
+                          f16_bytes(dmin16)), dim=1)
+
+
+class Q3_K(_KQuant, qtype=GGMLType.Q3_K):
+    @classmethod
+    def dequantize_blocks(cls, blocks):
+        n = blocks.shape[0]
+        s = (q3_k_scales(cls.field(blocks, "scales")) - 32).to(torch.float32)
+        dl = (cls.f16(blocks, "d") * s).unsqueeze(-1)
+        q = q3_k_codes(blocks).to(torch.float32).view(n, 16, 16)
+        return q.mul_(dl).reshape(n, QK_K)
+
+    @staticmethod
+    def _quantize(x, qw):
+        n = x.shape[0]
+        sub = x.reshape(n * 16, 16)
+        if qw is None:
+            # quantize_row_q3_K_ref: each sub-block by make_q3_quants, the
+            # scales to 6 bits against the one of largest magnitude.
+            codes, scales = make_q3_quants(sub, 4)
+            scales = scales.view(n, 16)
+            top = scales.gather(1, scales.abs().argmax(1, keepdim=True))   # first largest |scale|
+            iscale = torch.where(top != 0, rdiv(-32.0, top), torch.zeros_like(top))
+            s6 = (nearest_int(iscale * scales).clamp_(-32, 31) + 32)
+            s6 = torch.where(top != 0, s6, torch.zeros_like(s6))
+            d = torch.where(top != 0, rdiv(1.0, iscale), torch.zeros_like(top))
+        else:
+            # quantize_row_q3_K_impl: imatrix times sqrt(sigma2 + x*x) weights
+            # every search, the scales' own included (weighted by their sums).
+            sigma2 = (2 * seq_sum(x.t() * x.t()) / QK_K).view(-1, 1)
+            w = qw * sqrt_rn(sigma2 + x * x)
+            codes, scales = make_qx_quants(sub, w.reshape(n * 16, 16), 4)
+            s6, d = make_qx_quants(scales.view(n, 16), _sub16_sums(w), 32)
+            d = d.view(-1, 1)
+        scale_bytes = _pack_q3_k_scales(s6)
+        d16 = d.to(torch.float16)
+        dd = (d16.to(torch.float32) * (q3_k_scales(scale_bytes) - 32).to(torch.float32)).unsqueeze(-1)
+        final = nearest_int(x.view(n, 16, 16) / dd).clamp_(-4, 3) + 4
+        # Where d*sc is zero ggml keeps the codes of the search.
+        codes = torch.where(dd != 0, final, codes.view(n, 16, 16).to(torch.float32))
+        codes = codes.to(torch.uint8).view(n, QK_K)
+        high = codes > 3                                  # the "no -4" bit
+        bits = torch.arange(8, dtype=torch.uint8, device=x.device).view(1, 8, 1)
+        hmask = (high.to(torch.uint8).view(n, 8, 32) << bits).sum(1, dtype=torch.uint8)
+        low = torch.where(high, codes - 4, codes)
+        return torch.cat((hmask, _pack_crumbs(low), scale_bytes, f16_bytes(d16)), dim=1)

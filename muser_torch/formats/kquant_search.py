@@ -2,7 +2,7 @@
 
 Ports of ggml-quants.c's ``make_qkx2_quants`` / ``make_qkx3_quants`` (one
 function: they differ only in their arguments), ``make_qx_quants`` (with
-``rmse_type == 1``) and ``make_qp_quants``. The results must be
+``rmse_type == 1``), ``make_q3_quants`` (with ``do_rmse``) and ``make_qp_quants``. The results must be
 byte-identical to ggml, so the float32 arithmetic follows ggml's order:
 
 * Every sum over the elements of a group is accumulated one element after
@@ -139,10 +139,12 @@ def _candidate_factors(offset: float, step: float, count: int, base: int,
 
 
 def make_qkx_quants(x: torch.Tensor, w: torch.Tensor, nmax: int, rmin: float, rdelta: float,
-                    nstep: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                    nstep: int, use_mad: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Asymmetric codes 0..nmax with a least-squares scale and min per group.
 
-    ``x``, ``w``: float32 ``[N, n]`` values and their importance weights.
+    ``x``, ``w``: float32 ``[N, n]`` values and their importance weights;
+    ``use_mad``: candidates are judged by the weighted absolute error (Q2_K's
+    reference path) instead of the weighted squared error.
     Returns (``L`` uint8 ``[N, n]``, ``scale`` ``[N]``, ``the_min`` ``[N]``),
     with y ~= scale * L - the_min. ggml's make_qkx2_quants / make_qkx3_quants.
 
@@ -165,7 +167,7 @@ def make_qkx_quants(x: torch.Tensor, w: torch.Tensor, nmax: int, rmin: float, rd
     scale = rdiv(1.0, iscale)
     codes = torch.round(iscale * (xt - mn)).clamp_(0, nmax)
     diff = scale * codes + mn - xt
-    best_err = seq_sum(wt * (diff * diff))
+    best_err = seq_sum(wt * (diff.abs() if use_mad else diff * diff))
 
     # State per group: the running min, and the (inverse scale, min) that
     # produced the codes kept so far; the codes themselves are rebuilt once
@@ -197,7 +199,10 @@ def make_qkx_quants(x: torch.Tensor, w: torch.Tensor, nmax: int, rmin: float, rd
         this_min = torch.where(clip, torch.zeros_like(this_min), this_min)
         torch.mul(lc, this_scale, out=err_terms)
         err_terms.add_(this_min).sub_(xt)
-        torch.mul(err_terms, err_terms, out=sq).mul_(wt)
+        if use_mad:
+            torch.abs(err_terms, out=sq).mul_(wt)
+        else:
+            torch.mul(err_terms, err_terms, out=sq).mul_(wt)
         _sum_rows(sq_rows, err)
         take = (det > 0) & (err < best_err)
         best_err = torch.where(take, err, best_err)
@@ -327,3 +332,43 @@ def make_qp_quants(x: torch.Tensor, w: torch.Tensor, nmax: int) -> tuple[torch.T
     stored = torch.where(zero, torch.zeros_like(stored), stored)
     scale = torch.where(zero, torch.zeros_like(scale), scale)
     return stored.t().to(torch.uint8).contiguous(), scale
+
+
+def make_q3_quants(x: torch.Tensor, nmax: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric codes 0..2*nmax-1 (signed value + nmax) with one scale per
+    group, weights ``x*x``: ggml's make_q3_quants with ``do_rmse`` (Q3_K's
+    reference path). ``x`` float32 ``[N, n]``; returns (``L`` uint8 ``[N, n]``,
+    ``scale`` ``[N]``). An all-zero group gets codes 0 (not nmax) and scale 0,
+    as in ggml.
+
+    After the first rounding at ``-nmax / max``, five passes visit the
+    elements in order and move one code when that raises sumlx^2 / suml2
+    (a pass that changes nothing leaves the state as it was, so running all
+    five equals ggml's early exit)."""
+    xt = x.t().contiguous()
+    n, groups = xt.shape
+    vmax = xt.gather(0, xt.abs().argmax(0, keepdim=True)).squeeze(0)
+    zero = vmax.abs() < GROUP_MAX_EPS
+    iscale = rdiv(-float(nmax), vmax)
+    lv = nearest_int(iscale * xt).clamp_(-nmax, nmax - 1)   # the signed int8 L
+    wt = xt * xt
+    wx = wt * xt
+    sumlx = seq_sum(wx * lv)
+    suml2 = seq_sum(wt * lv * lv)
+    for _ in range(5):
+        for i in range(n):
+            wi, wxi, xi, li = wt[i], wx[i], xt[i], lv[i]
+            slx = sumlx - wxi * li
+            sl2 = suml2 - wi * li * li
+            new_l = nearest_int(xi * sl2 / slx).clamp_(-nmax, nmax - 1)
+            ok = (slx > 0) & (new_l != li)
+            slx = slx + wxi * new_l
+            sl2 = sl2 + wi * new_l * new_l
+            ok &= (sl2 > 0) & (slx * slx * suml2 > sumlx * sumlx * sl2)
+            lv[i] = torch.where(ok, new_l, li)
+            sumlx = torch.where(ok, slx, sumlx)
+            suml2 = torch.where(ok, sl2, suml2)
+    scale = torch.where(suml2 > 0, sumlx / suml2, torch.zeros_like(sumlx))
+    codes = torch.where(zero, torch.zeros_like(lv), lv + nmax)
+    scale = torch.where(zero, torch.zeros_like(scale), scale)
+    return codes.t().to(torch.uint8).contiguous(), scale

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 QK_K = 256          # elements in a K-quant super-block
-K_SCALE_SIZE = 12   # packed 6-bit scales + mins of a Q4_K / Q5_K block
+K_SCALE_SIZE = 12   # packed 6-bit scales (+ mins) of a Q3_K, Q4_K or Q5_K block
 QK_LEGACY = 32      # elements in a Q4_0 .. Q8_0 block
 QK_NVFP4 = 64       # elements in a llama.cpp NVFP4 block (4 sub-blocks of 16)
 NVFP4_GROUP = 16    # inputs sharing one E4M3 scale (both NVFP4 formats)
@@ -87,6 +87,10 @@ LAYOUTS: dict[str, Layout] = {
     "Q5_1": layout(QK_LEGACY, ("d", 2, "f16"), ("m", 2, "f16"), ("qh", 4, "u8"),
                    ("qs", QK_LEGACY // 2, "u8")),
     "Q8_0": layout(QK_LEGACY, ("d", 2, "f16"), ("qs", QK_LEGACY, "i8")),
+    "Q2_K": layout(QK_K, ("scales", QK_K // 16, "u8"), ("qs", QK_K // 4, "u8"), ("d", 2, "f16"),
+                   ("dmin", 2, "f16")),
+    "Q3_K": layout(QK_K, ("hmask", QK_K // 8, "u8"), ("qs", QK_K // 4, "u8"),
+                   ("scales", K_SCALE_SIZE, "u8"), ("d", 2, "f16")),
     "Q4_K": layout(QK_K, ("d", 2, "f16"), ("dmin", 2, "f16"), ("scales", K_SCALE_SIZE, "u8"),
                    ("qs", QK_K // 2, "u8")),
     "Q5_K": layout(QK_K, ("d", 2, "f16"), ("dmin", 2, "f16"), ("scales", K_SCALE_SIZE, "u8"),

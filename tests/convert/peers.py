@@ -48,8 +48,10 @@ def run_converter(jobs: list[dict], workdir: Path) -> None:
         raise AssertionError(f"llama.cpp's converter failed:\n{r.stderr[-3000:]}")
 
 
-def run_llama_quantize(src: Path, out: Path, ftype: str, imatrix: Path | None = None) -> None:
-    cmd = [str(need_llama_quantize())]
+def run_llama_quantize(src: Path, out: Path, ftype: str, imatrix: Path | None = None,
+                       options: tuple[str, ...] = ()) -> None:
+    """``llama-quantize [options] [--imatrix F] src out ftype 2``."""
+    cmd = [str(need_llama_quantize()), *options]
     if imatrix is not None:
         cmd += ["--imatrix", str(imatrix)]
     r = subprocess.run(cmd + [str(src), str(out), ftype, "2"], capture_output=True, text=True, timeout=600)

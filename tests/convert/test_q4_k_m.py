@@ -73,3 +73,29 @@ def test_same_file_as_llama_quantize_with_imatrix(tmp_path):
     assert_same_file(ours, theirs, f"seed {seed}: llama q4_k_m imatrix")
     plain = convert(d, tmp_path / "plain.gguf", "q4_k_m", progress=False).path
     assert load_gguf(plain)["blk.0.attn_q.weight"].raw.tolist() != load_gguf(ours)["blk.0.attn_q.weight"].raw.tolist()
+
+
+# llama-quantize's other K-quant ftypes: (their name for it, the types the file must hold:
+# the default, and the types of attn_v, ffn_down and attn_output)
+LOW_BIT = {"q3_k_m": ("Q3_K_M", {"Q3_K", "Q4_K", "Q5_K"}),
+           "q2_k": ("Q2_K", {"Q2_K", "Q3_K"})}
+
+
+@pytest.mark.parametrize("kind", list(LOW_BIT))
+@pytest.mark.parametrize("case", ["llama-8", "gemma3"])
+def test_low_bit_same_file_as_llama_quantize(tmp_path, case, kind):
+    """q3_k_m and q2_k: llama_tensor_get_type's per-tensor choices for those
+    ftypes (attn_v by layer or by n_gqa, ffn_down, attn_output) and the
+    Q2_K / Q3_K bytes, as llama-quantize writes them."""
+    need_llama_quantize()
+    arch, opts, pre = CASES[case]
+    ftype, want = LOW_BIT[kind]
+    seed = fresh_seed()
+    d, _, _ = write_checkpoint(tmp_path / case, arch, seed, **opts)
+    f16 = convert(d, tmp_path / "f16.gguf", "f16", pre_tokenizer=pre, progress=False).path
+    theirs = tmp_path / "llama-quantize.gguf"
+    run_llama_quantize(f16, theirs, ftype)
+    ours = convert(d, tmp_path / "ours.gguf", kind, pre_tokenizer=pre, progress=False).path
+    assert_same_file(ours, theirs, f"seed {seed}: {case} {kind}")
+    types = {t.type_name for t in load_gguf(ours).tensors.values()}
+    assert want <= types, f"seed {seed}: {types}"

@@ -29,6 +29,7 @@ GGUF_TYPES = [t for t in GGMLType if t.name in gguf.GGMLQuantizationType.__membe
 F16_FIELDS = {
     GGMLType.Q4_0: (0,), GGMLType.Q4_1: (0, 2), GGMLType.Q5_0: (0,), GGMLType.Q5_1: (0, 2),
     GGMLType.Q8_0: (0,), GGMLType.Q4_K: (0, 2), GGMLType.Q5_K: (0, 2), GGMLType.Q6_K: (208,),
+    GGMLType.Q2_K: (80, 82), GGMLType.Q3_K: (108,),
 }
 
 

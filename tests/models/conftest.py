@@ -37,17 +37,24 @@ def hf_gemma(gemma_path, tmp_path_factory):
     """transformers' Gemma3ForCausalLM from a copy of the file with the same
     tensor bytes and metadata, less the vocabulary arrays (their length is
     written as ``gemma3.vocab_size``, which transformers reads instead)."""
+    return hf_gemma3(gemma_path, Path(tmp_path_factory.mktemp("gemma")), torch.float32)
+
+
+def hf_gemma3(path, workdir: Path, dtype: torch.dtype):
+    """transformers' Gemma3ForCausalLM in ``dtype`` over the tensors of the
+    Gemma 3 file at ``path`` (gguf-py dequantizes them), through a copy in
+    ``workdir`` without the vocabulary arrays."""
     transformers = pytest.importorskip("transformers")
     from muser_torch.gguf_io import load_gguf, save_gguf
 
-    g = load_gguf(gemma_path)
+    g = load_gguf(path)
     md = {k: v for k, v in g.metadata.items() if k not in VOCAB_ARRAYS}
     md["gemma3.vocab_size"] = len(g.metadata["tokenizer.ggml.tokens"])
     types = {k: t for k, t in g.metadata_types.items() if k in md}
-    copy = Path(tmp_path_factory.mktemp("gemma")) / "gemma-3-270m-tensors.gguf"
+    copy = workdir / "gemma-3-270m-tensors.gguf"
     save_gguf(copy, md, dict(g.tensors), types=types, progress=False)
     model = transformers.AutoModelForCausalLM.from_pretrained(
-        str(copy.parent), gguf_file=copy.name, dtype=torch.float32)
+        str(copy.parent), gguf_file=copy.name, dtype=dtype)
     assert type(model).__name__ == "Gemma3ForCausalLM"
     return model.eval()
 

@@ -132,13 +132,13 @@ def test_absurd_dimensions_get_a_clear_message(q4k, n_out, n_in, what):
 
 
 def test_type_ids_are_checked_before_sizes():
-    """Q2_K (id 10) rows of exactly its 84 bytes: refused by id, naming what
-    the ops compute, not by a row size."""
-    p = torch.zeros(3, 84, dtype=torch.uint8)
+    """IQ2_XXS (id 16) rows of exactly its 66 bytes: refused by id, naming
+    what the ops compute, not by a row size."""
+    p = torch.zeros(3, 66, dtype=torch.uint8)
     with pytest.raises(ValueError) as e:
-        ops.dequantize(p, 10, 3, 256)
+        ops.dequantize(p, 16, 3, 256)
     msg = str(e.value)
-    assert "unknown GGML type id 10" in msg and "bytes" not in msg
+    assert "unknown GGML type id 16" in msg and "bytes" not in msg
     assert "Q4_K (12)" in msg and "NVFP4 (40)" in msg and "NVFP4_E2M1 (1000)" in msg
     assert ops.implemented_types() == frozenset(GGMLType)   # every GGMLType has a block format
 

@@ -320,6 +320,7 @@ def qmatmul(x: torch.Tensor, packed: torch.Tensor, qtype: int, n_out: int, n_in:
 GGML_NUMERICS_TYPES = frozenset({
     GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0,
     GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K, GGMLType.F16, GGMLType.BF16,
+    GGMLType.Q2_K, GGMLType.Q3_K,
 })
 # F16 and BF16: ggml converts x to the weight's type (round to nearest even)
 # and sums the exact products in float32, which is what the float kernels do

@@ -29,6 +29,7 @@ NATIVE_TYPES = frozenset({
     GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0,
     GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K, GGMLType.NVFP4, GGMLType.NVFP4_E2M1,
     GGMLType.F16, GGMLType.BF16,
+    GGMLType.Q2_K, GGMLType.Q3_K,
 })
 
 NATIVE_MAX_TOKENS = 64         # the fused kernel's cap (MUSER_MAX_TOKENS in the generated header)

@@ -71,6 +71,42 @@ DECODER(dec_q6_k) {
     for (; nb > 0; nb--, b += MUSER_Q6_K_BYTES, w += QK_K) q6_k_block(b, w);
 }
 
+/* Q2_K and Q3_K: 16 sub-blocks of 16; element 128h + 32j + l (l < 32) is bits
+ * 2j.. of qs[32h + l] (muser_torch/formats/kquant.py). Q2_K: y = (d*sc)*q - dmin*m. */
+DECODER(dec_q2_k) {
+    UNUSED_ARGS;
+    for (; nb > 0; nb--, b += MUSER_Q2_K_BYTES, w += QK_K) {
+        const float d = f16(b + MUSER_Q2_K_D), dmin = f16(b + MUSER_Q2_K_DMIN);
+        const uint8_t *sc = b + MUSER_Q2_K_SCALES, *qs = b + MUSER_Q2_K_QS;
+        for (int s = 0; s < QK_K / 16; s++) {      /* sub-block s: half s / 8, j = (s / 2) % 4 */
+            const float dl = d * (float)(sc[s] & 0xF), ml = dmin * (float)(sc[s] >> 4);
+            const uint8_t *q = qs + 32 * (s / 8) + 16 * (s & 1);
+            const int shift = 2 * ((s / 2) % 4);
+            for (int l = 0; l < 16; l++) w[16 * s + l] = dl * (float)((q[l] >> shift) & 3) - ml;
+        }
+    }
+}
+
+/* Q3_K: y = (d * s_j) * (q - 4), q - 4 raised by 4 where the hmask bit is set. */
+DECODER(dec_q3_k) {
+    UNUSED_ARGS;
+    for (; nb > 0; nb--, b += MUSER_Q3_K_BYTES, w += QK_K) {
+        const float d = f16(b + MUSER_Q3_K_D);
+        const uint8_t *qs = b + MUSER_Q3_K_QS, *hm = b + MUSER_Q3_K_HMASK;
+        uint8_t s6[16];
+        q3_k_scales6(b + MUSER_Q3_K_SCALES, s6);
+        for (int s = 0; s < QK_K / 16; s++) {
+            const float dl = d * (float)(s6[s] - 32);
+            const int l0 = 16 * (s & 1), j = (s / 2) % 4, h = s / 8;
+            for (int l = 0; l < 16; l++) {
+                const int q = ((qs[32 * h + l0 + l] >> (2 * j)) & 3) -
+                              ((hm[l0 + l] >> (4 * h + j)) & 1 ? 0 : 4);
+                w[16 * s + l] = dl * (float)q;
+            }
+        }
+    }
+}
+
 /* ---- 32-element legacy blocks: element j in the low nibble of qs[j], j + 16 in the high ---- */
 
 #define HALF (QK_LEGACY / 2)
@@ -238,6 +274,8 @@ static const kind_t KINDS[] = {
     KIND(Q4_K, dec_q4_k, matvec_q4_k, tile_q4_k, ACT_Q8_K, qdot_q4_k),
     KIND(Q5_K, dec_q5_k, matvec_q5_k, tile_q5_k, ACT_Q8_K, qdot_q5_k),
     KIND(Q6_K, dec_q6_k, matvec_q6_k, tile_q6_k, ACT_Q8_K, qdot_q6_k),
+    KIND(Q2_K, dec_q2_k, matvec_q2_k, tile_generic, ACT_Q8_K, qdot_q2_k),
+    KIND(Q3_K, dec_q3_k, matvec_q3_k, tile_generic, ACT_Q8_K, qdot_q3_k),
     KIND(NVFP4, dec_nvfp4, matvec_generic, tile_generic, ACT_NONE, 0),
     KIND(NVFP4_E2M1, dec_nvfp4_e2m1, matvec_nvfp4_e2m1, tile_nvfp4_e2m1, ACT_NONE, 0),
     KIND(F16, dec_f16, matvec_f16, tile_generic, ACT_NONE, 0),

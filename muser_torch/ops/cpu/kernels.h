@@ -94,6 +94,8 @@ void qdot_q8_0(const uint8_t *, const uint8_t *, int64_t, int64_t, int, float *)
 void qdot_q4_k(const uint8_t *, const uint8_t *, int64_t, int64_t, int, float *);
 void qdot_q5_k(const uint8_t *, const uint8_t *, int64_t, int64_t, int, float *);
 void qdot_q6_k(const uint8_t *, const uint8_t *, int64_t, int64_t, int, float *);
+void qdot_q2_k(const uint8_t *, const uint8_t *, int64_t, int64_t, int, float *);
+void qdot_q3_k(const uint8_t *, const uint8_t *, int64_t, int64_t, int, float *);
 
 struct kind;
 /* The fused matvec over rows [r0, r1) of one muser_matmul call (matvec.c). */
@@ -124,6 +126,7 @@ typedef struct kind {
 MUSER_MATVEC(q4_0) MUSER_MATVEC(q4_1) MUSER_MATVEC(q5_0) MUSER_MATVEC(q5_1) MUSER_MATVEC(q8_0)
 MUSER_MATVEC(q4_k) MUSER_MATVEC(q5_k) MUSER_MATVEC(q6_k) MUSER_MATVEC(nvfp4_e2m1)
 MUSER_MATVEC(f16) MUSER_MATVEC(bf16) MUSER_MATVEC(generic)
+MUSER_MATVEC(q2_k) MUSER_MATVEC(q3_k)
 MUSER_TILE(q4_k) MUSER_TILE(q5_k) MUSER_TILE(q6_k) MUSER_TILE(nvfp4_e2m1) MUSER_TILE(generic)
 #undef MUSER_MATVEC
 #undef MUSER_TILE
@@ -166,6 +169,20 @@ static inline void scale_min_k4(const uint8_t *s, int j, float *sc, float *m) {
         *sc = (float)((s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4));
         *m = (float)((s[j + 4] >> 4) | ((s[j] >> 6) << 4));
     }
+}
+
+/* The 16 6-bit scales of a Q3_K block's 12-byte strip as bytes (0..63; the signed
+ * scale is this minus 32), in sub-block order, four at a time: bytes 0-7 hold the
+ * low 4 bits of s and s+8, bytes 8-11 the high 2 bits of s, s+4, s+8, s+12 (see
+ * muser_torch/formats/kquant.py). */
+static inline void q3_k_scales6(const uint8_t *strip, uint8_t s[16]) {
+    uint32_t u[3], w[4];
+    memcpy(u, strip, 12);
+    w[0] = (u[0] & 0x0F0F0F0Fu) | ((u[2] & 0x03030303u) << 4);
+    w[1] = (u[1] & 0x0F0F0F0Fu) | (((u[2] >> 2) & 0x03030303u) << 4);
+    w[2] = ((u[0] >> 4) & 0x0F0F0F0Fu) | (((u[2] >> 4) & 0x03030303u) << 4);
+    w[3] = ((u[1] >> 4) & 0x0F0F0F0Fu) | (((u[2] >> 6) & 0x03030303u) << 4);
+    memcpy(s, w, 16);
 }
 
 /* Decode elements [c0, c0 + n) of one row (c0, n multiples of the block size). */

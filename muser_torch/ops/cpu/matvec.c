@@ -78,6 +78,30 @@ ROW_KERNEL void row_q6_k(const uint8_t *row, int64_t nb, const float *x, int64_t
     ACC_FINISH(T)
 }
 
+/* Q2_K / Q3_K: see q23_k_w8x4 (the code bytes of each 8 elements read once
+ * for the 4 vectors they hold). */
+ROW_KERNEL void row_q23_k(const uint8_t *row, const int three, int64_t nb, const float *x,
+                          int64_t n_in, const int T, float *out) {
+    ACC_DECLARE(T);
+    const int bytes = three ? MUSER_Q3_K_BYTES : MUSER_Q2_K_BYTES;
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = row + b * bytes;
+        float a[16], c[16];
+        q23_k_factors(blk, three, a, c);
+        for (int h = 0; h < 2; h++)
+            for (int v = 0; v < 4; v++) {
+                v8f w[4];
+                q23_k_w8x4(blk, three, h, v, a, c, w);
+                const int64_t base = b * QK_K + 128 * h + 8 * v;
+                FMA_TOKENS(w[0], base, 0);
+                FMA_TOKENS(w[1], base + 32, 1);
+                FMA_TOKENS(w[2], base + 64, 2);
+                FMA_TOKENS(w[3], base + 96, 3);
+            }
+    }
+    ACC_FINISH(T)
+}
+
 /* NVFP4_E2M1: see nvfp4_e2m1_w16. */
 ROW_KERNEL void row_nvfp4_e2m1(const uint8_t *row, const uint8_t *crow, const float *lut,
                                float s2, int64_t nb, const float *x, int64_t n_in, const int T,
@@ -288,6 +312,42 @@ ROW_KERNEL void row_q6_k_16(const uint8_t *const *rows, int64_t nb, const float 
     ACC16_FINISH(R, T)
 }
 
+/* Q2_K / Q3_K: sub-block s = 8h + 2j + k is elements 128h + 32j + 16k .., whose codes are
+ * bits 2j.. of qs[32h + 16k ..] (read once for the 4 j); w rounds as q23_k_w8x4 does
+ * (Q3_K: fma(a, u, -4a) = a * (u - 4) in one rounding, 4a being exact). */
+ROW_KERNEL void row_q23_k_16(const uint8_t *const *rows, const int three, int64_t nb,
+                             const float *x, int64_t n_in, const int R, const int T,
+                             float *const *out) {
+    ACC16_DECLARE(R, T);
+    const int bytes = three ? MUSER_Q3_K_BYTES : MUSER_Q2_K_BYTES;
+    const int qs_at = three ? MUSER_Q3_K_QS : MUSER_Q2_K_QS;
+    for (int64_t b = 0; b < nb; b++) {
+        float a[2][16], c[2][16];
+        for (int r = 0; r < R; r++) q23_k_factors(rows[r] + b * bytes, three, a[r], c[r]);
+        for (int h = 0; h < 2; h++)
+            for (int k = 0; k < 2; k++) {
+                v16i raw[2], hb[2];
+                for (int r = 0; r < R; r++) {
+                    raw[r] = widen16_u8(rows[r] + b * bytes + qs_at + 32 * h + 16 * k);
+                    if (three) hb[r] = widen16_u8(rows[r] + b * bytes + MUSER_Q3_K_HMASK + 16 * k);
+                }
+                for (int j = 0; j < 4; j++) {
+                    const int sb = 8 * h + 2 * j + k;
+                    v16f w[2];
+                    for (int r = 0; r < R; r++) {
+                        v16i u = (raw[r] >> (2 * j)) & 3;
+                        const int bit = 4 * h + j;      /* the hmask bit, moved to bit 2 */
+                        if (three) u |= (bit >= 2 ? hb[r] >> (bit - 2) : hb[r] << (2 - bit)) & 4;
+                        w[r] = fms16(splat16(a[r][sb]), to_f32_16(u),
+                                     splat16(three ? 4.0f * a[r][sb] : c[r][sb]));
+                    }
+                    FMA16_TOKENS(w, b * QK_K + 128 * h + 32 * j + 16 * k, j);
+                }
+            }
+    }
+    ACC16_FINISH(R, T)
+}
+
 /* NVFP4_E2M1 block b: the nibbles are split and interleaved back into element
  * order as bytes, widened, and looked up in the signed 16-entry table (vpermps). */
 static inline v16f nvfp4_e2m1_v16(__m512 table, const uint8_t *row, float s, int64_t b) {
@@ -316,12 +376,14 @@ ROW_KERNEL void rows_dot16(const int type, const uint8_t *const *rows, const uin
     case MUSER_ID_Q4_K: row_q45_k_16(rows, 0, n_in / QK_K, x, n_in, R, T, out); return;
     case MUSER_ID_Q5_K: row_q45_k_16(rows, 1, n_in / QK_K, x, n_in, R, T, out); return;
     case MUSER_ID_Q6_K: row_q6_k_16(rows, n_in / QK_K, x, n_in, R, T, out); return;
+    case MUSER_ID_Q2_K: row_q23_k_16(rows, 0, n_in / QK_K, x, n_in, R, T, out); return;
+    case MUSER_ID_Q3_K: row_q23_k_16(rows, 1, n_in / QK_K, x, n_in, R, T, out); return;
     default: row_nvfp4_e2m1_16(rows, crows, lut, s2, n_in / NVFP4_GROUP, x, n_in, R, T, out);
     }
 }
 static inline int fused16(const int type) {
     return type == MUSER_ID_Q4_K || type == MUSER_ID_Q5_K || type == MUSER_ID_Q6_K ||
-           type == MUSER_ID_NVFP4_E2M1;
+           type == MUSER_ID_NVFP4_E2M1 || type == MUSER_ID_Q2_K || type == MUSER_ID_Q3_K;
 }
 #undef FMA16_TOKENS
 #undef ACC16_DECLARE
@@ -368,6 +430,8 @@ ROW_KERNEL void row_dot(const kind_t *k, const int type, const uint8_t *row, con
     case MUSER_ID_Q4_K: row_q45_k(row, 0, n_in / QK_K, x, n_in, T, out); return;
     case MUSER_ID_Q5_K: row_q45_k(row, 1, n_in / QK_K, x, n_in, T, out); return;
     case MUSER_ID_Q6_K: row_q6_k(row, n_in / QK_K, x, n_in, T, out); return;
+    case MUSER_ID_Q2_K: row_q23_k(row, 0, n_in / QK_K, x, n_in, T, out); return;
+    case MUSER_ID_Q3_K: row_q23_k(row, 1, n_in / QK_K, x, n_in, T, out); return;
     case MUSER_ID_NVFP4_E2M1:
         row_nvfp4_e2m1(row, crow, lut, s2, n_in / NVFP4_GROUP, x, n_in, T, out);
         return;
@@ -486,6 +550,8 @@ MATVEC(matvec_q8_0, MUSER_ID_Q8_0)
 MATVEC(matvec_q4_k, MUSER_ID_Q4_K)
 MATVEC(matvec_q5_k, MUSER_ID_Q5_K)
 MATVEC(matvec_q6_k, MUSER_ID_Q6_K)
+MATVEC(matvec_q2_k, MUSER_ID_Q2_K)
+MATVEC(matvec_q3_k, MUSER_ID_Q3_K)
 MATVEC(matvec_nvfp4_e2m1, MUSER_ID_NVFP4_E2M1)
 MATVEC(matvec_f16, MUSER_ID_F16)
 MATVEC(matvec_bf16, MUSER_ID_BF16)

@@ -8,6 +8,8 @@
  *   Q4_1, Q5_1:        (d_w * d_x) * sum(q_w * q_x) + m_w * s_x
  *   Q4_K, Q5_K:        (d_x * d_w) * sum_j sc_j sum(q_w * q_x) - (d_x * dmin_w) * sum_j m_j bsum_j
  *   Q6_K:              (d_w * d_x) * sum_j sc_j sum((q_w - 32) * q_x)
+ *   Q2_K:              (d_x * d_w) * sum_j sc_j sum(q_w * q_x) - (d_x * dmin_w) * sum_j m_j bsum_j
+ *   Q3_K:              (d_w * d_x) * sum_j s_j sum((q_w - 4) * q_x)
  * Every integer sum is exact; the x86 builds keep 8 float lanes per token,
  * as ggml's AVX2 code does (Q6_K: one exact int32 per block, scaled in
  * scalar float, as its offset of 32 cancels most of the block's sum), and
@@ -353,6 +355,107 @@ ROW_KERNEL void qdot_q6_k_rows(const uint8_t *row, const uint8_t *act, int64_t a
     for (int t = 0; t < T; t++) out[t] = sum[t];
 }
 
+/* The 16 sub-block scales of a Q2_K / Q3_K block as bytes, in sub-block order:
+ * Q2_K the low nibbles of its scale bytes (0..15) and, in m, the high ones (the
+ * mins); Q3_K the signed 6-bit scales (s6 - 32). */
+static inline void q23_k_scales(const uint8_t *blk, const int three, int8_t s[16], int8_t m[16]) {
+    if (three) {
+        q3_k_scales6(blk + MUSER_Q3_K_SCALES, (uint8_t *)s);
+        for (int j = 0; j < 16; j++) s[j] = (int8_t)(s[j] - 32);
+    } else {
+        for (int j = 0; j < 16; j++) {
+            s[j] = (int8_t)(blk[MUSER_Q2_K_SCALES + j] & 0xF);
+            m[j] = (int8_t)(blk[MUSER_Q2_K_SCALES + j] >> 4);
+        }
+    }
+}
+
+/* Q2_K: (d_x * d_w) * isum - (d_x * dmin_w) * sum_j m_j bsum_j, as ggml's vec_dot_q2_K_q8_K;
+ * Q3_K: (d_w * d_x) * (isum - 4 sum_j s_j bsum_j), with isum = sum_j s_j sum(u * y) over
+ * the 16 sub-blocks of 16 and u the unsigned code (Q2_K 0..3; Q3_K 0..7, the 2-bit code
+ * plus 4 where the hmask bit is set, so q = u - 4). Every integer sum is exact; the x86
+ * builds keep 8 float lanes per token (as ggml's AVX2 code), plain C one float per block. */
+ROW_KERNEL void qdot_q23_k(const uint8_t *row, const int three, const uint8_t *act,
+                           int64_t act_stride, int64_t nb, const int T, float *out) {
+    const int bytes = three ? MUSER_Q3_K_BYTES : MUSER_Q2_K_BYTES;
+    const int qs_at = three ? MUSER_Q3_K_QS : MUSER_Q2_K_QS;
+#if defined(__AVX2__) && defined(__FMA__)
+    __m256 acc[QDOT_TOKENS], accm[QDOT_TOKENS];
+    for (int t = 0; t < T; t++) acc[t] = accm[t] = _mm256_setzero_ps();
+    const __m256i m3 = _mm256_set1_epi8(3), one = _mm256_set1_epi8(1);
+#else
+    float sum[QDOT_TOKENS];
+    for (int t = 0; t < T; t++) sum[t] = 0.0f;
+#endif
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = row + b * bytes, *qs = blk + qs_at, *hm = blk + MUSER_Q3_K_HMASK;
+        int8_t s[16], m[16];
+        q23_k_scales(blk, three, s, m);
+        const float dw = f16(blk + (three ? MUSER_Q3_K_D : MUSER_Q2_K_D));
+        const float mw = three ? 0.0f : f16(blk + MUSER_Q2_K_DMIN);
+#if defined(__AVX2__) && defined(__FMA__)
+        __m256i isum[QDOT_TOKENS];
+        for (int t = 0; t < T; t++) isum[t] = _mm256_setzero_si256();
+        const __m256i hb = three ? _mm256_loadu_si256((const __m256i *)hm) : _mm256_setzero_si256();
+        const __m256i s16all = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)s));
+        for (int h = 0; h < 2; h++) {
+            const __m256i raw = _mm256_loadu_si256((const __m256i *)(qs + 32 * h));
+            /* the 8 scales of this half in both 128-bit lanes: word 2j + (lane) is picked below */
+            const __m256i sh = _mm256_permute4x64_epi64(s16all, h ? 0xEE : 0x44);
+            for (int j = 0; j < 4; j++) {    /* elements 128h + 32j ..: sub-blocks 8h+2j, 8h+2j+1 */
+                __m256i u = _mm256_and_si256(_mm256_srli_epi16(raw, 2 * j), m3);
+                if (three)
+                    u = _mm256_or_si256(u, _mm256_slli_epi16(
+                                               _mm256_and_si256(_mm256_srli_epi16(hb, 4 * h + j), one), 2));
+                /* words 2j (low lane) and 2j + 1 (high lane) broadcast across their lanes */
+                const __m256i s16 = _mm256_shuffle_epi8(
+                    sh, _mm256_set_m128i(_mm_set1_epi16((short)(0x0100 * (4 * j + 3) + 4 * j + 2)),
+                                         _mm_set1_epi16((short)(0x0100 * (4 * j + 1) + 4 * j))));
+                for (int t = 0; t < T; t++)
+                    isum[t] = _mm256_add_epi32(isum[t], scaled_dot(u, ACTK(t, b)->qs + 128 * h + 32 * j, s16));
+            }
+        }
+        /* the mins (Q2_K) or the codes' offset of 4 (Q3_K), against the 16 bsums */
+        const __m256i f16s = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(three ? s : m)));
+        for (int t = 0; t < T; t++) {
+            const actk_t *a = ACTK(t, b);
+            const __m256i bs = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)a->bsums), f16s);
+            if (three) {
+                acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(dw * a->d),
+                                         _mm256_cvtepi32_ps(_mm256_sub_epi32(isum[t], _mm256_slli_epi32(bs, 2))),
+                                         acc[t]);
+            } else {
+                acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(a->d * dw), _mm256_cvtepi32_ps(isum[t]), acc[t]);
+                accm[t] = _mm256_fmadd_ps(_mm256_set1_ps(a->d * mw), _mm256_cvtepi32_ps(bs), accm[t]);
+            }
+        }
+#else
+        int isum[QDOT_TOKENS];
+        for (int t = 0; t < T; t++) isum[t] = 0;
+        for (int e = 0; e < QK_K; e++) {
+            const int h = e / 128, j = (e % 128) / 32, l = e % 32;
+            int u = (qs[32 * h + l] >> (2 * j)) & 3;
+            if (three) u |= ((hm[l] >> (4 * h + j)) & 1) << 2;
+            for (int t = 0; t < T; t++) isum[t] += s[e / 16] * u * ACTK(t, b)->qs[e];
+        }
+        for (int t = 0; t < T; t++) {
+            const actk_t *a = ACTK(t, b);
+            int bs = 0;
+            for (int j = 0; j < 16; j++) bs += (three ? s[j] : m[j]) * a->bsums[j];
+            if (three)
+                sum[t] += (dw * a->d) * (float)(isum[t] - 4 * bs);
+            else
+                sum[t] += (a->d * dw) * (float)isum[t] - (a->d * mw) * (float)bs;
+        }
+#endif
+    }
+#if defined(__AVX2__) && defined(__FMA__)
+    for (int t = 0; t < T; t++) out[t] = three ? hsum8(acc[t]) : hsum8(acc[t]) - hsum8(accm[t]);
+#else
+    for (int t = 0; t < T; t++) out[t] = sum[t];
+#endif
+}
+
 #define KQ_FN(name, call)                                                                      \
     void name(const uint8_t *row, const uint8_t *act, int64_t act_stride, int64_t nb, int T,   \
               float *out) {                                                                     \
@@ -364,6 +467,10 @@ ROW_KERNEL void qdot_q6_k_rows(const uint8_t *row, const uint8_t *act, int64_t a
 KQ_FN(qdot_q4_k, CALL_Q4_K)
 KQ_FN(qdot_q5_k, CALL_Q5_K)
 KQ_FN(qdot_q6_k, CALL_Q6_K)
+#define CALL_Q2_K(n) qdot_q23_k(row, 0, act, act_stride, nb, n, out)
+#define CALL_Q3_K(n) qdot_q23_k(row, 1, act, act_stride, nb, n, out)
+KQ_FN(qdot_q2_k, CALL_Q2_K)
+KQ_FN(qdot_q3_k, CALL_Q3_K)
 
 /* ---- the matmul ------------------------------------------------------------------------- */
 

@@ -89,14 +89,6 @@ static inline void q6_k_w8(const uint8_t *blk, float d, int h, int q, v8f w[4]) 
     w[3] = splat(d * (float)sc[j + 6]) * to_f32(((l1 >> 4) | (((hb >> 6) & 3) << 4)) - 32);
 }
 
-/* NVFP4_E2M1 block b (16 elements, 8 bytes, one scale): w = e2m1(code) *
- * (e4m3(scale) * scale_2), the values looked up by e2m1_values8. */
-static inline void nvfp4_e2m1_w16(__m256 table, const uint8_t *row, float s, int64_t b,
-                                  v8f *w0, v8f *w1) {
-    const __m128i codes = e2m1_codes16(row, b);
-    *w0 = splat(s) * (v8f)e2m1_values8(table, codes);
-    *w1 = splat(s) * (v8f)e2m1_values8(table, _mm_srli_si128(codes, 8));
-}
 /* A block's f16 scale: one F16C instruction where there is one (exact,
  * subnormals included), else the scalar conversion. */
 static inline float f16_scale(const uint8_t *p) {
@@ -107,6 +99,57 @@ static inline float f16_scale(const uint8_t *p) {
 #else
     return f16(p);
 #endif
+}
+/* Q2_K / Q3_K: the per-sub-block factors of one block (decoders.c's order):
+ * Q2_K a = d*sc_s, c = dmin*m_s; Q3_K a = d*(s6_s - 32), c unused. Eight at a
+ * time: a scalar loop here costs a third of a 16-wide row's time. */
+static inline void q23_k_factors(const uint8_t *blk, const int three, float a[16], float c[16]) {
+    if (three) {
+        uint8_t s6[16];
+        q3_k_scales6(blk + MUSER_Q3_K_SCALES, s6);
+        const v8f d = splat(f16_scale(blk + MUSER_Q3_K_D));
+        for (int i = 0; i < 2; i++) {
+            const v8f v = d * to_f32(widen_u8(s6 + 8 * i) - 32);
+            memcpy(a + 8 * i, &v, 32);
+        }
+    } else {
+        const v8f d = splat(f16_scale(blk + MUSER_Q2_K_D)), dmin = splat(f16_scale(blk + MUSER_Q2_K_DMIN));
+        for (int i = 0; i < 2; i++) {
+            const v8i sc = widen_u8(blk + MUSER_Q2_K_SCALES + 8 * i);
+            const v8f va = d * to_f32(sc & 0xF), vc = dmin * to_f32(sc >> 4);
+            memcpy(a + 8 * i, &va, 32);
+            memcpy(c + 8 * i, &vc, 32);
+        }
+    }
+}
+/* ... and the 4 vectors of 8 that share the code bytes qs[32h + 8v ..]: element
+ * 128h + 32j + 8v + i (j = 0..3, sub-block 8h + 2j + v/2) is bits 2j.. of byte i.
+ * Q2_K w = fma(a, q, -c); Q3_K w = a * (q - 4 + 4 hbit), hbit = bit 4h + j of
+ * hmask[8v + i]. */
+static inline void q23_k_w8x4(const uint8_t *blk, const int three, int h, int v, const float a[16],
+                              const float c[16], v8f w[4]) {
+    const v8i raw = widen_u8(blk + (three ? MUSER_Q3_K_QS : MUSER_Q2_K_QS) + 32 * h + 8 * v);
+    const v8i hb = three ? widen_u8(blk + MUSER_Q3_K_HMASK + 8 * v) : (v8i){0};
+    for (int j = 0; j < 4; j++) {
+        const int s = 8 * h + 2 * j + v / 2;
+        v8i q = (raw >> (2 * j)) & 3;
+        const int bit = 4 * h + j;              /* the hmask bit, moved to bit 2 */
+        if (three) {
+            q = (q | ((bit >= 2 ? hb >> (bit - 2) : hb << (2 - bit)) & 4)) - 4;
+            w[j] = splat(a[s]) * to_f32(q);
+        } else {
+            w[j] = fms8(splat(a[s]), to_f32(q), splat(c[s]));
+        }
+    }
+}
+
+/* NVFP4_E2M1 block b (16 elements, 8 bytes, one scale): w = e2m1(code) *
+ * (e4m3(scale) * scale_2), the values looked up by e2m1_values8. */
+static inline void nvfp4_e2m1_w16(__m256 table, const uint8_t *row, float s, int64_t b,
+                                  v8f *w0, v8f *w1) {
+    const __m128i codes = e2m1_codes16(row, b);
+    *w0 = splat(s) * (v8f)e2m1_values8(table, codes);
+    *w1 = splat(s) * (v8f)e2m1_values8(table, _mm_srli_si128(codes, 8));
 }
 
 /* Legacy 32-element blocks: element j < 16 is the low nibble of qs[j] and

@@ -70,7 +70,8 @@ from .warm import warm_up  # noqa: F401  (ops.warm_up asks for it)
 
 T = GGMLType
 SUPPORTED = frozenset({T.F32, T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0,
-                       T.Q4_K, T.Q5_K, T.Q6_K, T.NVFP4_E2M1})
+                       T.Q4_K, T.Q5_K, T.Q6_K, T.NVFP4_E2M1,
+                       T.Q2_K, T.Q3_K})
 _COLS = TILE.value           # columns of one kernel tile (and of a K-quant super-block)
 _PERMUTE_BLOCK = 1024
 

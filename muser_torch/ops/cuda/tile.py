@@ -26,7 +26,9 @@ import triton
 import triton.language as tl
 
 from .layout import (  # noqa: F401  (every name is a tl.constexpr read by the kernels)
-    BF16, F16, F32, NVFP4_E2M1, NVFP4_E2M1_BYTES, NVFP4_E2M1_QS, NVFP4_GROUP, Q4_0, Q4_0_BYTES,
+    BF16, F16, F32, NVFP4_E2M1, NVFP4_E2M1_BYTES, NVFP4_E2M1_QS, NVFP4_GROUP, Q2_K, Q2_K_BYTES,
+    Q2_K_D, Q2_K_DMIN, Q2_K_QS, Q2_K_SCALES, Q3_K, Q3_K_BYTES, Q3_K_D, Q3_K_HMASK, Q3_K_QS,
+    Q3_K_SCALES, Q4_0, Q4_0_BYTES,
     Q4_0_D, Q4_0_QS, Q4_1, Q4_1_BYTES, Q4_1_D, Q4_1_M, Q4_1_QS, Q4_K, Q4_K_BYTES, Q4_K_D,
     Q4_K_DMIN, Q4_K_QS, Q4_K_SCALES, Q5_0, Q5_0_BYTES, Q5_0_D, Q5_0_QH, Q5_0_QS, Q5_1,
     Q5_1_BYTES, Q5_1_D, Q5_1_M, Q5_1_QH, Q5_1_QS, Q5_K, Q5_K_BYTES, Q5_K_D, Q5_K_DMIN, Q5_K_QH,
@@ -116,23 +118,55 @@ def _q45k_tile(p, rbase, rmask, kb, BN: tl.constexpr, BB: tl.constexpr, D: tl.co
 
 
 @triton.jit
+def _sub16_grid(base, rmask):
+    """The [BN, 16, 16] grid of the 256-element blocks cut in 16 sub-blocks of 16
+    (Q6_K, Q3_K, Q2_K): block bases and row mask, then per element its half h,
+    quarter c within the half and column l (0..31) within the quarter."""
+    s3 = tl.arange(0, 16)[None, :, None]                       # sub-block of 16
+    l3 = tl.arange(0, 16)[None, None, :]
+    return (base[:, None, None], rmask[:, None, None], s3 // 8, (s3 // 2) % 4,
+            16 * (s3 % 2) + l3)
+
+
+@triton.jit
 def _q6k_tile(p, rbase, rmask, kb, BN: tl.constexpr):
     """Q6_K: 16 sub-blocks of 16, d * sc * (q - 32)."""
     base = rbase + kb * Q6_K_BYTES
     d = _f16_at(p, base + Q6_K_D, rmask)
-    s3 = tl.arange(0, 16)[None, :, None]                       # sub-block of 16
-    l3 = tl.arange(0, 16)[None, None, :]
-    b3 = base[:, None, None]
-    m3 = rmask[:, None, None]
-    h = s3 // 8
-    c = (s3 // 2) % 4
-    l = 16 * (s3 % 2) + l3
+    b3, m3, h, c, l = _sub16_grid(base, rmask)
     ql = tl.load(p + b3 + Q6_K_QL + 64 * h + 32 * (c % 2) + l, mask=m3, other=0).to(tl.int32)
     qh = tl.load(p + b3 + Q6_K_QH + 32 * h + l, mask=m3, other=0).to(tl.int32)
     q = ((ql >> (4 * (c // 2))) & 0xF) | (((qh >> (2 * c)) & 3) << 4)
     sc = tl.load(p + base[:, None] + Q6_K_SCALES + tl.arange(0, 16)[None, :],
                  mask=rmask[:, None], other=0).to(tl.int8, bitcast=True).to(tl.float32)
     w = (d[:, None] * sc)[:, :, None] * (q - 32).to(tl.float32)
+    return tl.reshape(w, (BN, TILE))
+
+
+@triton.jit
+def _q23k_tile(p, rbase, rmask, kb, BN: tl.constexpr, THREE: tl.constexpr):
+    """Q2_K (d * sc * q - dmin * m) or Q3_K (``THREE``: d * (s - 32) * (q - 4 + 4 hbit)):
+    16 sub-blocks of 16; element l of sub-block s is bits 2c.. of qs[32 h + l'],
+    h = s // 8, c = (s // 2) % 4, l' = 16 (s % 2) + l (formats/kquant.py)."""
+    BB: tl.constexpr = Q3_K_BYTES if THREE else Q2_K_BYTES
+    QS: tl.constexpr = Q3_K_QS if THREE else Q2_K_QS
+    base = rbase + kb * BB
+    b3, m3, h, c, l = _sub16_grid(base, rmask)
+    q = (tl.load(p + b3 + QS + 32 * h + l, mask=m3, other=0).to(tl.int32) >> (2 * c)) & 3
+    j = tl.arange(0, 16)[None, :]
+    if THREE:
+        hm = tl.load(p + b3 + Q3_K_HMASK + l, mask=m3, other=0).to(tl.int32)
+        q = q - 4 + 4 * ((hm >> (4 * h + c)) & 1)
+        lo = tl.load(p + base[:, None] + Q3_K_SCALES + j % 8, mask=rmask[:, None], other=0).to(tl.int32)
+        hi = tl.load(p + base[:, None] + Q3_K_SCALES + 8 + j % 4, mask=rmask[:, None], other=0).to(tl.int32)
+        sc = (((lo >> (4 * (j // 8))) & 0xF) | (((hi >> (2 * (j // 4))) & 3) << 4)) - 32
+        d = _f16_at(p, base + Q3_K_D, rmask)
+        w = (d[:, None] * sc.to(tl.float32))[:, :, None] * q.to(tl.float32)
+    else:
+        sc = tl.load(p + base[:, None] + Q2_K_SCALES + j, mask=rmask[:, None], other=0).to(tl.int32)
+        dl = _f16_at(p, base + Q2_K_D, rmask)[:, None] * (sc & 0xF).to(tl.float32)
+        ml = _f16_at(p, base + Q2_K_DMIN, rmask)[:, None] * (sc >> 4).to(tl.float32)
+        w = dl[:, :, None] * q.to(tl.float32) - ml[:, :, None]
     return tl.reshape(w, (BN, TILE))
 
 
@@ -218,6 +252,10 @@ def _tile(p, s_ptr, s2_ptr, rows, rmask, kb, n_in,
                        Q5_K_QH, Q5_K_QS, True)
     elif QTYPE == Q6_K:
         w = _q6k_tile(p, rbase, rmask, kb, BN)
+    elif QTYPE == Q2_K:
+        w = _q23k_tile(p, rbase, rmask, kb, BN, False)
+    elif QTYPE == Q3_K:
+        w = _q23k_tile(p, rbase, rmask, kb, BN, True)
     elif QTYPE == Q8_0:
         w = _legacy_tile(p, rbase, rmask, kb, n_in, BN, Q8_0_BYTES, Q8_0_D, 0, 0, Q8_0_QS, 8, False)
     elif QTYPE == Q4_0:

@@ -40,6 +40,7 @@ _FILES = ("common.metal", "kquant.metal", "legacy.metal", "nvfp4.metal", "floats
 SUPPORTED = frozenset({
     GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0,
     GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K, GGMLType.NVFP4_E2M1, GGMLType.F16, GGMLType.BF16,
+    GGMLType.Q2_K, GGMLType.Q3_K,
 })
 
 # Launch geometry, #defined into the source (common.metal static_asserts it).

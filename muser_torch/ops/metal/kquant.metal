@@ -1,4 +1,5 @@
-// kquant.metal: chunk decoders for the K-quant super-blocks (256 elements).
+// kquant.metal: chunk decoders for the K-quant super-blocks (256 elements):
+// Q4_K, Q5_K, Q6_K, Q2_K, Q3_K.
 // Layouts: muser_torch/formats/layout.py (field offsets, via the prelude) and
 // formats/kquant.py (the bit diagrams). Chunk c of a row is super-block
 // c / 16, elements 16 (c % 16) .. + 15.
@@ -84,6 +85,52 @@ struct FormatQ6K {
   }
 };
 
+// Q2_K / Q3_K: chunk s of a block is sub-block s (16 elements): half h = s / 8,
+// crumb j = (s / 2) % 4, column l0 = 16 (s & 1); element l of it is bits 2j..
+// of qs[32 h + l0 + l]. Q3_K adds 4 where bit 4h + j of hmask[l0 + l] is set.
+static_assert(MUSER_Q2_K_QS - MUSER_Q2_K_SCALES == MUSER_QK_K / 16 && MUSER_Q3_K_QS - MUSER_Q3_K_HMASK == MUSER_QK_K / 8,
+              "Q2_K: one scale byte per 16 elements; Q3_K: one hmask bit per element");
+static_assert(MUSER_Q2_K_BYTES % 2 == 0 && MUSER_Q2_K_D % 2 == 0 && MUSER_Q2_K_DMIN % 2 == 0 &&
+                  MUSER_Q3_K_BYTES % 2 == 0 && MUSER_Q3_K_D % 2 == 0,
+              "block halfs stay 2-byte aligned");
+
+// y = (d * sc) * q - (dmin * m), sc and m the low and high nibbles of scales[s].
+struct FormatQ2K {
+  static long row_bytes(long n_in) { return n_in / MUSER_QK_K * MUSER_Q2_K_BYTES; }
+  static void chunk(device const uchar *row, device const uchar *, float, uint c, thread float *w) {
+    device const uchar *blk = row + long(c / kChunksPerBlock) * MUSER_Q2_K_BYTES;
+    const int s = int(c % kChunksPerBlock);
+    const uchar sc = blk[MUSER_Q2_K_SCALES + s];
+    const float scale = f16_at(blk, MUSER_Q2_K_D) * float(sc & 0x0F);
+    const float shift = f16_at(blk, MUSER_Q2_K_DMIN) * float(sc >> 4);
+    device const uchar *q = blk + MUSER_Q2_K_QS + 32 * (s / 8) + 16 * (s & 1);
+    const int crumb = 2 * ((s / 2) % 4);
+    for (int i = 0; i < MUSER_CHUNK; ++i) w[i] = scale * float((q[i] >> crumb) & 3) - shift;
+  }
+};
+
+// y = (d * (s6 - 32)) * (q - 4 + 4 hbit); the 6-bit s6 packed as kquant.py draws it.
+struct FormatQ3K {
+  static long row_bytes(long n_in) { return n_in / MUSER_QK_K * MUSER_Q3_K_BYTES; }
+  static void chunk(device const uchar *row, device const uchar *, float, uint c, thread float *w) {
+    device const uchar *blk = row + long(c / kChunksPerBlock) * MUSER_Q3_K_BYTES;
+    const int s = int(c % kChunksPerBlock);
+    device const uchar *sc = blk + MUSER_Q3_K_SCALES;
+    const int lo = s < 8 ? (sc[s] & 0x0F) : (sc[s - 8] >> 4);
+    const int s6 = lo | (((sc[8 + s % 4] >> (2 * (s / 4))) & 3) << 4);
+    const float scale = f16_at(blk, MUSER_Q3_K_D) * float(s6 - 32);
+    const int l0 = 16 * (s & 1), j = (s / 2) % 4, h = s / 8;
+    device const uchar *q = blk + MUSER_Q3_K_QS + 32 * h + l0;
+    device const uchar *hm = blk + MUSER_Q3_K_HMASK + l0;
+    for (int i = 0; i < MUSER_CHUNK; ++i) {
+      const int code = ((q[i] >> (2 * j)) & 3) - (((hm[i] >> (4 * h + j)) & 1) ? 0 : 4);
+      w[i] = scale * float(code);
+    }
+  }
+};
+
 MUSER_DEFINE_KERNELS(q4_k, FormatQ4K)
 MUSER_DEFINE_KERNELS(q5_k, FormatQ5K)
 MUSER_DEFINE_KERNELS(q6_k, FormatQ6K)
+MUSER_DEFINE_KERNELS(q2_k, FormatQ2K)
+MUSER_DEFINE_KERNELS(q3_k, FormatQ3K)

@@ -166,3 +166,31 @@ def test_cpu_tensors_need_emulate_mode():
     with ops.use_backend("native"), \
             pytest.raises(ValueError, match=r"use_backend\('metal-emulator'\)"):
         metal.dequantize(packed, int(qtype), n_out, n_in)
+
+
+GGML_QUANTIZED = [GGMLType.Q2_K, GGMLType.Q3_K]
+
+
+@pytest.mark.parametrize("qtype", GGML_QUANTIZED, ids=lambda t: t.name)
+def test_ggml_quantized_bytes_against_ggml(qtype):
+    """Weights written by ggml's own quantizer, every rung: within 1e-5 of
+    float64 on gguf-py's dequantization, and within test-backend-ops' NMSE
+    for MUL_MAT (5e-4) of ggml's CPU mul_mat (which rounds x to Q8_K, so it
+    cannot be matched more closely by an exact kernel)."""
+    import gguf
+
+    from ...formats.ggml_ref import quantize_chunk
+    from ..ggml_matmul import ggml_mul_mat
+    seed = fresh_seed()
+    g = torch.Generator().manual_seed(seed)
+    n_out, n_in = 13, 512
+    packed = quantize_chunk(torch.randn(n_out, n_in, generator=g) * torch.rand(n_out, 1, generator=g), qtype)
+    w = torch.from_numpy(gguf.dequantize(packed.numpy(), gguf.GGMLQuantizationType(int(qtype)))).double()
+    for n_tok in (1, 5, 17):
+        x = torch.randn(n_tok, n_in, generator=g)
+        y = metal.qmatmul(x, packed, int(qtype), n_out, n_in, None, None)
+        err = rel_err(y, x.double() @ w.reshape(n_out, n_in).T)
+        assert err < 1e-5, f"{qtype.name} n_tok={n_tok}: rel err {err:.3g} against float64 (seed {seed})"
+        ref = ggml_mul_mat(packed, int(qtype), n_out, n_in, x)
+        nmse = float((y.double() - ref.double()).pow(2).sum() / ref.double().pow(2).sum())
+        assert nmse < 5e-4, f"{qtype.name} n_tok={n_tok}: NMSE {nmse:.3g} against ggml mul_mat (seed {seed})"
