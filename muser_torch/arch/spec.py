@@ -41,6 +41,9 @@ LLAMA_CPP_TYPES = frozenset({GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType
                              GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0,
                              GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K})
 
+# The lookup-table types (formats/iq4.py, formats/mxfp4.py).
+LLAMA_CPP_TYPES |= {GGMLType.IQ4_NL, GGMLType.IQ4_XS, GGMLType.MXFP4}
+
 # Positions are exact in float32 (RoPE angles are position * frequency) up to 2^24.
 MAX_CONTEXT = 1 << 24
 # Widths, head counts and vocabularies index torch tensors: int32 is plenty.
