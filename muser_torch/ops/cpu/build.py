@@ -18,6 +18,7 @@ import warnings
 from pathlib import Path
 
 from ...cache import cache_dir
+from ...formats.iq4 import IQ4_VALUES
 from ...formats.layout import c_header as layout_header
 from ...formats.types import GGMLType
 
@@ -29,6 +30,7 @@ NATIVE_TYPES = frozenset({
     GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0,
     GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K, GGMLType.NVFP4, GGMLType.NVFP4_E2M1,
     GGMLType.F16, GGMLType.BF16,
+    GGMLType.IQ4_NL, GGMLType.IQ4_XS, GGMLType.MXFP4,
 })
 
 NATIVE_MAX_TOKENS = 64         # the fused kernel's cap (MUSER_MAX_TOKENS in the generated header)
@@ -70,9 +72,12 @@ def _march_flags(cc: str) -> list[str]:
 def kernel_header() -> str:
     """The generated ``muser_layout.h``: every block's geometry and field offsets
     (``formats.layout.c_header``), the GGMLType ids as ``MUSER_ID_<TYPE>`` and
-    the fused kernel's token cap. The C uses no other block numbers."""
+    the fused kernel's token cap, and the IQ4 types' value table. The C uses
+    no other block numbers."""
     ids = "".join(f"#define MUSER_ID_{t.name} {int(t)}\n" for t in GGMLType)
-    return layout_header("MUSER_") + ids + f"#define MUSER_MAX_TOKENS {NATIVE_MAX_TOKENS}\n"
+    values = f"#define MUSER_IQ4_VALUES {{{', '.join(map(str, IQ4_VALUES))}}}\n"
+    return (layout_header("MUSER_") + ids + values
+            + f"#define MUSER_MAX_TOKENS {NATIVE_MAX_TOKENS}\n")
 
 
 def kernel_sources() -> list[Path]:

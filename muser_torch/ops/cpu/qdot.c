@@ -144,20 +144,12 @@ _Static_assert(MUSER_Q4_0_D == 0 && MUSER_Q4_1_D == 0 && MUSER_Q5_0_D == 0 && MU
                    MUSER_Q8_0_D == 0 && MUSER_Q4_1_M == MUSER_Q5_1_M,
                "qdot_legacy reads d at the block's start and Q4_1/Q5_1's m at one offset");
 
-/* Each type's qdot_fn: T (1 .. QDOT_TOKENS) becomes a compile-time count. */
-#define TOKEN_SWITCH(call)                                   \
-    switch (T) {                                             \
-    case 1: call(1); break;                                  \
-    case 2: call(2); break;                                  \
-    case 3: call(3); break;                                  \
-    default: call(4); break;                                 \
-    }
+/* Each type's qdot_fn (TOKEN_SWITCH: kernels.h). */
 #define QDOT_LEGACY(name, TYPE)                                                                 \
     void name(const uint8_t *row, const uint8_t *act, int64_t act_stride, int64_t nb, int T,   \
               float *out) {                                                                     \
         TOKEN_SWITCH(CALL_LEGACY_##TYPE)                                                        \
     }
-_Static_assert(QDOT_TOKENS == 4, "TOKEN_SWITCH covers 1 .. 4 tokens");
 #define LEGACY_CALL(TYPE, offset_m, n) \
     qdot_legacy(row, MUSER_ID_##TYPE, MUSER_##TYPE##_BYTES, offset_m, act, act_stride, nb, n, out)
 #define CALL_LEGACY_Q4_0(n) LEGACY_CALL(Q4_0, 0, n)
