@@ -1,7 +1,7 @@
 """ggml's 4-bit non-linear formats: IQ4_NL (32 elements) and IQ4_XS (256).
 
-Both store 4-bit indices into one table of 16 signed values (``IQ4_VALUES``,
-ggml's ``kvalues_iq4nl``), denser near zero than a uniform grid.
+Both store 4-bit indices into one table of 16 signed values (``IQ4_VALUES``
+in layout.py, ggml's ``kvalues_iq4nl``), denser near zero than a uniform grid.
 
 IQ4_NL, 18 bytes                     IQ4_XS, 136 bytes
   0x00  2  d   f16 scale               0x00  2  d         f16 super-scale
@@ -26,10 +26,9 @@ import torch
 
 from .kquant_search import GROUP_MAX_EPS, div_rn, nearest_int, rdiv, run_chunks, seq_sum, sqrt_rn
 from .registry import BlockFormat, f16_bytes, join_nibbles, split_nibbles
+from .layout import IQ4_VALUES, QK_IQ4_NL
 from .types import QK_K, GGMLType
 
-IQ4_VALUES = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
-QK_IQ4_NL = 32
 _SUB = 32                 # elements per scale (IQ4_NL's block, IQ4_XS's sub-block)
 _XS_SUBS = QK_K // _SUB   # sub-blocks per IQ4_XS super-block
 _NTRY = 7                 # ggml's scale trials on each side (quantize_iq4_nl / _xs)

@@ -23,6 +23,9 @@ NVFP4_GROUP = 16    # inputs sharing one E4M3 scale (both NVFP4 formats)
 
 QK_MXFP4 = 32       # elements in an MXFP4 block (one E8M0 scale)
 QK_IQ4_NL = 32      # elements in an IQ4_NL block
+# The 16 values an IQ4_NL / IQ4_XS code indexes (ggml's kvalues_iq4nl); the C
+# and Metal kernels get them as MUSER_IQ4_VALUES (c_header).
+IQ4_VALUES = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
 
 FIELD_KINDS = ("f16", "bf16", "f32", "u8", "i8", "ue4m3", "e4m3", "e8m0")
 
@@ -130,7 +133,9 @@ def layout_constants(prefix: str = "") -> dict[str, int]:
 
 
 def c_header(prefix: str = "MUSER_") -> str:
-    """``layout_constants`` as C/MSL ``#define`` lines."""
+    """``layout_constants`` as C/MSL ``#define`` lines, and the IQ4 value table
+    as an initializer list."""
     lines = ["/* generated from muser_torch/formats/layout.py: do not edit */"]
     lines += [f"#define {k} {v}" for k, v in layout_constants(prefix).items()]
+    lines.append(f"#define {prefix}IQ4_VALUES {{{', '.join(map(str, IQ4_VALUES))}}}")
     return "\n".join(lines) + "\n"

@@ -18,7 +18,6 @@ import warnings
 from pathlib import Path
 
 from ...cache import cache_dir
-from ...formats.iq4 import IQ4_VALUES
 from ...formats.layout import c_header as layout_header
 from ...formats.types import GGMLType
 
@@ -72,12 +71,9 @@ def _march_flags(cc: str) -> list[str]:
 def kernel_header() -> str:
     """The generated ``muser_layout.h``: every block's geometry and field offsets
     (``formats.layout.c_header``), the GGMLType ids as ``MUSER_ID_<TYPE>`` and
-    the fused kernel's token cap, and the IQ4 types' value table. The C uses
-    no other block numbers."""
+    the fused kernel's token cap. The C uses no other block numbers."""
     ids = "".join(f"#define MUSER_ID_{t.name} {int(t)}\n" for t in GGMLType)
-    values = f"#define MUSER_IQ4_VALUES {{{', '.join(map(str, IQ4_VALUES))}}}\n"
-    return (layout_header("MUSER_") + ids + values
-            + f"#define MUSER_MAX_TOKENS {NATIVE_MAX_TOKENS}\n")
+    return layout_header("MUSER_") + ids + f"#define MUSER_MAX_TOKENS {NATIVE_MAX_TOKENS}\n"
 
 
 def kernel_sources() -> list[Path]:

@@ -143,7 +143,7 @@ MUSER_TILE(q4_k) MUSER_TILE(q5_k) MUSER_TILE(q6_k) MUSER_TILE(nvfp4_e2m1) MUSER_
 
 const kind_t *kind_for(int type);
 
-/* The lookup-table types' 16 values (formats/iq4.py's IQ4_VALUES, generated
+/* The lookup-table types' 16 values (formats/layout.py's IQ4_VALUES, generated
  * into muser_layout.h) and ggml's E2M1 values doubled (MXFP4, llama.cpp's
  * NVFP4), whose scales are halved to match. */
 static const int8_t IQ4_VALUES[16] = MUSER_IQ4_VALUES;

@@ -21,6 +21,7 @@ SHAPE_OF = {
     GGMLType.NVFP4_E2M1: (13, 208), GGMLType.F16: (7, 80), GGMLType.BF16: (7, 80),
     GGMLType.Q4_0: (11, 96), GGMLType.Q4_1: (9, 160), GGMLType.Q5_0: (13, 224), GGMLType.Q5_1: (7, 288),
     GGMLType.Q8_0: (19, 96),
+    GGMLType.IQ4_NL: (11, 160), GGMLType.IQ4_XS: (13, 512), GGMLType.MXFP4: (9, 224),
 }
 # The tests sweep exactly ops.metal.SUPPORTED (a type without a shape above fails here).
 SHAPES = [(t, *SHAPE_OF[t]) for t in sorted(SUPPORTED)]
