@@ -290,9 +290,9 @@ static const kind_t KINDS[] = {
     KIND(NVFP4_E2M1, dec_nvfp4_e2m1, matvec_nvfp4_e2m1, tile_nvfp4_e2m1, ACT_NONE, 0),
     KIND(F16, dec_f16, matvec_f16, tile_generic, ACT_NONE, 0),
     KIND(BF16, dec_bf16, matvec_bf16, tile_generic, ACT_NONE, 0),
-    KIND(IQ4_NL, dec_iq4_nl, matvec_generic, tile_generic, ACT_Q8_0, qdot_iq4_nl),
-    KIND(IQ4_XS, dec_iq4_xs, matvec_generic, tile_generic, ACT_Q8_K, qdot_iq4_xs),
-    KIND(MXFP4, dec_mxfp4, matvec_generic, tile_generic, ACT_Q8_0, qdot_mxfp4),
+    KIND(IQ4_NL, dec_iq4_nl, matvec_iq4_nl, tile_generic, ACT_Q8_0, qdot_iq4_nl),
+    KIND(IQ4_XS, dec_iq4_xs, matvec_iq4_xs, tile_generic, ACT_Q8_K, qdot_iq4_xs),
+    KIND(MXFP4, dec_mxfp4, matvec_mxfp4, tile_generic, ACT_Q8_0, qdot_mxfp4),
 };
 
 const kind_t *kind_for(int type) {

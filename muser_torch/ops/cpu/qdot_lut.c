@@ -27,7 +27,11 @@ _Static_assert(MUSER_IQ4_NL_D == 0 && MUSER_IQ4_XS_D == 0 && MUSER_MXFP4_E == 0,
 /* A 32-element block's scale: IQ4_NL's f16, MXFP4's E8M0 (halved, as ggml's
  * codes are doubled); `type` is a constant in each caller. */
 static inline __attribute__((always_inline)) float lut32_scale(const uint8_t *blk, const int type) {
+#if defined(__AVX2__) && defined(__FMA__)
+    return type == MUSER_ID_MXFP4 ? e8m0_half(blk[MUSER_MXFP4_E]) : f16_scale(blk + MUSER_IQ4_NL_D);
+#else
     return type == MUSER_ID_MXFP4 ? e8m0_half(blk[MUSER_MXFP4_E]) : f16(blk + MUSER_IQ4_NL_D);
+#endif
 }
 
 /* Scalar sum(table[q_w] * q_x) over 32 elements in element order. */
@@ -41,18 +45,19 @@ static inline int lut32_isum(const uint8_t *qs, const int8_t *table, const int8_
 }
 
 #if defined(__AVX2__) && defined(__FMA__)
-static inline float hsum8_ps(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
-}
-/* 16 int16 lanes of pairwise sums of w * y for 32 signed bytes each. */
-static inline __m256i mul_add_i8(__m256i w, __m256i y) {
-    return _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(y, w));
-}
-/* A block's 32 code values as signed bytes in element order. */
-static inline __m256i lut_values32(const uint8_t *qs, __m256i table) {
-    return _mm256_shuffle_epi8(table, legacy_nibbles32(qs));
+/* One block's contribution for T tokens: acc[t] += (d_x * d_w) * sum(w * y_t) in 8 lanes. */
+ROW_KERNEL void lut32_block(const uint8_t *blk, const int type, const int qs_at, const int8_t *table,
+                            const uint8_t *act, int64_t act_stride, int64_t b, const int T,
+                            __m256 acc[QDOT_TOKENS]) {
+    const __m256i w = lut_values32(blk + qs_at, table);
+    const __m256i u = _mm256_sign_epi8(w, w);
+    const float d = lut32_scale(blk, type);
+    for (int t = 0; t < T; t++) {
+        const act32_t *a = ACT32(t, b);
+        const __m256i y = _mm256_loadu_si256((const __m256i *)a->qs);
+        const __m256i p = dot_u8s8(u, _mm256_sign_epi8(y, w));
+        acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(a->d * d), _mm256_cvtepi32_ps(p), acc[t]);
+    }
 }
 #endif
 
@@ -64,22 +69,13 @@ ROW_KERNEL void qdot_lut32(const uint8_t *row, const int type, const uint8_t *ac
     float sum[QDOT_TOKENS];
     int64_t b = 0;
 #if defined(__AVX2__) && defined(__FMA__)
-    const __m256i tv = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)table));
-    const __m256i one = _mm256_set1_epi16(1);
-    __m256 acc[QDOT_TOKENS][2];
-    for (int t = 0; t < T; t++) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
-    for (const int64_t paired = nb & ~(int64_t)1; b < paired; b++) {
-        const uint8_t *blk = row + b * bytes;
-        const __m256i w = lut_values32(blk + qs_at, tv);
-        const float d = lut32_scale(blk, type);
-        for (int t = 0; t < T; t++) {
-            const act32_t *a = ACT32(t, b);
-            const __m256i y = _mm256_loadu_si256((const __m256i *)a->qs);
-            const __m256i p = _mm256_madd_epi16(mul_add_i8(w, y), one);
-            acc[t][b & 1] = _mm256_fmadd_ps(_mm256_set1_ps(a->d * d), _mm256_cvtepi32_ps(p), acc[t][b & 1]);
-        }
+    __m256 even[QDOT_TOKENS], odd[QDOT_TOKENS];
+    for (int t = 0; t < T; t++) even[t] = odd[t] = _mm256_setzero_ps();
+    for (; b + 1 < nb; b += 2) {
+        lut32_block(row + b * bytes, type, qs_at, table, act, act_stride, b, T, even);
+        lut32_block(row + (b + 1) * bytes, type, qs_at, table, act, act_stride, b + 1, T, odd);
     }
-    for (int t = 0; t < T; t++) sum[t] = hsum8_ps(_mm256_add_ps(acc[t][0], acc[t][1]));
+    for (int t = 0; t < T; t++) sum[t] = hsum8(_mm256_add_ps(even[t], odd[t]));
 #else
     for (int t = 0; t < T; t++) sum[t] = 0.0f;
 #endif
@@ -104,7 +100,6 @@ static inline int iq4_xs_scale(const uint8_t *blk, int j) {
 ROW_KERNEL void qdot_iq4_xs_rows(const uint8_t *row, const uint8_t *act, int64_t act_stride,
                                  int64_t nb, const int T, float *out) {
 #if defined(__AVX2__) && defined(__FMA__)
-    const __m256i tv = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)IQ4_VALUES));
     __m256 acc[QDOT_TOKENS];
     for (int t = 0; t < T; t++) acc[t] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
@@ -112,18 +107,20 @@ ROW_KERNEL void qdot_iq4_xs_rows(const uint8_t *row, const uint8_t *act, int64_t
         __m256i isum[QDOT_TOKENS];
         for (int t = 0; t < T; t++) isum[t] = _mm256_setzero_si256();
         for (int j = 0; j < QK_K / 32; j++) {
-            const __m256i w = lut_values32(blk + MUSER_IQ4_XS_QS + 16 * j, tv);
+            const __m256i w = lut_values32(blk + MUSER_IQ4_XS_QS + 16 * j, IQ4_VALUES);
+            const __m256i u = _mm256_sign_epi8(w, w);
             const __m256i ls = _mm256_set1_epi16((short)iq4_xs_scale(blk, j));
             for (int t = 0; t < T; t++) {
                 const __m256i y = _mm256_loadu_si256((const __m256i *)(ACTK(t, b)->qs + 32 * j));
-                isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(mul_add_i8(w, y), ls));
+                const __m256i p16 = _mm256_maddubs_epi16(u, _mm256_sign_epi8(y, w));
+                isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(p16, ls));
             }
         }
-        const float dw = f16(blk + MUSER_IQ4_XS_D);
+        const float dw = f16_scale(blk + MUSER_IQ4_XS_D);
         for (int t = 0; t < T; t++)
             acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(dw * ACTK(t, b)->d), _mm256_cvtepi32_ps(isum[t]), acc[t]);
     }
-    for (int t = 0; t < T; t++) out[t] = hsum8_ps(acc[t]);
+    for (int t = 0; t < T; t++) out[t] = hsum8(acc[t]);
 #else
     float sum[QDOT_TOKENS];
     for (int t = 0; t < T; t++) sum[t] = 0.0f;
