@@ -11,13 +11,11 @@ import pytest
 pytest.importorskip("transformers")
 pytest.importorskip("sentencepiece")
 
-from muser_torch.convert import convert  # noqa: E402
 from muser_torch.convert.recipes import plan_types  # noqa: E402
-from muser_torch.gguf_io import load_gguf  # noqa: E402
 
 from ..gguf.helpers import fresh_seed  # noqa: E402
 from .checkpoints import write_checkpoint  # noqa: E402
-from .peers import assert_same_file, need_llama_quantize, run_llama_quantize  # noqa: E402
+from .peers import assert_like_llama_quantize, need_llama_quantize  # noqa: E402
 
 FTYPES = {"iq4_xs": "IQ4_XS", "iq4_nl": "IQ4_NL", "mxfp4": "MXFP4_MOE"}
 CASES = {
@@ -36,11 +34,7 @@ def test_same_file_as_llama_quantize(tmp_path, case, kind):
     arch, opts, pre = CASES[case]
     seed = fresh_seed()
     d, _, _ = write_checkpoint(tmp_path / case, arch, seed, **opts)
-    f16 = convert(d, tmp_path / "f16.gguf", "f16", pre_tokenizer=pre, progress=False).path
-    theirs = tmp_path / "llama-quantize.gguf"
-    run_llama_quantize(f16, theirs, FTYPES[kind])
-    ours = convert(d, tmp_path / "ours.gguf", kind, pre_tokenizer=pre, progress=False).path
-    assert_same_file(ours, theirs, f"seed {seed}: {case} {kind}")
+    assert_like_llama_quantize(d, tmp_path, kind, FTYPES[kind], pre, f"seed {seed}: {case} {kind}")
 
 
 def test_recipe_choices():

@@ -152,12 +152,21 @@ def test_missing_part(tmp_path, model):
         load_gguf(paths[0])
 
 
-def test_wrong_count_in_a_part(tmp_path, model):
+@pytest.mark.parametrize("own", ["wrong count", "another model"])
+def test_a_part_whose_split_keys_disagree(tmp_path, model, own):
+    """Part 2 says 4 parts, or is part 2 of a 3-part model of 5 tensors."""
     _, md, thirds, _ = model
+    total = sum(map(len, thirds))
     paths = write_parts(tmp_path / "m", md, thirds)
-    save_gguf(paths[1], {SPLIT_NO: 1, SPLIT_COUNT: 4, SPLIT_TENSORS_COUNT: sum(map(len, thirds))},
-              thirds[1], types=SPLIT_TYPES)
-    with pytest.raises(SplitFileError, match=f"{paths[1].name}: split.count is 4, expected 3"):
+    if own == "wrong count":
+        keys, tensors, match = {SPLIT_COUNT: 4, SPLIT_TENSORS_COUNT: total}, thirds[1], \
+            "split.count is 4, expected 3"
+    else:
+        keys, tensors, match = {SPLIT_COUNT: 3, SPLIT_TENSORS_COUNT: 5}, \
+            {"other.weight": (GGMLQuantizationType.F32, torch.randn(3, 32))}, \
+            f"split.tensors.count is 5, expected {total}.*another model"
+    save_gguf(paths[1], {SPLIT_NO: 1} | keys, tensors, types=SPLIT_TYPES)
+    with pytest.raises(SplitFileError, match=f"{paths[1].name}: {match}"):
         load_gguf(paths[0])
 
 
@@ -175,17 +184,6 @@ def test_duplicate_tensor(tmp_path, model):
     paths = write_parts(tmp_path / "m", md, [thirds[0], thirds[1], third])
     with pytest.raises(SplitFileError, match=f"{paths[2].name}: tensor '{name}' is also in "
                                              f"{paths[0].name}"):
-        load_gguf(paths[0])
-
-
-def test_a_part_of_another_model(tmp_path, model):
-    _, md, thirds, _ = model
-    paths = write_parts(tmp_path / "m", md, thirds)
-    other = {"other.weight": (GGMLQuantizationType.F32, torch.randn(3, 32))}
-    save_gguf(paths[1], {SPLIT_NO: 1, SPLIT_COUNT: 3, SPLIT_TENSORS_COUNT: 5}, other,
-              types=SPLIT_TYPES)
-    with pytest.raises(SplitFileError, match=f"{paths[1].name}: split.tensors.count is 5, "
-                                             f"expected {sum(map(len, thirds))}.*another model"):
         load_gguf(paths[0])
 
 
