@@ -30,6 +30,11 @@ class UnsupportedVersionError(GGUFFormatError):
     """A GGUF version other than 2 or 3, or a big-endian file."""
 
 
+class SplitFileError(GGUFError):
+    """A part of a split model (``<prefix>-0000i-of-0000N.gguf``) is missing,
+    misnamed, or does not belong with the others."""
+
+
 class UnsupportedTypeError(GGUFError):
     """A tensor's type has no block format here; raised only when its bytes or
     values are asked for, so such files can still be listed."""

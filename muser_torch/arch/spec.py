@@ -42,6 +42,9 @@ LLAMA_CPP_TYPES = frozenset({GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType
                              GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K,
                              GGMLType.Q2_K, GGMLType.Q3_K})
 
+# The lookup-table types (formats/iq4.py, formats/mxfp4.py).
+LLAMA_CPP_TYPES |= {GGMLType.IQ4_NL, GGMLType.IQ4_XS, GGMLType.MXFP4}
+
 # Positions are exact in float32 (RoPE angles are position * frequency) up to 2^24.
 MAX_CONTEXT = 1 << 24
 # Widths, head counts and vocabularies index torch tensors: int32 is plenty.

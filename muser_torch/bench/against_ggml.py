@@ -32,8 +32,10 @@ class Case:
 LEGACY_AND_FLOAT = (GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0,
                     GGMLType.F16, GGMLType.BF16)
 K_QUANTS = (GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K, GGMLType.Q2_K, GGMLType.Q3_K)
+LOOKUP = (GGMLType.IQ4_NL, GGMLType.IQ4_XS, GGMLType.MXFP4)
 CASES = tuple(Case(t, 4096, 14336) for t in LEGACY_AND_FLOAT) + tuple(
-    Case(t, n_in, n_out) for t in K_QUANTS for n_in, n_out in ((6656, 4096), (6656, 19968), (19968, 6656)))
+    Case(t, n_in, n_out) for t in K_QUANTS for n_in, n_out in ((6656, 4096), (6656, 19968), (19968, 6656))
+) + tuple(Case(t, 4096, 14336) for t in LOOKUP)
 TOKENS = (1, 2, 4, 8, 128)
 # Gemma 3 270M's projections (Q4_K_M file): rows of 640, 1024 and 2048, where a
 # call's fixed cost is a large part of its time at one token.
@@ -84,7 +86,7 @@ def run(threads: int, tokens: tuple[int, ...], types: tuple[str, ...] | None, li
           f"{bw / 1e9:.1f} GB/s (sum over 512 MiB); muser: QLinear modules (what a model calls: "
           f"'muser' the ggml numerics, 'exact' the float one), 'op' torch.ops.muser.qmatmul_ggml "
           f"through the dispatcher; median of >= {rounds} interleaved rounds")
-    print(f"{'type':<5} {'n_in->n_out':>12} {'tok':>4} {'MB':>6} {'ggml us':>9} {'muser us':>9} "
+    print(f"{'type':<6} {'n_in->n_out':>12} {'tok':>4} {'MB':>6} {'ggml us':>9} {'muser us':>9} "
           f"{'ratio':>6} {'exact us':>9} {'ratio':>6} {'op us':>9} {'GB/s':>6} {'of bw':>6}")
     gen = torch.Generator().manual_seed(seed)
     rows = []
@@ -109,7 +111,7 @@ def run(threads: int, tokens: tuple[int, ...], types: tuple[str, ...] | None, li
             rows.append({"type": c.qtype.name, "n_in": c.n_in, "n_out": c.n_out, "tokens": t,
                          "ggml_s": med["ggml"], "muser_s": med["muser"], "exact_s": med["exact"],
                          "op_s": med["op"]})
-            print(f"{c.qtype.name:<5} {f'{c.n_in}->{c.n_out}':>12} {t:>4} {mb:>6.1f} "
+            print(f"{c.qtype.name:<6} {f'{c.n_in}->{c.n_out}':>12} {t:>4} {mb:>6.1f} "
                   f"{med['ggml'] * 1e6:>9.1f} {med['muser'] * 1e6:>9.1f} "
                   f"{med['muser'] / med['ggml']:>6.2f} {med['exact'] * 1e6:>9.1f} "
                   f"{med['exact'] / med['ggml']:>6.2f} {med['op'] * 1e6:>9.1f} "

@@ -18,8 +18,8 @@ def register(subparsers) -> None:
     p.add_argument("hf_dir", type=Path, help="checkpoint directory (config.json, *.safetensors, tokenizer)")
     p.add_argument("output", type=Path, help="the GGUF file to write (atomically)")
     p.add_argument("--type", choices=TYPES, default="f16",
-                   help="f16/bf16/q8_0: llama.cpp's converter; q4_k_m/q3_k_m/q2_k: its converter + "
-                        "llama-quantize; "
+                   help="f16/bf16/q8_0: llama.cpp's converter; q4_k_m, q3_k_m, q2_k, iq4_xs, iq4_nl, "
+                        "mxfp4 (MXFP4_MOE): its converter + llama-quantize; "
                         "q4_k_xl/nvfp4: the Muser lanes (Muse Glimmer)")
     p.add_argument("--device", default="cpu", help="where quantization runs: cpu or cuda")
     p.add_argument("--imatrix", type=Path, help="llama.cpp's imatrix GGUF (for the K-quants)")

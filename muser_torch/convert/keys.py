@@ -8,7 +8,8 @@ parameter count, model card facts), the architecture keys ending with
 the tokenizer keys (``vocab``). Each is added through a gguf-py ``GGUFWriter``
 used as an ordered collector, so the value types are llama.cpp's.
 
-``q4_k_m``, ``q3_k_m`` and ``q2_k`` are that F16 file passed through llama-quantize, which re-sets
+``q4_k_m``, ``q3_k_m``, ``q2_k``, ``iq4_xs``, ``iq4_nl`` and ``mxfp4`` are that F16
+file passed through llama-quantize, which re-sets
 ``general.quantization_version`` and ``general.file_type`` (removing and
 appending them, so they move to the end) and appends the
 ``quantize.imatrix.*`` keys. The Muser lanes add ``muser.weight_precision``.
@@ -22,7 +23,7 @@ from typing import Any, Sequence
 from ..arch.muse_glimmer import LANE_KEY
 from .checkpoint import Checkpoint
 from .imatrix import ImportanceMatrix
-from .recipes import FILE_TYPES, LANES, LLAMA_QUANTIZE, PlannedTensor
+from .recipes import FILE_TYPES, FROM_F16, LANES, PlannedTensor
 from .rules import Family, common_keys
 from .vocab import write_vocab
 
@@ -57,13 +58,13 @@ def collect_metadata(ck: Checkpoint, fam: Family, hp: dict, n_layers: int,
     w.add_type(gguf.GGUFType.MODEL)
     md.set_gguf_meta_model(w)
     common_keys(w, hp, n_layers)
-    # the converter's own file type: the llama-quantize types are made from its F16 file
-    w.add_file_type(FILE_TYPES["f16" if kind in LLAMA_QUANTIZE else kind])
+    # the converter's own file type: llama-quantize's kinds are made from its F16 file
+    w.add_file_type(FILE_TYPES["f16" if kind in FROM_F16 else kind])
     fam.keys(w, hp)
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
     write_vocab(w, *(vocab_from or (ck.dir, hp)), fam.vocab, pre_tokenizer)
     kv = dict(w.kv_data[0])
-    if kind in LLAMA_QUANTIZE:
+    if kind in FROM_F16:
         for key in _QUANTIZE_KEYS:
             kv.pop(key)
         kv["general.quantization_version"] = gguf.GGUFValue(gguf.GGML_QUANT_VERSION, gguf.GGUFValueType.UINT32)

@@ -31,7 +31,8 @@ from .dflash import check_pair, dflash_family, dflash_tensors, is_assistant, mas
 from .imatrix import load_imatrix
 from .keys import collect_metadata
 from .nvfp4_source import NVFP4_COMPANIONS, is_nvfp4_checkpoint, packed_source
-from .recipes import LANES, LLAMA_QUANTIZE, TYPES, PlannedTensor, llama_quantize_order, plan_types
+from .recipes import (FROM_F16, LANES, LLAMA_QUANTIZE, TYPES, PlannedTensor, llama_quantize_order,
+                      plan_types)
 from .rules import Family, family_of, permute_rows, text_hparams, text_tensor_name
 
 __all__ = ["convert", "ConvertResult"]
@@ -73,8 +74,9 @@ def convert(hf_dir: "str | os.PathLike[str]", out: "str | os.PathLike[str]", typ
             ) -> ConvertResult:
     """Convert the checkpoint at ``hf_dir`` into ``out`` (written atomically).
 
-    ``type``: f16, bf16 or q8_0 (llama.cpp's converter), q4_k_m, q3_k_m or q2_k
-    (its converter then llama-quantize), q4_k_xl or nvfp4 (the Muser lanes, for Muse Glimmer
+    ``type``: f16, bf16 or q8_0 (llama.cpp's converter), q4_k_m, q3_k_m, q2_k,
+    iq4_xs, iq4_nl or mxfp4 (its converter then llama-quantize's Q4_K_M, Q3_K_M,
+    Q2_K, IQ4_XS, IQ4_NL, MXFP4_MOE), q4_k_xl or nvfp4 (the Muser lanes, for Muse Glimmer
     only; nvfp4 passes a ModelOpt NVFP4 checkpoint's weights through bit for bit). ``imatrix``:
     llama.cpp's imatrix GGUF for the K-quants. ``pre_tokenizer`` names a BPE
     pre-tokenizer llama.cpp cannot identify by hash. A DFlash drafter
@@ -122,11 +124,13 @@ def _convert(ck: Checkpoint, out: Path, type: str, dev: torch.device, imatrix: A
                           f"converts only with --type nvfp4, which keeps its weights as they are; "
                           f"--type {type} would have to dequantize them")
     sources, skipped = _sources(ck, fam, hp, n_layers)
-    if type in LLAMA_QUANTIZE:   # llama-quantize rewrites the F16 file in its loader's order
+    if type in FROM_F16:      # llama-quantize rewrites the F16 file in its loader's order
         sources.sort(key=lambda s: llama_quantize_order(s.name))
     weights = [s for s in sources if not s.name.endswith(NVFP4_COMPANIONS)]
+    heads = hp.get("num_attention_heads", 1)
     plan = plan_types([(s.name, s.ne) for s in weights], type, n_layers,
-                      packed=frozenset(s.name for s in weights if s.packed))
+                      packed=frozenset(s.name for s in weights if s.packed),
+                      n_gqa=heads // (hp.get("num_key_value_heads") or heads))
     by_name = {p.name: p for p in plan}
     im = load_imatrix(imatrix) if imatrix is not None else None
     if im is not None and type not in (*LLAMA_QUANTIZE, "q4_k_xl"):

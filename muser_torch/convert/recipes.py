@@ -18,6 +18,9 @@
   Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0, F16 when not even 32 divides
   them). llama.cpp's MoE, Falcon and 70B-model exceptions are not taken:
   the architectures converted here have none of them.
+* ``iq4_xs``, ``iq4_nl``, ``mxfp4``: ``llama-quantize``'s IQ4_XS, IQ4_NL and
+  MXFP4_MOE over the converter's F16 file, without an importance matrix
+  (``plan_lookup``).
 * ``q4_k_xl``, ``nvfp4``: the Muser lanes (``arch/glimmer_recipe``, docs/muse-glimmer.md),
   for an architecture whose table has them (``Architecture.lanes``: Muse
   Glimmer's); a tensor whose rows cannot take the lane's type is refused
@@ -34,15 +37,20 @@ from ..errors import RecipeError
 from ..formats import GGMLType
 
 T = GGMLType
-# llama-quantize's ftypes made from the converter's F16 file, and each one's default type.
+# llama-quantize's K-quant ftypes made from the converter's F16 file, and each one's default type.
 LLAMA_QUANTIZE = {"q4_k_m": T.Q4_K, "q3_k_m": T.Q3_K, "q2_k": T.Q2_K}
-TYPES = ("f16", "bf16", "q8_0", "q4_k_m") + LANES + ("q3_k_m", "q2_k")
+# The lookup-table recipes (llama-quantize ftypes) and the llama.cpp ftype each writes.
+LOOKUP_KINDS = {"iq4_nl": (T.IQ4_NL, 25), "iq4_xs": (T.IQ4_XS, 30), "mxfp4": (T.MXFP4, 38)}
+TYPES = ("f16", "bf16", "q8_0", "q4_k_m") + LANES + ("q3_k_m", "q2_k") + tuple(LOOKUP_KINDS)
+# The kinds made by llama-quantize from the converter's F16 file.
+FROM_F16 = tuple(LLAMA_QUANTIZE) + tuple(LOOKUP_KINDS)
 
 # general.file_type (llama.cpp's llama_ftype) each --type writes; the lanes have
 # none of their own in llama.cpp, so they say what most of their bytes are
 # (Q4_K_M for q4_k_xl, llama.cpp's MOSTLY_NVFP4 for nvfp4).
 FILE_TYPES = {"f16": 1, "bf16": 32, "q8_0": 7, "q4_k_m": 15, "q4_k_xl": 15, "nvfp4": 39,
               "q3_k_m": 12, "q2_k": 10}
+FILE_TYPES |= {kind: ftype for kind, (_, ftype) in LOOKUP_KINDS.items()}
 _CONVERTER_TYPE = {"f16": T.F16, "bf16": T.BF16, "q8_0": T.Q8_0}
 
 
@@ -74,7 +82,8 @@ def _use_more_bits(i: int, n: int) -> bool:
 def _fallback(t: GGMLType, n_in: int) -> GGMLType:
     if n_in % t.block_elems == 0:
         return t
-    t = {T.Q4_K: T.Q5_0, T.Q5_K: T.Q5_1, T.Q6_K: T.Q8_0, T.Q2_K: T.Q4_0, T.Q3_K: T.Q4_0}.get(t, t)
+    t = {T.Q4_K: T.Q5_0, T.Q5_K: T.Q5_1, T.Q6_K: T.Q8_0, T.Q2_K: T.Q4_0, T.Q3_K: T.Q4_0,
+         T.IQ4_XS: T.IQ4_NL}.get(t, t)
     return t if n_in % t.block_elems == 0 else T.F16
 
 
@@ -83,7 +92,7 @@ class PlannedTensor:
     name: str
     ne: tuple[int, ...]         # GGUF order: ne[0] is a row
     qtype: GGMLType
-    source_type: GGMLType       # the F16-file type it is made from (q4_k_m), else qtype
+    source_type: GGMLType       # the F16-file type it is made from (FROM_F16 kinds), else qtype
 
 
 def llama_quantize_order(name: str) -> tuple[int, str]:
@@ -100,12 +109,15 @@ def _quantizable(name: str, n_dims: int) -> bool:
 
 
 def plan_types(tensors: Sequence[tuple[str, tuple[int, ...]]], kind: str, n_layers: int,
-               packed: frozenset[str] = frozenset()) -> list[PlannedTensor]:
+               packed: frozenset[str] = frozenset(), n_gqa: int = 1) -> list[PlannedTensor]:
     """Every tensor's type, in file order (``tensors``: GGUF name, ne). ``packed``:
     the weights an NVFP4 checkpoint holds packed (they stay NVFP4_E2M1; its
-    16-bit tensors then follow the q4_k_xl recipe)."""
+    16-bit tensors then follow the q4_k_xl recipe). ``n_gqa``: attention heads
+    per key/value head (llama.cpp's ``n_gqa()``; the IQ4 recipes read it)."""
     if kind not in TYPES:
         raise RecipeError(f"--type {kind!r} is not one of {', '.join(TYPES)}")
+    if kind in LOOKUP_KINDS:
+        return plan_lookup(tensors, kind, n_layers, n_gqa)
     out = []
     if kind in _CONVERTER_TYPE:
         for name, ne in tensors:
@@ -170,3 +182,39 @@ def _llama_quantize_type(kind: str, name: str, counts: dict[str, int], n_attn_v:
         t = _FFN_DOWN[kind](counts["ffn_down"], n_layers)
         counts["ffn_down"] += 1
     return t or LLAMA_QUANTIZE[kind]
+
+
+def plan_lookup(tensors: Sequence[tuple[str, tuple[int, ...]]], kind: str, n_layers: int,
+                n_gqa: int) -> list[PlannedTensor]:
+    """llama-quantize's IQ4_NL, IQ4_XS and MXFP4_MOE over the converter's F16
+    file, without an imatrix (``llama_tensor_get_type_impl``):
+
+    * the lm_head (or the tied embedding): Q8_0 for MXFP4_MOE or rows not
+      whole blocks of the default type, else Q6_K;
+    * MXFP4_MOE: every other quantizable tensor Q8_0, as only 3-D expert
+      tensors take MXFP4 and these architectures have none;
+    * IQ4_NL / IQ4_XS: attn_v Q5_K when n_gqa >= 4; ffn_down Q5_K on the first
+      n_layers / 8 layers; everything else the default type;
+    * then the fallbacks for rows that are not whole blocks (IQ4_XS -> IQ4_NL,
+      Q5_K -> Q5_1, Q6_K -> Q8_0; F16 where not even 32 divides them)."""
+    default = LOOKUP_KINDS[kind][0]
+    names = [n for n, _ in tensors]
+    tied = "output.weight" not in names
+    out, i_ffn_down = [], 0
+    for name, ne in tensors:
+        base = converter_type(name, len(ne), ne[0], "f16")
+        if not _quantizable(name, len(ne)):
+            out.append(PlannedTensor(name, ne, base, base))
+            continue
+        t = default
+        if name == "output.weight" or (tied and name == "token_embd.weight"):
+            t = T.Q8_0 if kind == "mxfp4" or ne[0] % default.block_elems else T.Q6_K
+        elif kind == "mxfp4":
+            t = T.Q8_0
+        elif "attn_v.weight" in name:
+            t = T.Q5_K if n_gqa >= 4 else default
+        elif "ffn_down" in name:
+            t = T.Q5_K if i_ffn_down < n_layers // 8 else default
+            i_ffn_down += 1
+        out.append(PlannedTensor(name, ne, _fallback(t, ne[0]), base))
+    return out

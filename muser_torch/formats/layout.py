@@ -8,7 +8,8 @@ live outside the tensor (NVFP4_E2M1) also declares its companions.
 
 Kinds: ``f16``, ``bf16``, ``f32`` (little-endian floats), ``u8`` and ``i8``
 (byte arrays: packed codes or sub-block scales), ``ue4m3`` (unsigned E4M3
-scale bytes, llama.cpp's NVFP4), ``e4m3`` (E4M3FN bytes).
+scale bytes, llama.cpp's NVFP4), ``e4m3`` (E4M3FN bytes), ``e8m0`` (a
+power-of-two scale byte, 2**(b - 127): MXFP4).
 """
 from __future__ import annotations
 
@@ -20,7 +21,13 @@ QK_LEGACY = 32      # elements in a Q4_0 .. Q8_0 block
 QK_NVFP4 = 64       # elements in a llama.cpp NVFP4 block (4 sub-blocks of 16)
 NVFP4_GROUP = 16    # inputs sharing one E4M3 scale (both NVFP4 formats)
 
-FIELD_KINDS = ("f16", "bf16", "f32", "u8", "i8", "ue4m3", "e4m3")
+QK_MXFP4 = 32       # elements in an MXFP4 block (one E8M0 scale)
+QK_IQ4_NL = 32      # elements in an IQ4_NL block
+# The 16 values an IQ4_NL / IQ4_XS code indexes (ggml's kvalues_iq4nl); the C
+# and Metal kernels get them as MUSER_IQ4_VALUES (c_header).
+IQ4_VALUES = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
+
+FIELD_KINDS = ("f16", "bf16", "f32", "u8", "i8", "ue4m3", "e4m3", "e8m0")
 
 
 @dataclass(frozen=True)
@@ -98,6 +105,12 @@ LAYOUTS: dict[str, Layout] = {
     "Q6_K": layout(QK_K, ("ql", QK_K // 2, "u8"), ("qh", QK_K // 4, "u8"),
                    ("scales", QK_K // 16, "i8"), ("d", 2, "f16")),
     "NVFP4": layout(QK_NVFP4, ("d", QK_NVFP4 // NVFP4_GROUP, "ue4m3"), ("qs", QK_NVFP4 // 2, "u8")),
+    # The lookup-table types (formats/iq4.py, formats/mxfp4.py): 4-bit codes
+    # index a 16-value table; IQ4_XS's scales_h is a little-endian u16.
+    "IQ4_NL": layout(QK_IQ4_NL, ("d", 2, "f16"), ("qs", QK_IQ4_NL // 2, "u8")),
+    "IQ4_XS": layout(QK_K, ("d", 2, "f16"), ("scales_h", 2, "u8"), ("scales_l", QK_K // 64, "u8"),
+                     ("qs", QK_K // 2, "u8")),
+    "MXFP4": layout(QK_MXFP4, ("e", 1, "e8m0"), ("qs", QK_MXFP4 // 2, "u8")),
     # One scale group of the native payload: 16 codes in 8 bytes. The group's
     # E4M3 scale is a companion tensor, so rows must fill whole groups.
     "NVFP4_E2M1": layout(NVFP4_GROUP, ("qs", NVFP4_GROUP // 2, "u8"),
@@ -113,7 +126,8 @@ def layout_constants(prefix: str = "") -> dict[str, int]:
     Triton as module constants, Metal as its prelude."""
     out = {f"{prefix}QK_K": QK_K, f"{prefix}K_SCALE_SIZE": K_SCALE_SIZE,
            f"{prefix}QK_LEGACY": QK_LEGACY, f"{prefix}QK_NVFP4": QK_NVFP4,
-           f"{prefix}NVFP4_GROUP": NVFP4_GROUP}
+           f"{prefix}NVFP4_GROUP": NVFP4_GROUP, f"{prefix}QK_MXFP4": QK_MXFP4,
+           f"{prefix}QK_IQ4_NL": QK_IQ4_NL}
     for name, lay in LAYOUTS.items():
         out[f"{prefix}{name}_BYTES"] = lay.block_bytes
         out[f"{prefix}{name}_ELEMS"] = lay.block_elems
@@ -123,7 +137,9 @@ def layout_constants(prefix: str = "") -> dict[str, int]:
 
 
 def c_header(prefix: str = "MUSER_") -> str:
-    """``layout_constants`` as C/MSL ``#define`` lines."""
+    """``layout_constants`` as C/MSL ``#define`` lines, and the IQ4 value table
+    as an initializer list."""
     lines = ["/* generated from muser_torch/formats/layout.py: do not edit */"]
     lines += [f"#define {k} {v}" for k, v in layout_constants(prefix).items()]
+    lines.append(f"#define {prefix}IQ4_VALUES {{{', '.join(map(str, IQ4_VALUES))}}}")
     return "\n".join(lines) + "\n"

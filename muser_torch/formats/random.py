@@ -6,8 +6,8 @@ Two ways to set them:
 
 * ``std=None``: varied scales, for kernel tests and benchmarks: every f16
   scale field of either sign between 2^-10 and 2^-4, E4M3 scales between 1/4
-  and 4 (of either sign where the format is signed, E4M3FN), so values span
-  several binades;
+  and 4 (of either sign where the format is signed, E4M3FN), E8M0 scales
+  between 2^-10 and 2^-1, so values span several binades;
 * ``std=s``: the Muser recipes' synthetic models: one scale per tensor,
   mins that centre the codes on zero, chosen so the values have about ``s``
   standard deviation (measured once per type at unit scale).
@@ -19,6 +19,7 @@ always varied and ``std`` is not honoured.
 from __future__ import annotations
 
 import functools
+import math
 
 import torch
 
@@ -32,6 +33,8 @@ __all__ = ["random_weight"]
 
 # E4M3 scale bytes between 2^-2 and 2^2: finite, no NaN codes.
 _E4M3_LO, _E4M3_HI = 0x28, 0x48
+# E8M0 scale bytes 2^(b - 127) between 2^-10 and 2^-1; 127 is 1.
+_E8M0_LO, _E8M0_HI, _E8M0_ONE = 117, 127, 127
 # Mean code of the formats whose min field centres them: value = d*q - dmin*m
 # (K-quants, m a 6-bit sub-block min) or d*q + m (Q4_1, Q5_1).
 _CODE_MEAN = {GGMLType.Q4_1: 7.5, GGMLType.Q5_1: 15.5, GGMLType.Q4_K: 7.5, GGMLType.Q5_K: 15.5}
@@ -62,6 +65,11 @@ def _raw(qtype: GGMLType, n_out: int, n_in: int, gen, device, scale: float | Non
             value = scale * _CODE_MEAN.get(qtype, 0.0) * _MIN_FIELDS.get(f.name, 0.0) \
                 if f.name in _MIN_FIELDS else scale
             blocks[:, span] = f16_bytes(torch.full((n,), value, device=device))
+        elif f.kind == "e8m0" and scale is None:
+            blocks[:, span] = torch.randint(_E8M0_LO, _E8M0_HI, (n, f.nbytes), dtype=torch.uint8,
+                                            generator=gen, device=device)
+        elif f.kind == "e8m0":      # a power of two: the nearest to the recipe's scale
+            blocks[:, span] = _E8M0_ONE + round(math.log2(scale))
         elif f.kind in ("ue4m3", "e4m3"):
             blocks[:, span] = _e4m3_bytes((n, f.nbytes), gen, device,
                                           signed=f.kind == "e4m3" and scale is None)

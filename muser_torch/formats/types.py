@@ -7,7 +7,8 @@ from __future__ import annotations
 import operator
 from enum import IntEnum
 
-from .layout import K_SCALE_SIZE, LAYOUTS, NVFP4_GROUP, QK_K, QK_LEGACY, QK_NVFP4, Layout  # noqa: F401
+from .layout import (K_SCALE_SIZE, LAYOUTS, NVFP4_GROUP, QK_IQ4_NL, QK_K, QK_LEGACY, QK_MXFP4,  # noqa: F401
+                     QK_NVFP4, Layout)  # noqa: F401
 
 
 class GGMLType(IntEnum):
@@ -23,7 +24,10 @@ class GGMLType(IntEnum):
     Q4_K = 12
     Q5_K = 13
     Q6_K = 14
+    IQ4_NL = 20           # 32 elements: f16 scale + 16 bytes of indices into a 16-value table
+    IQ4_XS = 23           # 256 elements: f16 scale, 6-bit sub-block scales, IQ4_NL's table
     BF16 = 30
+    MXFP4 = 39            # 32 elements: E8M0 scale + 16 bytes of E2M1 codes
     NVFP4 = 40            # llama.cpp: 64-element blocks, 4 UE4M3 scales + 32 nibble bytes
     NVFP4_E2M1 = 1000     # Muser-native payload; scales live in companion tensors
     F8_E4M3FN = 1001      # raw E4M3FN bytes, only for NVFP4 companion scales

@@ -30,6 +30,7 @@ from tqdm import tqdm
 from ..errors import (GGUFError, GGUFFormatError, GGUFTruncatedError, MetadataError,
                       UnsupportedVersionError)
 from .records import GGUFFile, GGUFTensor
+from .split import is_split, join
 from .types import (_INT64_MAX, _INTS, _SCALARS, _U32, _U64, DEFAULT_ALIGNMENT, MAGIC,
                     MAX_ARRAY_ITEMS, MAX_DIMS, MAX_KEY_BYTES, MAX_TENSOR_NAME_BYTES, VERSIONS, V,
                     GGUFValueType, _align, block_geometry, type_name)
@@ -220,8 +221,16 @@ def load_gguf(path: "str | os.PathLike[str]", *, progress: bool = False) -> GGUF
     """Open a GGUF file (v2 or v3, any alignment, any tensor type) without
     copying its tensor data. Raises a ``GGUFError`` subclass naming what is
     wrong with a malformed file. ``progress`` shows a bar (after one second)
-    while the header is parsed."""
-    path = Path(path)
+    while the header is parsed. The first part of a split model
+    (``<prefix>-00001-of-0000N.gguf``) opens every part as one file
+    (``split.join``; a ``SplitFileError`` names a missing or foreign part)."""
+    first = _load_one(Path(path), progress)
+    if not is_split(first):
+        return first
+    return join(first, lambda part: _load_one(part, progress))
+
+
+def _load_one(path: Path, progress: bool) -> GGUFFile:
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
         if size == 0:

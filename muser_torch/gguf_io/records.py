@@ -95,13 +95,16 @@ class GGUFFile:
     """A parsed GGUF file. ``metadata`` maps keys to Python values (lists for
     arrays); ``metadata_types`` gives each key's GGUF value type (the item
     type for arrays), so ``save_gguf(p, f.metadata, f.tensors,
-    types=f.metadata_types)`` writes the same header back."""
+    types=f.metadata_types)`` writes the same header back. A split model
+    (``gguf_io.split``) is one ``GGUFFile`` over all its ``parts``: ``path``
+    is the first part's, and each tensor views its own part's map."""
 
     def __init__(self, path: Path, version: int, alignment: int, data_offset: int,
                  file_size: int, metadata: dict[str, Any],
                  metadata_types: dict[str, GGUFValueType],
-                 tensors: dict[str, GGUFTensor]) -> None:
+                 tensors: dict[str, GGUFTensor], parts: tuple[Path, ...] | None = None) -> None:
         self.path = path
+        self.parts = parts if parts is not None else (path,)
         self.version = version
         self.alignment = alignment
         self.data_offset = data_offset
@@ -111,8 +114,9 @@ class GGUFFile:
         self.tensors = tensors
 
     def __repr__(self) -> str:
+        split = f", {len(self.parts)} parts" if len(self.parts) > 1 else ""
         return (f"GGUFFile({str(self.path)!r}, v{self.version}, {len(self.metadata)} keys, "
-                f"{len(self.tensors)} tensors)")
+                f"{len(self.tensors)} tensors{split})")
 
     def __getitem__(self, name: str) -> GGUFTensor:
         try:

@@ -59,6 +59,19 @@ def run_llama_quantize(src: Path, out: Path, ftype: str, imatrix: Path | None = 
         raise AssertionError(f"llama-quantize failed:\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}")
 
 
+def assert_like_llama_quantize(checkpoint: Path, workdir: Path, kind: str, ftype: str,
+                               pre: str | None, what: str) -> Path:
+    """``convert --type kind`` writes the file ``llama-quantize F16 OUT ftype``
+    writes from the converter's F16 file; returns ours."""
+    from muser_torch.convert import convert
+    f16 = convert(checkpoint, workdir / "f16.gguf", "f16", pre_tokenizer=pre, progress=False).path
+    theirs = workdir / "llama-quantize.gguf"
+    run_llama_quantize(f16, theirs, ftype)
+    ours = convert(checkpoint, workdir / "ours.gguf", kind, pre_tokenizer=pre, progress=False).path
+    assert_same_file(ours, theirs, what)
+    return ours
+
+
 def assert_same_file(ours: Path, theirs: Path, what: str) -> None:
     """Byte-identical files; else the first differing key or tensor, named."""
     a, b = ours.read_bytes(), theirs.read_bytes()

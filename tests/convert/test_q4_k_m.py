@@ -18,7 +18,8 @@ from muser_torch.gguf_io import load_gguf, save_gguf  # noqa: E402
 
 from ..gguf.helpers import fresh_seed  # noqa: E402
 from .checkpoints import write_checkpoint  # noqa: E402
-from .peers import assert_same_file, need_llama_quantize, run_llama_quantize  # noqa: E402
+from .peers import (assert_like_llama_quantize, assert_same_file, need_llama_quantize,  # noqa: E402
+                    run_llama_quantize)
 
 CASES = {
     # 8 layers: use_more_bits picks layers 0, 3, 6, 7
@@ -49,11 +50,7 @@ def test_same_file_as_llama_quantize(tmp_path, case):
     arch, opts, pre = CASES[case]
     seed = fresh_seed()
     d, _, _ = write_checkpoint(tmp_path / case, arch, seed, **opts)
-    f16 = convert(d, tmp_path / "f16.gguf", "f16", pre_tokenizer=pre, progress=False).path
-    theirs = tmp_path / "llama-quantize.gguf"
-    run_llama_quantize(f16, theirs, "Q4_K_M")
-    ours = convert(d, tmp_path / "ours.gguf", "q4_k_m", pre_tokenizer=pre, progress=False).path
-    assert_same_file(ours, theirs, f"seed {seed}: {case} q4_k_m")
+    ours = assert_like_llama_quantize(d, tmp_path, "q4_k_m", "Q4_K_M", pre, f"seed {seed}: {case} q4_k_m")
     types = {t.type_name for t in load_gguf(ours).tensors.values()}
     assert {"Q4_K", "Q6_K"} <= types, f"seed {seed}: {types}"
 

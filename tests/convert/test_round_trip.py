@@ -21,13 +21,14 @@ from muser_torch.arch import ARCHITECTURES  # noqa: E402
 from muser_torch.cli import main as cli_main  # noqa: E402
 from muser_torch.convert import TYPES, RecipeError, convert  # noqa: E402
 from muser_torch.convert import checkpoint as checkpoint_module  # noqa: E402
+from muser_torch.convert.recipes import LOOKUP_KINDS  # noqa: E402
 
 from ..gguf.helpers import fresh_seed  # noqa: E402
 from .checkpoints import write_nvfp4_checkpoint  # noqa: E402
 from .round_trip import ARCHS, BPE, hf_weights, reference_model, source_model, write_tiny  # noqa: E402
 
 PAIRS = [(a, t) for a in ARCHS for t in TYPES if t in ("f16", "bf16", "q8_0", "q4_k_m", "q3_k_m", "q2_k")
-         or t in ARCHITECTURES[a].lanes]
+         or t in LOOKUP_KINDS or t in ARCHITECTURES[a].lanes]
 REFUSED = [(a, t) for a in ARCHS for t in TYPES if (a, t) not in PAIRS]
 # the pair of each architecture the default suite runs
 DEFAULT = {"llama": "q8_0", "qwen2": "f16", "qwen3": "bf16", "gemma3": "q4_k_m", "muse-glimmer": "nvfp4"}
@@ -35,7 +36,7 @@ DEFAULT = {"llama": "q8_0", "qwen2": "f16", "qwen3": "bf16", "gemma3": "q4_k_m",
 # (relative, Frobenius); measured at most 7e-7, 5e-2 and 0.53, q3_k_m 0.75 and
 # q2_k 0.99 (10 seeds): an unrelated model is ~1.4
 FROM_SOURCE = {"f16": 1e-4, "bf16": 1e-4, "q8_0": 0.15, "q4_k_m": 1.0, "q4_k_xl": 1.0, "nvfp4": 1.0,
-               "q3_k_m": 1.0, "q2_k": 1.25}
+               "q3_k_m": 1.0, "q2_k": 1.25, "iq4_xs": 1.0, "iq4_nl": 1.0, "mxfp4": 0.15}
 PROMPT, NEW = 12, 4     # tokens: past the 6-token sliding windows of Gemma 3 and Muse Glimmer
 
 

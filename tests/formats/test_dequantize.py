@@ -30,7 +30,11 @@ F16_FIELDS = {
     GGMLType.Q4_0: (0,), GGMLType.Q4_1: (0, 2), GGMLType.Q5_0: (0,), GGMLType.Q5_1: (0, 2),
     GGMLType.Q8_0: (0,), GGMLType.Q4_K: (0, 2), GGMLType.Q5_K: (0, 2), GGMLType.Q6_K: (208,),
     GGMLType.Q2_K: (80, 82), GGMLType.Q3_K: (108,),
+    GGMLType.IQ4_NL: (0,), GGMLType.IQ4_XS: (0,),
 }
+# Byte offsets of E8M0 scales: every byte whose largest value, 12 * 2**(e - 128), is finite.
+E8M0_FIELDS = {GGMLType.MXFP4: (0,)}
+E8M0_FINITE = 253
 
 
 def finite_f16_bits(rng: np.random.Generator, n: int) -> np.ndarray:
@@ -46,6 +50,8 @@ def random_packed(qtype: GGMLType, rows: int, n_in: int, rng: np.random.Generato
     raw = rng.integers(0, 256, size=(rows * n_in // qtype.block_elems, qtype.block_bytes), dtype=np.uint8)
     for off in F16_FIELDS.get(qtype, ()):
         raw[:, off:off + 2] = finite_f16_bits(rng, raw.shape[0]).view(np.uint8).reshape(-1, 2)
+    for off in E8M0_FIELDS.get(qtype, ()):
+        raw[:, off] = rng.integers(0, E8M0_FINITE, size=raw.shape[0], dtype=np.uint8)
     if qtype in (GGMLType.F16,):
         raw = finite_f16_bits(rng, raw.size // 2).view(np.uint8).reshape(raw.shape[0], -1)
     elif qtype == GGMLType.F32:

@@ -27,7 +27,8 @@ NATIVE = sorted(cpu.NATIVE_TYPES) if cpu.native_available() else []
 # every type ggml quantizes that we do (NVFP4_E2M1 is ours alone)
 GGML_QUANTIZES = [GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0,
                   GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K, GGMLType.F16, GGMLType.BF16,
-                  GGMLType.NVFP4, GGMLType.Q2_K, GGMLType.Q3_K]
+                  GGMLType.NVFP4, GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.IQ4_NL, GGMLType.IQ4_XS,
+                  GGMLType.MXFP4]
 
 
 def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:

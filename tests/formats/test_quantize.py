@@ -19,6 +19,7 @@ from .ggml_ref import lib, quantize_chunk
 
 LEGACY = [GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0]
 KQUANTS = [GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K, GGMLType.Q2_K, GGMLType.Q3_K]
+LOOKUP = [GGMLType.IQ4_NL, GGMLType.IQ4_XS, GGMLType.MXFP4]
 
 
 def edge_rows(n_in: int, g: torch.Generator) -> torch.Tensor:
@@ -37,7 +38,7 @@ def edge_rows(n_in: int, g: torch.Generator) -> torch.Tensor:
 
 def random_matrix(qtype: GGMLType, g: torch.Generator) -> torch.Tensor:
     """Random rows of varied scale and offset, then the edge rows."""
-    unit = 256 if qtype in KQUANTS else qtype.block_elems * 3
+    unit = 256 if qtype.block_elems == 256 else qtype.block_elems * 3
     n_in = unit * int(torch.randint(1, 4, (1,), generator=g))
     rows = int(torch.randint(48, 96, (1,), generator=g))
     x = torch.randn(rows, n_in, generator=g) * torch.rand(rows, 1, generator=g) * 4
@@ -58,7 +59,7 @@ def assert_same_bytes(ours: torch.Tensor, ref: torch.Tensor, qtype: GGMLType, wh
 
 
 @pytest.mark.parametrize("weighted", [False, True], ids=["ref", "imatrix"])
-@pytest.mark.parametrize("qtype", LEGACY + KQUANTS, ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", LEGACY + KQUANTS + LOOKUP, ids=lambda t: t.name)
 def test_byte_identical_to_ggml(qtype: GGMLType, weighted: bool) -> None:
     lib()
     seed = random.randrange(1 << 32)
@@ -103,8 +104,9 @@ def test_float_and_nvfp4_byte_identical_to_ggml(qtype: GGMLType) -> None:
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("weighted", [False, True], ids=["ref", "imatrix"])
-@pytest.mark.parametrize("qtype", LEGACY + KQUANTS + [GGMLType.F16, GGMLType.BF16, GGMLType.NVFP4,
-                                                      GGMLType.NVFP4_E2M1], ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", LEGACY + KQUANTS + LOOKUP + [GGMLType.F16, GGMLType.BF16, GGMLType.NVFP4,
+                                                               GGMLType.NVFP4_E2M1],
+                         ids=lambda t: t.name)
 def test_quantize_on_cuda_gives_the_cpu_bytes(qtype: GGMLType, weighted: bool) -> None:
     """The same vectorized torch on the GPU: the same bytes as on the CPU
     (which are ggml's), companions included. (MPS is not checked: Metal has
@@ -128,6 +130,7 @@ RMSE_BOUND = {
     GGMLType.Q8_0: 0.0066, GGMLType.Q4_K: 0.088, GGMLType.Q5_K: 0.045, GGMLType.Q6_K: 0.022,
     GGMLType.F16: 2.7e-4, GGMLType.BF16: 2.1e-3, GGMLType.NVFP4: 0.12, GGMLType.NVFP4_E2M1: 0.12,
     GGMLType.Q2_K: 0.39, GGMLType.Q3_K: 0.195,     # 0.338, 0.169 worst over 40 seeds
+    GGMLType.IQ4_NL: 0.099, GGMLType.IQ4_XS: 0.1, GGMLType.MXFP4: 0.15,
 }
 
 
@@ -283,3 +286,25 @@ def test_zero_rows_round_trip(qtype: GGMLType) -> None:
 def test_type_id_must_be_an_int(qtype) -> None:
     with pytest.raises(ValueError, match="unknown GGML type id"):
         quantize(torch.ones(2, 256), qtype)
+
+
+def test_mxfp4_scale_exponent_at_binade_edges_and_subnormals() -> None:
+    """MXFP4's E8M0 exponent is floor(log2(amax)) - 2 + 127: blocks whose
+    largest magnitude sits on, just under and just over powers of two from
+    2**-140 (a negative exponent, wrapped as x86 converts it) to 2**127."""
+    lib()
+    seed = random.randrange(1 << 32)
+    g = torch.Generator().manual_seed(seed)
+    rows = []
+    for k in range(-140, 128):
+        for m in (1.0, 1 - 2.0 ** -24, 1 + 2.0 ** -23, 0.75):
+            a = float(np.float32(2.0 ** k) * np.float32(m))
+            if a == 0 or not np.isfinite(a):
+                continue
+            sign = torch.randint(0, 2, (32,), generator=g) * 2 - 1
+            r = torch.rand(32, generator=g) * a * sign
+            r[int(torch.randint(0, 32, (1,), generator=g))] = -a if k % 2 else a
+            rows.append(r)
+    x = torch.stack(rows)
+    assert_same_bytes(quantize(x, GGMLType.MXFP4), quantize_chunk(x, GGMLType.MXFP4),
+                      GGMLType.MXFP4, f"MXFP4 binade edges seed {seed}")

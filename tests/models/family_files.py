@@ -26,6 +26,7 @@ VARIANTS = {
                                                           "beta_fast": 16.0, "beta_slow": 2.0}}),
     "qwen3": ("qwen3", {"rope_theta": 1e6}),
     "qwen3-tied": ("qwen3", {"tied": True, "n_layers": 3}),
+    "qwen3-iq4-mxfp4": ("qwen3", {"rope_theta": 1e6, "types": ("IQ4_XS", "IQ4_NL", "MXFP4")}),
 }
 ARCH_VARIANTS = ("llama", "qwen2", "qwen3")
 

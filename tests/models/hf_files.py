@@ -258,7 +258,7 @@ def _file_type(types: Sequence[str]) -> int:
     matrix type (a K-quant's medium preset, which mixes types as these files do)."""
     common = max(sorted(set(types)), key=list(types).count)
     name = {"F32": "ALL_F32", "Q4_K": "MOSTLY_Q4_K_M", "Q5_K": "MOSTLY_Q5_K_M",
-            "Q3_K": "MOSTLY_Q3_K_M"}.get(common, f"MOSTLY_{common}")
+            "Q3_K": "MOSTLY_Q3_K_M", "MXFP4": "MOSTLY_MXFP4_MOE"}.get(common, f"MOSTLY_{common}")
     return int(LlamaFileType[name])
 
 

@@ -76,7 +76,7 @@ def test_norm_of_wrong_length(tmp_path):
 
 @pytest.mark.parametrize("arch,name,qtype", [("llama", "blk.0.attn_q.weight", "Q2_K"),
                                              ("qwen2", "output.weight", "Q3_K"),
-                                             ("qwen3", "token_embd.weight", "IQ4_NL")])
+                                             ("qwen3", "token_embd.weight", "TQ2_0")])
 def test_unsupported_tensor_type(tmp_path, arch, name, qtype):
     refused(tmp_path, arch, None, DtypeFenceError, repr(name), qtype, type_of={name: qtype})
 

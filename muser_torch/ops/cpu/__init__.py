@@ -315,12 +315,14 @@ def qmatmul(x: torch.Tensor, packed: torch.Tensor, qtype: int, n_out: int, n_in:
 # ---- ggml numerics -------------------------------------------------------------------
 
 # The types whose matmul has a ggml mode (ggml's vec_dot_type: Q8_0 for
-# Q4_0/Q5_0/Q8_0, Q8_1 for Q4_1/Q5_1, Q8_K for the K-quants, the type itself
-# for F16/BF16). Others compute exactly (F32 is exact in ggml too).
+# Q4_0/Q5_0/Q8_0, IQ4_NL and MXFP4, Q8_1 for Q4_1/Q5_1, Q8_K for the K-quants
+# and IQ4_XS, the type itself for F16/BF16). Others compute exactly (F32 is
+# exact in ggml too).
 GGML_NUMERICS_TYPES = frozenset({
     GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0,
     GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K, GGMLType.F16, GGMLType.BF16,
     GGMLType.Q2_K, GGMLType.Q3_K,
+    GGMLType.IQ4_NL, GGMLType.IQ4_XS, GGMLType.MXFP4,
 })
 # F16 and BF16: ggml converts x to the weight's type (round to nearest even)
 # and sums the exact products in float32, which is what the float kernels do

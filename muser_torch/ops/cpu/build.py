@@ -30,6 +30,7 @@ NATIVE_TYPES = frozenset({
     GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K, GGMLType.NVFP4, GGMLType.NVFP4_E2M1,
     GGMLType.F16, GGMLType.BF16,
     GGMLType.Q2_K, GGMLType.Q3_K,
+    GGMLType.IQ4_NL, GGMLType.IQ4_XS, GGMLType.MXFP4,
 })
 
 NATIVE_MAX_TOKENS = 64         # the fused kernel's cap (MUSER_MAX_TOKENS in the generated header)

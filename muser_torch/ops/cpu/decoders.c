@@ -212,9 +212,6 @@ DECODER(dec_nvfp4_e2m1) {
     }
 }
 
-/* llama.cpp's E2M1 values doubled (its UE4M3 scales are halved to match). */
-static const float GGML_DOUBLED[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
-
 /* llama.cpp type 40: 4 UE4M3 scales then 32 nibble bytes per 64 elements;
  * sub-block s holds elements 16s + i (low nibbles) and 16s + 8 + i (high). */
 DECODER(dec_nvfp4) {
@@ -224,12 +221,63 @@ DECODER(dec_nvfp4) {
         for (int s = 0; s < QK_NVFP4 / NVFP4_GROUP; s++) {
             const float d = lut[b[MUSER_NVFP4_D + s]];
             for (int i = 0; i < NVFP4_GROUP / 2; i++) {
-                w[16 * s + i] = d * GGML_DOUBLED[qs[8 * s + i] & 0xF];
-                w[16 * s + 8 + i] = d * GGML_DOUBLED[qs[8 * s + i] >> 4];
+                w[16 * s + i] = d * (float)FP4_DOUBLED[qs[8 * s + i] & 0xF];
+                w[16 * s + 8 + i] = d * (float)FP4_DOUBLED[qs[8 * s + i] >> 4];
             }
         }
     }
 }
+
+/* ---- the lookup-table types: 4-bit codes into a table of 16 values -------------- */
+
+/* IQ4_NL: w = d * IQ4_VALUES[q]; element j in the low nibble of qs[j], j + 16 in the high. */
+DECODER(dec_iq4_nl) {
+    UNUSED_ARGS;
+    for (; nb > 0; nb--, b += MUSER_IQ4_NL_BYTES, w += MUSER_IQ4_NL_ELEMS) {
+        const float d = f16(b + MUSER_IQ4_NL_D);
+        const uint8_t *qs = b + MUSER_IQ4_NL_QS;
+        for (int j = 0; j < HALF; j++) {
+            w[j] = d * (float)IQ4_VALUES[qs[j] & 0xF];
+            w[j + HALF] = d * (float)IQ4_VALUES[qs[j] >> 4];
+        }
+    }
+}
+
+/* IQ4_XS: sub-block j (32 elements, laid out as an IQ4_NL block's codes) has
+ * the 6-bit scale ls_j: 4 low bits in nibble j%2 of scales_l[j/2], 2 high
+ * bits at bits 2j of the little-endian u16 scales_h; w = (d * (ls_j - 32)) * v. */
+DECODER(dec_iq4_xs) {
+    UNUSED_ARGS;
+    for (; nb > 0; nb--, b += MUSER_IQ4_XS_BYTES, w += QK_K) {
+        const float d = f16(b + MUSER_IQ4_XS_D);
+        const unsigned h = b[MUSER_IQ4_XS_SCALES_H] | (b[MUSER_IQ4_XS_SCALES_H + 1] << 8);
+        for (int j = 0; j < QK_K / 32; j++) {
+            const int ls = ((b[MUSER_IQ4_XS_SCALES_L + j / 2] >> (4 * (j % 2))) & 0xF) |
+                           (((h >> (2 * j)) & 3) << 4);
+            const float dl = d * (float)(ls - 32);
+            const uint8_t *qs = b + MUSER_IQ4_XS_QS + 16 * j;
+            for (int i = 0; i < 16; i++) {
+                w[32 * j + i] = dl * (float)IQ4_VALUES[qs[i] & 0xF];
+                w[32 * j + 16 + i] = dl * (float)IQ4_VALUES[qs[i] >> 4];
+            }
+        }
+    }
+}
+
+/* MXFP4: w = e8m0_half(e) * FP4_DOUBLED[q], nibbles as IQ4_NL's. */
+DECODER(dec_mxfp4) {
+    UNUSED_ARGS;
+    for (; nb > 0; nb--, b += MUSER_MXFP4_BYTES, w += MUSER_MXFP4_ELEMS) {
+        const float d = e8m0_half(b[MUSER_MXFP4_E]);
+        const uint8_t *qs = b + MUSER_MXFP4_QS;
+        for (int j = 0; j < HALF; j++) {
+            w[j] = d * (float)FP4_DOUBLED[qs[j] & 0xF];
+            w[j + HALF] = d * (float)FP4_DOUBLED[qs[j] >> 4];
+        }
+    }
+}
+_Static_assert(MUSER_IQ4_NL_ELEMS == 2 * HALF && MUSER_MXFP4_ELEMS == 2 * HALF,
+               "IQ4_NL and MXFP4 nibbles split at the legacy blocks' half");
 
 /* ---- plain floats -------------------------------------------------------------- */
 
@@ -280,6 +328,9 @@ static const kind_t KINDS[] = {
     KIND(NVFP4_E2M1, dec_nvfp4_e2m1, matvec_nvfp4_e2m1, tile_nvfp4_e2m1, ACT_NONE, 0),
     KIND(F16, dec_f16, matvec_f16, tile_generic, ACT_NONE, 0),
     KIND(BF16, dec_bf16, matvec_bf16, tile_generic, ACT_NONE, 0),
+    KIND(IQ4_NL, dec_iq4_nl, matvec_iq4_nl, tile_generic, ACT_Q8_0, qdot_iq4_nl),
+    KIND(IQ4_XS, dec_iq4_xs, matvec_iq4_xs, tile_generic, ACT_Q8_K, qdot_iq4_xs),
+    KIND(MXFP4, dec_mxfp4, matvec_mxfp4, tile_generic, ACT_Q8_0, qdot_mxfp4),
 };
 
 const kind_t *kind_for(int type) {

@@ -134,6 +134,29 @@ ROW_KERNEL void row_legacy(const uint8_t *row, const int type, const int bytes, 
     ACC_FINISH(T)
 }
 
+/* IQ4_XS: sub-block j as an IQ4_NL block's codes, scaled by d * (ls_j - 32). */
+_Static_assert(MUSER_IQ4_XS_ELEMS == 8 * QK_LEGACY && MUSER_IQ4_NL_ELEMS == QK_LEGACY &&
+                   MUSER_MXFP4_ELEMS == QK_LEGACY,
+               "the lookup-table types decode 32 elements at a time");
+ROW_KERNEL void row_iq4_xs(const uint8_t *row, int64_t nb, const float *x, int64_t n_in,
+                           const int T, float *out) {
+    ACC_DECLARE(T);
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = row + b * MUSER_IQ4_XS_BYTES;
+        const float d = f16_scale(blk + MUSER_IQ4_XS_D);
+        const unsigned h = blk[MUSER_IQ4_XS_SCALES_H] | (blk[MUSER_IQ4_XS_SCALES_H + 1] << 8);
+        for (int j = 0; j < QK_K / QK_LEGACY; j++) {
+            const int ls = ((blk[MUSER_IQ4_XS_SCALES_L + j / 2] >> (4 * (j % 2))) & 0xF) |
+                           (((h >> (2 * j)) & 3) << 4);
+            const v8f dl = splat(d * (float)(ls - 32));
+            const __m256i codes = lut_values32(blk + MUSER_IQ4_XS_QS + 16 * j, IQ4_VALUES);
+            for (int v = 0; v < 4; v++)
+                FMA_TOKENS(dl * legacy_codes8(codes, v), QK_K * b + QK_LEGACY * j + 8 * v, v);
+        }
+    }
+    ACC_FINISH(T)
+}
+
 /* F16 and BF16: 8 halves converted in registers (F16C's vcvtph2ps, exact;
  * BF16 a shift), 4 FMA chains with one token; a row's last n_in % 8
  * elements summed apart. Measured against the L1-scratch path it replaced
@@ -440,7 +463,9 @@ ROW_KERNEL void row_dot(const kind_t *k, const int type, const uint8_t *row, con
         row_legacy(row, MUSER_ID_##TYPE, MUSER_##TYPE##_BYTES, n_in / QK_LEGACY, x, n_in, T, out); \
         return
     LEGACY_CASE(Q4_0); LEGACY_CASE(Q4_1); LEGACY_CASE(Q5_0); LEGACY_CASE(Q5_1); LEGACY_CASE(Q8_0);
+    LEGACY_CASE(IQ4_NL); LEGACY_CASE(MXFP4);
 #undef LEGACY_CASE
+    case MUSER_ID_IQ4_XS: row_iq4_xs(row, n_in / QK_K, x, n_in, T, out); return;
 #if defined(__F16C__)
     case MUSER_ID_F16: row_half(row, 0, x, n_in, T, out); return;
 #endif
@@ -555,6 +580,9 @@ MATVEC(matvec_q3_k, MUSER_ID_Q3_K)
 MATVEC(matvec_nvfp4_e2m1, MUSER_ID_NVFP4_E2M1)
 MATVEC(matvec_f16, MUSER_ID_F16)
 MATVEC(matvec_bf16, MUSER_ID_BF16)
+MATVEC(matvec_iq4_nl, MUSER_ID_IQ4_NL)
+MATVEC(matvec_iq4_xs, MUSER_ID_IQ4_XS)
+MATVEC(matvec_mxfp4, MUSER_ID_MXFP4)
 MATVEC(matvec_generic, -1)
 
 static void matmul_task(const void *ctx, int64_t r0, int64_t r1) {

@@ -48,20 +48,6 @@ static inline void k4_scales(const uint8_t *s, uint8_t sc[8], uint8_t m[8]) {
 /* ---- the 32-element types ------------------------------------------------------------ */
 
 #if defined(__AVX2__) && defined(__FMA__)
-/* 8 int32 lanes, each the sum of 4 adjacent u8 x s8 products. */
-static inline __m256i dot_u8s8(__m256i u, __m256i s) {
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
-#else
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
-#endif
-}
-static inline float hsum8(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
-}
-
 /* A block's 32 codes as bytes in element order: signed (offset applied) for
  * Q4_0, Q5_0, Q8_0, unsigned for Q4_1, Q5_1; `type` is a constant. */
 static inline __attribute__((always_inline)) __m256i legacy_codes(const uint8_t *blk, int type) {
@@ -146,20 +132,12 @@ _Static_assert(MUSER_Q4_0_D == 0 && MUSER_Q4_1_D == 0 && MUSER_Q5_0_D == 0 && MU
                    MUSER_Q8_0_D == 0 && MUSER_Q4_1_M == MUSER_Q5_1_M,
                "qdot_legacy reads d at the block's start and Q4_1/Q5_1's m at one offset");
 
-/* Each type's qdot_fn: T (1 .. QDOT_TOKENS) becomes a compile-time count. */
-#define TOKEN_SWITCH(call)                                   \
-    switch (T) {                                             \
-    case 1: call(1); break;                                  \
-    case 2: call(2); break;                                  \
-    case 3: call(3); break;                                  \
-    default: call(4); break;                                 \
-    }
+/* Each type's qdot_fn (TOKEN_SWITCH: kernels.h). */
 #define QDOT_LEGACY(name, TYPE)                                                                 \
     void name(const uint8_t *row, const uint8_t *act, int64_t act_stride, int64_t nb, int T,   \
               float *out) {                                                                     \
         TOKEN_SWITCH(CALL_LEGACY_##TYPE)                                                        \
     }
-_Static_assert(QDOT_TOKENS == 4, "TOKEN_SWITCH covers 1 .. 4 tokens");
 #define LEGACY_CALL(TYPE, offset_m, n) \
     qdot_legacy(row, MUSER_ID_##TYPE, MUSER_##TYPE##_BYTES, offset_m, act, act_stride, nb, n, out)
 #define CALL_LEGACY_Q4_0(n) LEGACY_CALL(Q4_0, 0, n)

@@ -172,6 +172,26 @@ static inline __m256i legacy_fifth32(const uint8_t *qh) {
     return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit),
                             _mm256_set1_epi8(0x10));
 }
+/* The lookup-table types (IQ4_NL, IQ4_XS's sub-blocks, MXFP4): the 32 values of
+ * a block's codes as signed bytes in element order, `table` (16 int8) looked
+ * up by a byte shuffle. */
+static inline __m256i lut_values32(const uint8_t *qs, const int8_t *table) {
+    const __m256i t = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)table));
+    return _mm256_shuffle_epi8(t, legacy_nibbles32(qs));
+}
+/* 8 int32 lanes, each the sum of 4 adjacent u8 x s8 products (qdot.c, qdot_lut.c). */
+static inline __m256i dot_u8s8(__m256i u, __m256i s) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
+#else
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+#endif
+}
+static inline float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
 /* Signed code bytes 8v .. 8v+7 of `codes` as floats. */
 static inline v8f legacy_codes8(__m256i codes, int v) {
     const __m128i half = v < 2 ? _mm256_castsi256_si128(codes) : _mm256_extracti128_si256(codes, 1);
@@ -179,8 +199,9 @@ static inline v8f legacy_codes8(__m256i codes, int v) {
 }
 
 /* All 32 weights of one legacy block as 4 vectors of 8, rounding as the
- * reference: d*q (Q8_0), d*(q-8) (Q4_0), d*(q-16) (Q5_0), and for Q4_1 and
- * Q5_1 fma(d, q, m) (one rounding, not the reference's two). `type` is a
+ * reference: d*q (Q8_0), d*(q-8) (Q4_0), d*(q-16) (Q5_0), d*v[q] (IQ4_NL,
+ * MXFP4's halved scale and doubled values), and for Q4_1 and Q5_1
+ * fma(d, q, m) (one rounding, not the reference's two). `type` is a
  * compile-time constant in every caller, so each type gets its own loop. */
 static inline __attribute__((always_inline)) void legacy_w32(const uint8_t *blk, const int type,
                                                              v8f w[4]) {
@@ -207,6 +228,14 @@ static inline __attribute__((always_inline)) void legacy_w32(const uint8_t *blk,
         codes = _mm256_sub_epi8(_mm256_or_si256(legacy_nibbles32(blk + MUSER_Q5_0_QS),
                                                 legacy_fifth32(blk + MUSER_Q5_0_QH)),
                                 _mm256_set1_epi8(16));
+        break;
+    case MUSER_ID_IQ4_NL:
+        d = f16_scale(blk + MUSER_IQ4_NL_D);
+        codes = lut_values32(blk + MUSER_IQ4_NL_QS, IQ4_VALUES);
+        break;
+    case MUSER_ID_MXFP4:
+        d = e8m0_half(blk[MUSER_MXFP4_E]);
+        codes = lut_values32(blk + MUSER_MXFP4_QS, FP4_DOUBLED);
         break;
     default:                                    /* Q5_1 */
         d = f16_scale(blk + MUSER_Q5_1_D), m = f16_scale(blk + MUSER_Q5_1_M);

@@ -24,6 +24,7 @@ i8_dot       1       half x only: Q4_K, Q5_K                x in two int8 levels
 mv_kquant    1       Q4_K/Q5_K ``_mv_q45k_kernel``,         float32 FFMA, rel. error ~1e-6
                      Q6_K ``_mv_q6k_kernel``                (128 + q, see kquant.py)
 mv_tile      1       ``_mv_tile_kernel``: the other types   float32 FFMA
+                     (the IQ4 types and MXFP4 included)
 i8_dot_mt    <= 8    half x only: Q4_K, Q5_K, Q5_0, Q4_0    as i8_dot
 token_axis   2       Q4_K/Q5_K ``_mm_q45k_mt_kernel``:      float32 FFMA, as mv_kquant
                      one decode for all tokens
@@ -71,7 +72,7 @@ from .warm import warm_up  # noqa: F401  (ops.warm_up asks for it)
 T = GGMLType
 SUPPORTED = frozenset({T.F32, T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0,
                        T.Q4_K, T.Q5_K, T.Q6_K, T.NVFP4_E2M1,
-                       T.Q2_K, T.Q3_K})
+                       T.Q2_K, T.Q3_K, T.IQ4_NL, T.IQ4_XS, T.MXFP4})
 _COLS = TILE.value           # columns of one kernel tile (and of a K-quant super-block)
 _PERMUTE_BLOCK = 1024
 

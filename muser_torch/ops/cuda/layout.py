@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import triton.language as tl
 
-from ...formats.layout import layout_constants
+from ...formats.layout import IQ4_VALUES, layout_constants
 from ...formats.types import GGMLType
 
 _CONSTANTS = {name: tl.constexpr(value) for name, value in layout_constants().items()}
@@ -24,7 +24,15 @@ globals().update(_TYPE_IDS)
 # 16 NVFP4 groups. Every block size the kernels take divides it.
 TILE = tl.constexpr(layout_constants()["QK_K"])
 
-__all__ = sorted([*_CONSTANTS, *_TYPE_IDS, "TILE", "require"])
+# The IQ4 value table as four int32 words of four signed bytes (little endian,
+# code 4w + b in byte b of word w): Triton kernels read no constant arrays.
+_IQ4_BYTES = bytes(v & 0xFF for v in IQ4_VALUES)
+IQ4_WORDS = tuple(tl.constexpr(int.from_bytes(_IQ4_BYTES[4 * w:4 * w + 4], "little", signed=True))
+                  for w in range(4))
+IQ4_W0, IQ4_W1, IQ4_W2, IQ4_W3 = IQ4_WORDS
+
+__all__ = sorted([*_CONSTANTS, *_TYPE_IDS, "TILE", "require", "IQ4_W0", "IQ4_W1", "IQ4_W2",
+                  "IQ4_W3"])
 
 
 def require(condition: bool, what: str) -> None:

@@ -33,7 +33,9 @@ from .layout import (  # noqa: F401  (every name is a tl.constexpr read by the k
     Q4_K_DMIN, Q4_K_QS, Q4_K_SCALES, Q5_0, Q5_0_BYTES, Q5_0_D, Q5_0_QH, Q5_0_QS, Q5_1,
     Q5_1_BYTES, Q5_1_D, Q5_1_M, Q5_1_QH, Q5_1_QS, Q5_K, Q5_K_BYTES, Q5_K_D, Q5_K_DMIN, Q5_K_QH,
     Q5_K_QS, Q5_K_SCALES, Q6_K, Q6_K_BYTES, Q6_K_D, Q6_K_QH, Q6_K_QL, Q6_K_SCALES, Q8_0,
-    Q8_0_BYTES, Q8_0_D, Q8_0_QS, QK_LEGACY, TILE)
+    Q8_0_BYTES, Q8_0_D, Q8_0_QS, QK_LEGACY, TILE, IQ4_NL, IQ4_NL_BYTES, IQ4_NL_D, IQ4_NL_QS,
+    IQ4_XS, IQ4_XS_BYTES, IQ4_XS_D, IQ4_XS_QS, IQ4_XS_SCALES_H, IQ4_XS_SCALES_L, MXFP4,
+    MXFP4_BYTES, MXFP4_E, MXFP4_QS, IQ4_W0, IQ4_W1, IQ4_W2, IQ4_W3)
 
 
 # ---- field decoders ---------------------------------------------------------------
@@ -88,6 +90,20 @@ def _e2m1(c):
     normal = ((e + 126) << 23) | (m << 22)
     bits = tl.where(e == 0, tl.where(m == 1, 0x3F000000, 0), normal)
     return (bits | (sign << 31)).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _iq4_value(c):
+    """IQ4_NL / IQ4_XS codes (int32, 0..15) to their table values, as float32."""
+    word = tl.where(c < 8, tl.where(c < 4, IQ4_W0, IQ4_W1), tl.where(c < 12, IQ4_W2, IQ4_W3))
+    b = (word >> (8 * (c & 3))) & 0xFF
+    return (b - ((b & 0x80) << 1)).to(tl.float32)
+
+
+@triton.jit
+def _e8m0_half(e):
+    """E8M0 scale bytes (int32) to half their value, 2^(e - 128), exactly (ggml's halving)."""
+    return tl.where(e < 2, 0x00200000 << e, (e - 1) << 23).to(tl.float32, bitcast=True)
 
 
 # ---- per-family tiles: [BN, TILE] float32 -----------------------------------------
@@ -202,6 +218,47 @@ def _legacy_tile(p, rbase, rmask, kb, n_in, BN: tl.constexpr, BB: tl.constexpr,
 
 
 @triton.jit
+def _lookup32_tile(p, rbase, rmask, kb, n_in, BN: tl.constexpr, BB: tl.constexpr,
+                   QS: tl.constexpr, FP4: tl.constexpr):
+    """IQ4_NL (v[q] * f16 d) and MXFP4 (``FP4``: 2 * e2m1(q) * e8m0_half(e)), 32-element
+    blocks whose code of element i is nibble i // 16 of qs byte i % 16."""
+    t3 = tl.arange(0, TILE // QK_LEGACY)[None, :, None]
+    i3 = tl.arange(0, QK_LEGACY)[None, None, :]
+    blk = kb * (TILE // QK_LEGACY) + t3
+    valid = rmask[:, None, None] & (blk < n_in // QK_LEGACY)
+    b3 = rbase[:, None, None] + blk * BB
+    half: tl.constexpr = QK_LEGACY // 2
+    q = (tl.load(p + b3 + QS + i3 % half, mask=valid, other=0).to(tl.int32) >> (4 * (i3 // half))) & 0xF
+    if FP4:
+        d = _e8m0_half(tl.load(p + b3 + MXFP4_E, mask=valid, other=0).to(tl.int32))
+        w = (_e2m1(tl.where(q == 8, 0, q)) * 2.0) * d          # ggml's code 8 is +0
+    else:
+        w = _iq4_value(q) * _f16_at(p, b3 + IQ4_NL_D, valid)
+    return tl.reshape(tl.where(valid, w, 0.0), (BN, TILE))
+
+
+@triton.jit
+def _iq4xs_tile(p, rbase, rmask, kb, BN: tl.constexpr):
+    """IQ4_XS: 8 sub-blocks of 32, v[q] * (d * (ls_j - 32)); ls_j's low 4 bits are
+    nibble j % 2 of scales_l[j / 2], its high 2 bits bits 2j of the u16 scales_h."""
+    base = rbase + kb * IQ4_XS_BYTES
+    d = _f16_at(p, base + IQ4_XS_D, rmask)
+    sh = (tl.load(p + base + IQ4_XS_SCALES_H, mask=rmask, other=0).to(tl.int32)
+          | (tl.load(p + base + IQ4_XS_SCALES_H + 1, mask=rmask, other=0).to(tl.int32) << 8))
+    j = tl.arange(0, 8)[None, :]
+    sl = tl.load(p + base[:, None] + IQ4_XS_SCALES_L + j // 2, mask=rmask[:, None], other=0).to(tl.int32)
+    ls = ((sl >> (4 * (j % 2))) & 0xF) | (((sh[:, None] >> (2 * j)) & 3) << 4)
+    dl = d[:, None] * (ls - 32).to(tl.float32)                               # [BN, 8]
+    j3 = tl.arange(0, 8)[None, :, None]
+    i3 = tl.arange(0, 32)[None, None, :]
+    q = tl.load(p + base[:, None, None] + IQ4_XS_QS + 16 * j3 + i3 % 16, mask=rmask[:, None, None],
+                other=0).to(tl.int32)
+    q = (q >> (4 * (i3 // 16))) & 0xF
+    w = _iq4_value(q) * dl[:, :, None]
+    return tl.reshape(w, (BN, TILE))
+
+
+@triton.jit
 def _float_tile(p, rows, rmask, kb, n_in, ROW_BYTES, QTYPE: tl.constexpr):
     """F32, F16, BF16: each element its own bytes (BF16: the top half of a float32)."""
     col = kb * TILE + tl.arange(0, TILE)[None, :]
@@ -271,6 +328,12 @@ def _tile(p, s_ptr, s2_ptr, rows, rmask, kb, n_in,
                          Q5_1_QS, 5, True)
     elif QTYPE == NVFP4_E2M1:
         w = _nvfp4_tile(p, s_ptr, s2_ptr, rows, rbase, rmask, kb, n_in, BN)
+    elif QTYPE == IQ4_NL:
+        w = _lookup32_tile(p, rbase, rmask, kb, n_in, BN, IQ4_NL_BYTES, IQ4_NL_QS, False)
+    elif QTYPE == MXFP4:
+        w = _lookup32_tile(p, rbase, rmask, kb, n_in, BN, MXFP4_BYTES, MXFP4_QS, True)
+    elif QTYPE == IQ4_XS:
+        w = _iq4xs_tile(p, rbase, rmask, kb, BN)
     else:
         w = _float_tile(p, rows, rmask, kb, n_in, ROW_BYTES, QTYPE)
     return w

@@ -22,6 +22,7 @@ SHAPE_OF = {
     GGMLType.Q4_0: (11, 96), GGMLType.Q4_1: (9, 160), GGMLType.Q5_0: (13, 224), GGMLType.Q5_1: (7, 288),
     GGMLType.Q8_0: (19, 96),
     GGMLType.Q2_K: (11, 512), GGMLType.Q3_K: (9, 256),
+    GGMLType.IQ4_NL: (11, 160), GGMLType.IQ4_XS: (13, 512), GGMLType.MXFP4: (9, 224),
 }
 # The tests sweep exactly ops.metal.SUPPORTED (a type without a shape above fails here).
 SHAPES = [(t, *SHAPE_OF[t]) for t in sorted(SUPPORTED)]
