@@ -25,7 +25,7 @@ shaped() {  # layout name -> a file in /tmp/shaped
   echo /tmp/shaped/$1.gguf
 }
 if want tests; then
-  timeout 240 python3 -m pytest -q -x -p no:cacheprovider tests/ops/test_cuda_layer.py \
+  timeout 240 python3 -m pytest -q -x -p no:cacheprovider tests/ops/cuda/test_layer.py \
     tests/models/test_cuda_models.py tests/glimmer/test_cuda.py 2>&1 | tail -15 | tee "$OUT/tests.log"
 fi
 bench() {  # label, then bench model's arguments
