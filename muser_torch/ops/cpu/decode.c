@@ -156,7 +156,7 @@ static float bf16_round(float f) {
 
 int muser_linear(const linear_t *l, const float *x, int64_t T, float *y, int nthreads,
                  int64_t min_bytes) {
-    const kind_t *k = kind_for(l->type);
+    const type_entry_t *k = type_entry_for(l->type);
     if (!k) return -1;
     int64_t work = l->n_out * (l->n_in / k->elems) * k->bytes;
     if (l->mul == MUL_Q8 && T / 4 > 1) work *= T / 4;

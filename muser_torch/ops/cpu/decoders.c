@@ -306,42 +306,42 @@ DECODER(dec_bf16) {
 
 /* ---- the type table: every type this library runs, with its geometry ------------ */
 
-#define KIND(T, dec, matvec, tile, act, qdot) \
+#define TYPE_ROW(T, dec, matvec, tile, act, qdot) \
     {MUSER_ID_##T, MUSER_##T##_ELEMS, MUSER_##T##_BYTES, dec, matvec, tile, act, qdot}
 
 /* matvec/tile: the fused kernels' per-type specializations (generic: the L1
  * scratch through `dec`). act/qdot: ggml's vec_dot_type and vec_dot for the
  * type (ggml-cpu.c's type_traits_cpu); F16 and BF16 round the activations in
  * Python and take the float kernels, whose products of two halves are exact. */
-static const kind_t KINDS[] = {
-    KIND(Q4_0, dec_q4_0, matvec_q4_0, tile_generic, ACT_Q8_0, qdot_q4_0),
-    KIND(Q4_1, dec_q4_1, matvec_q4_1, tile_generic, ACT_Q8_1, qdot_q4_1),
-    KIND(Q5_0, dec_q5_0, matvec_q5_0, tile_generic, ACT_Q8_0, qdot_q5_0),
-    KIND(Q5_1, dec_q5_1, matvec_q5_1, tile_generic, ACT_Q8_1, qdot_q5_1),
-    KIND(Q8_0, dec_q8_0, matvec_q8_0, tile_generic, ACT_Q8_0, qdot_q8_0),
-    KIND(Q4_K, dec_q4_k, matvec_q4_k, tile_q4_k, ACT_Q8_K, qdot_q4_k),
-    KIND(Q5_K, dec_q5_k, matvec_q5_k, tile_q5_k, ACT_Q8_K, qdot_q5_k),
-    KIND(Q6_K, dec_q6_k, matvec_q6_k, tile_q6_k, ACT_Q8_K, qdot_q6_k),
-    KIND(Q2_K, dec_q2_k, matvec_q2_k, tile_generic, ACT_Q8_K, qdot_q2_k),
-    KIND(Q3_K, dec_q3_k, matvec_q3_k, tile_generic, ACT_Q8_K, qdot_q3_k),
-    KIND(NVFP4, dec_nvfp4, matvec_generic, tile_generic, ACT_NONE, 0),
-    KIND(NVFP4_E2M1, dec_nvfp4_e2m1, matvec_nvfp4_e2m1, tile_nvfp4_e2m1, ACT_NONE, 0),
-    KIND(F16, dec_f16, matvec_f16, tile_generic, ACT_NONE, 0),
-    KIND(BF16, dec_bf16, matvec_bf16, tile_generic, ACT_NONE, 0),
-    KIND(IQ4_NL, dec_iq4_nl, matvec_iq4_nl, tile_generic, ACT_Q8_0, qdot_iq4_nl),
-    KIND(IQ4_XS, dec_iq4_xs, matvec_iq4_xs, tile_generic, ACT_Q8_K, qdot_iq4_xs),
-    KIND(MXFP4, dec_mxfp4, matvec_mxfp4, tile_generic, ACT_Q8_0, qdot_mxfp4),
+static const type_entry_t TYPE_TABLE[] = {
+    TYPE_ROW(Q4_0, dec_q4_0, matvec_q4_0, tile_generic, ACT_Q8_0, qdot_q4_0),
+    TYPE_ROW(Q4_1, dec_q4_1, matvec_q4_1, tile_generic, ACT_Q8_1, qdot_q4_1),
+    TYPE_ROW(Q5_0, dec_q5_0, matvec_q5_0, tile_generic, ACT_Q8_0, qdot_q5_0),
+    TYPE_ROW(Q5_1, dec_q5_1, matvec_q5_1, tile_generic, ACT_Q8_1, qdot_q5_1),
+    TYPE_ROW(Q8_0, dec_q8_0, matvec_q8_0, tile_generic, ACT_Q8_0, qdot_q8_0),
+    TYPE_ROW(Q4_K, dec_q4_k, matvec_q4_k, tile_q4_k, ACT_Q8_K, qdot_q4_k),
+    TYPE_ROW(Q5_K, dec_q5_k, matvec_q5_k, tile_q5_k, ACT_Q8_K, qdot_q5_k),
+    TYPE_ROW(Q6_K, dec_q6_k, matvec_q6_k, tile_q6_k, ACT_Q8_K, qdot_q6_k),
+    TYPE_ROW(Q2_K, dec_q2_k, matvec_q2_k, tile_generic, ACT_Q8_K, qdot_q2_k),
+    TYPE_ROW(Q3_K, dec_q3_k, matvec_q3_k, tile_generic, ACT_Q8_K, qdot_q3_k),
+    TYPE_ROW(NVFP4, dec_nvfp4, matvec_generic, tile_generic, ACT_NONE, 0),
+    TYPE_ROW(NVFP4_E2M1, dec_nvfp4_e2m1, matvec_nvfp4_e2m1, tile_nvfp4_e2m1, ACT_NONE, 0),
+    TYPE_ROW(F16, dec_f16, matvec_f16, tile_generic, ACT_NONE, 0),
+    TYPE_ROW(BF16, dec_bf16, matvec_bf16, tile_generic, ACT_NONE, 0),
+    TYPE_ROW(IQ4_NL, dec_iq4_nl, matvec_iq4_nl, tile_generic, ACT_Q8_0, qdot_iq4_nl),
+    TYPE_ROW(IQ4_XS, dec_iq4_xs, matvec_iq4_xs, tile_generic, ACT_Q8_K, qdot_iq4_xs),
+    TYPE_ROW(MXFP4, dec_mxfp4, matvec_mxfp4, tile_generic, ACT_Q8_0, qdot_mxfp4),
 };
 
-const kind_t *kind_for(int type) {
-    for (unsigned i = 0; i < sizeof(KINDS) / sizeof(KINDS[0]); i++)
-        if (KINDS[i].type == type) return &KINDS[i];
+const type_entry_t *type_entry_for(int type) {
+    for (unsigned i = 0; i < sizeof(TYPE_TABLE) / sizeof(TYPE_TABLE[0]); i++)
+        if (TYPE_TABLE[i].type == type) return &TYPE_TABLE[i];
     return 0;
 }
 
 /* 0 when this library runs `type` with exactly this geometry, else -1. */
 int muser_geometry(int type, int elems, int bytes) {
-    const kind_t *k = kind_for(type);
+    const type_entry_t *k = type_entry_for(type);
     return (k && k->elems == elems && k->bytes == bytes) ? 0 : -1;
 }
 
@@ -350,7 +350,7 @@ int muser_max_tokens(void) { return MAX_TOKENS; }
 /* ---- dequantize: out[r, :] = the float32 values of rows [0, n_rows) ---------------- */
 
 typedef struct {
-    const kind_t *k;
+    const type_entry_t *k;
     const uint8_t *packed, *scales;
     const float *lut;
     float s2;
@@ -368,7 +368,7 @@ static void dequant_task(const void *ctx, int64_t r0, int64_t r1) {
 
 int muser_dequant_rows(int type, const uint8_t *packed, const uint8_t *scales, const float *lut,
                        float s2, int64_t n_rows, int64_t n_in, float *out, int nthreads) {
-    const kind_t *k = kind_for(type);
+    const type_entry_t *k = type_entry_for(type);
     if (!k || n_in % k->elems) return -1;
     const dequant_job j = {k, packed, scales, lut, s2, n_in, n_in / k->elems * k->bytes, out};
     parallel_for(dequant_task, &j, n_rows, nthreads);

@@ -98,7 +98,7 @@ static __attribute__((noinline)) void gemm_micro_narrow(const float *w, int64_t 
  * d*sc*q - dmin*m into one FMA, NVFP4_E2M1 computes e2m1 * (e4m3 * s2)); the
  * scalar reference decoders cost as much as the multiply itself below 64
  * tokens (NVFP4_E2M1: 2x). Without AVX2+FMA every type takes tile_generic. */
-#define TILE_ARGS const kind_t *k, const uint8_t *row, const uint8_t *crow, const float *lut, \
+#define TILE_ARGS const type_entry_t *k, const uint8_t *row, const uint8_t *crow, const float *lut, \
                   float s2, int64_t c0, int64_t n, float *w
 
 void tile_generic(TILE_ARGS) { decode_span(k, row, crow, lut, s2, c0, n, w); }
@@ -163,7 +163,7 @@ void tile_q6_k(TILE_ARGS) { tile_generic(k, row, crow, lut, s2, c0, n, w); }
 #endif
 
 typedef struct {
-    const kind_t *k;
+    const type_entry_t *k;
     const uint8_t *packed, *scales;
     const float *lut;
     float s2;
@@ -197,7 +197,7 @@ static void gemm_pack_task(const void *ctx, int64_t p0, int64_t p1) {
 
 static void gemm_task(const void *ctx, int64_t b0, int64_t b1) {
     const gemm_job *j = ctx;
-    const kind_t *k = j->k;
+    const type_entry_t *k = j->k;
     const int64_t n_in = j->n_in, T = j->T, tpad = j->tpad, spr = n_in / NVFP4_GROUP;
     const int64_t panels = (T + GT - 1) / GT;
     float wt[GRB * GK] __attribute__((aligned(64)));
@@ -235,7 +235,7 @@ static void gemm_task(const void *ctx, int64_t b0, int64_t b1) {
 
 int muser_gemm(int type, const uint8_t *packed, const uint8_t *scales, const float *lut, float s2,
                int64_t n_out, int64_t n_in, const float *x, int64_t T, float *y, int nthreads) {
-    const kind_t *k = kind_for(type);
+    const type_entry_t *k = type_entry_for(type);
     if (!k || n_in % k->elems || T < 1) return -1;
     const int64_t panels = (T + GT - 1) / GT, tpad = panels * GT;
     float *xp = malloc(sizeof(float) * tpad * n_in);

@@ -110,12 +110,12 @@ void qdot_iq4_nl(const uint8_t *, const uint8_t *, int64_t, int64_t, int, float 
 void qdot_iq4_xs(const uint8_t *, const uint8_t *, int64_t, int64_t, int, float *);
 void qdot_mxfp4(const uint8_t *, const uint8_t *, int64_t, int64_t, int, float *);
 
-struct kind;
+struct type_entry;
 /* The fused matvec over rows [r0, r1) of one muser_matmul call (matvec.c). */
 typedef struct matmul_job matmul_job;
 typedef void (*matvec_fn)(const matmul_job *j, int64_t r0, int64_t r1);
 /* The GEMM's decode of elements [c0, c0 + n) of one row into w (gemm.c). */
-typedef void (*tile_fn)(const struct kind *k, const uint8_t *row, const uint8_t *crow,
+typedef void (*tile_fn)(const struct type_entry *k, const uint8_t *row, const uint8_t *crow,
                         const float *lut, float s2, int64_t c0, int64_t n, float *w);
 
 /* One row of the type table (decoders.c), as ggml's type_traits_cpu: the
@@ -123,18 +123,18 @@ typedef void (*tile_fn)(const struct kind *k, const uint8_t *row, const uint8_t 
  * the float decoder (dequantize, the generic paths), the fused matvec row
  * loop, the GEMM's tile decoder, and for the ggml numerics the activation
  * blocks (`act`) and the integer dot product over them. */
-typedef struct kind {
+typedef struct type_entry {
     int type, elems, bytes;
     decode_fn dec;
     matvec_fn matvec;
     tile_fn tile;
     int act;
     qdot_fn qdot;
-} kind_t;
+} type_entry_t;
 
 /* Each type's fused matvec row loop (matvec.c) and GEMM tile decoder (gemm.c). */
 #define MUSER_MATVEC(name) void matvec_##name(const matmul_job *, int64_t, int64_t);
-#define MUSER_TILE(name) void tile_##name(const kind_t *, const uint8_t *, const uint8_t *, \
+#define MUSER_TILE(name) void tile_##name(const type_entry_t *, const uint8_t *, const uint8_t *, \
                                           const float *, float, int64_t, int64_t, float *);
 MUSER_MATVEC(q4_0) MUSER_MATVEC(q4_1) MUSER_MATVEC(q5_0) MUSER_MATVEC(q5_1) MUSER_MATVEC(q8_0)
 MUSER_MATVEC(q4_k) MUSER_MATVEC(q5_k) MUSER_MATVEC(q6_k) MUSER_MATVEC(nvfp4_e2m1)
@@ -145,7 +145,7 @@ MUSER_TILE(q4_k) MUSER_TILE(q5_k) MUSER_TILE(q6_k) MUSER_TILE(nvfp4_e2m1) MUSER_
 #undef MUSER_MATVEC
 #undef MUSER_TILE
 
-const kind_t *kind_for(int type);
+const type_entry_t *type_entry_for(int type);
 
 /* The lookup-table types' 16 values (formats/layout.py's IQ4_VALUES, generated
  * into muser_layout.h) and ggml's E2M1 values doubled (MXFP4, llama.cpp's
@@ -215,14 +215,14 @@ static inline void q3_k_scales6(const uint8_t *strip, uint8_t s[16]) {
 }
 
 /* Decode elements [c0, c0 + n) of one row (c0, n multiples of the block size). */
-static inline void decode_span(const kind_t *k, const uint8_t *row, const uint8_t *crow,
+static inline void decode_span(const type_entry_t *k, const uint8_t *row, const uint8_t *crow,
                                const float *lut, float s2, int64_t c0, int64_t n, float *w) {
     const int64_t b0 = c0 / k->elems;
     k->dec(row + b0 * k->bytes, crow ? crow + b0 : 0, lut, s2, n / k->elems, w);
 }
 
 /* Elements per decode chunk: CHUNK, or one block when a block is larger. */
-static inline int64_t chunk_elems(const kind_t *k) {
+static inline int64_t chunk_elems(const type_entry_t *k) {
     return k->elems >= CHUNK ? k->elems : (CHUNK / k->elems) * k->elems;
 }
 

@@ -425,7 +425,7 @@ static inline int fused16(const int type) {
 /* Every other type: decode CHUNK elements into an L1 scratch, then dot. Every
  * block holds a multiple of 8 elements except F16's and BF16's, whose rows
  * may end in a partial vector: its products are summed apart (`tail`). */
-ROW_KERNEL void row_generic(const kind_t *k, const uint8_t *row, const uint8_t *crow,
+ROW_KERNEL void row_generic(const type_entry_t *k, const uint8_t *row, const uint8_t *crow,
                             const float *lut, float s2, const float *x, int64_t n_in, const int T,
                             float *out) {
     float w[CHUNK] __attribute__((aligned(64)));
@@ -445,7 +445,7 @@ ROW_KERNEL void row_generic(const kind_t *k, const uint8_t *row, const uint8_t *
 }
 
 /* One row for a compile-time T (1..TOKEN_GROUP) and type (see rows_dot16). */
-ROW_KERNEL void row_dot(const kind_t *k, const int type, const uint8_t *row, const uint8_t *crow,
+ROW_KERNEL void row_dot(const type_entry_t *k, const int type, const uint8_t *row, const uint8_t *crow,
                         const float *lut, float s2, const float *x, int64_t n_in, const int T,
                         float *out) {
     switch (type) {
@@ -476,7 +476,7 @@ ROW_KERNEL void row_dot(const kind_t *k, const int type, const uint8_t *row, con
 }
 
 struct matmul_job {
-    const kind_t *k;
+    const type_entry_t *k;
     const uint8_t *packed, *scales;
     const float *lut;
     float s2;
@@ -528,7 +528,7 @@ ROW_KERNEL void matmul_rows16(const matmul_job *j, const int type, int64_t r, in
  * matvec_<type> below is this function specialized, and the type table
  * points at them; matvec_generic takes the L1-scratch path). */
 ROW_KERNEL void matvec_rows(const matmul_job *j, int64_t r0, int64_t r1, const int type) {
-    const kind_t *k = j->k;
+    const type_entry_t *k = j->k;
     const int64_t n_in = j->n_in, T = j->T, spr = n_in / NVFP4_GROUP;
     const float *lut = j->lut;
     const float s2 = j->s2;
@@ -593,7 +593,7 @@ static void matmul_task(const void *ctx, int64_t r0, int64_t r1) {
 int muser_matmul(int type, const uint8_t *packed, const uint8_t *scales, const float *lut,
                  float s2, int64_t n_out, int64_t n_in, const float *x, int64_t T, float *y,
                  int nthreads) {
-    const kind_t *k = kind_for(type);
+    const type_entry_t *k = type_entry_for(type);
     if (!k || n_in % k->elems || T < 1 || T > MAX_TOKENS) return -1;
     const matmul_job j = {k, packed, scales, lut, s2, n_out, n_in, n_in / k->elems * k->bytes, T,
                           x, y};

@@ -455,7 +455,7 @@ KQ_FN(qdot_q3_k, CALL_Q3_K)
 #define Q8_ROW_BLOCK 16   /* weight rows dotted with one group of activation rows at a time */
 
 typedef struct {
-    const kind_t *k;
+    const type_entry_t *k;
     const uint8_t *packed, *act;
     int64_t n_out, nb, row_bytes, T, act_stride;
     float *y;
@@ -477,7 +477,7 @@ static void q8_task(const void *ctx, int64_t r0, int64_t r1) {
     }
 }
 
-typedef struct { const kind_t *k; const float *x; int64_t n_in, act_stride; uint8_t *act; } quant_job;
+typedef struct { const type_entry_t *k; const float *x; int64_t n_in, act_stride; uint8_t *act; } quant_job;
 
 static void quant_task(const void *ctx, int64_t t0, int64_t t1) {
     const quant_job *j = ctx;
@@ -492,7 +492,7 @@ static void quant_task(const void *ctx, int64_t t0, int64_t t1) {
  * them or a bad width, -2 when the activation blocks cannot be allocated. */
 int muser_matmul_q8(int type, const uint8_t *packed, int64_t n_out, int64_t n_in, const float *x,
                     int64_t T, float *y, int nthreads) {
-    const kind_t *k = kind_for(type);
+    const type_entry_t *k = type_entry_for(type);
     if (!k || !k->qdot || n_in % k->elems || T < 1) return -1;
     const int64_t act_stride = k->act == ACT_Q8_K ? n_in / QK_K * (int64_t)sizeof(actk_t)
                                                   : n_in / QK_LEGACY * (int64_t)sizeof(act32_t);
