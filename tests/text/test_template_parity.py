@@ -72,3 +72,34 @@ def test_the_corpus_renders_something_for_most_pairs():
             rendered += 1
             assert _ours(source, messages, tools, True, special_tokens(name), {}) == out
     assert rendered >= 0.7 * len(TEMPLATES) * len(CONVERSATIONS)
+
+
+def test_glimmer_tool_namespaces_and_result_names():
+    """Muse Glimmer's format beyond the six conversations: dotted tool names
+    give one metadata line and one "ns.*" recipient per namespace, an
+    undotted one its own name; a result without a name takes its call's."""
+    def tool(name: str) -> dict:
+        return {"type": "function", "function": {
+            "name": name, "description": f"{name} it", "parameters": {
+                "type": "object", "properties": {"x": {"type": "integer"}}}}}
+    tools = [tool("weather.get"), tool("weather.alerts"), tool("math.add"), tool("ping")]
+    call = {"id": "c1", "type": "function",
+            "function": {"name": "math.add", "arguments": {"x": 2, "ys": [1, 2]}}}
+    messages = [{"role": "user", "content": "Add?"},
+                {"role": "assistant", "content": "", "reasoning_content": "Add them.",
+                 "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "c1", "content": "3"}]
+    tokens = special_tokens("glimmer-atem")
+    source = TEMPLATES["glimmer-atem"]
+    got = _ours(source, messages, tools, True, tokens, {})
+    assert got == _transformers(source, messages, tools, True, tokens, {})
+    assert ('// Tool metadata\n{"name": "weather", "description": ""}\n'
+            '{"name": "math", "description": ""}\n// Function schemas\n') in got
+    assert '# Valid recipients: "self", "weather.*", "math.*", "ping", "user".<|eot|>' in got
+    assert ('<|start|>assistant to=self<|message|>Add them.<|eom|>'
+            '<|start|>assistant to=math.add<|message|><atem:function_calls>\n'
+            '<atem:invoke name="math.add">\n<atem:parameter name="x">2</atem:parameter>\n'
+            '<atem:parameter name="ys">[1, 2]</atem:parameter>\n</atem:invoke>\n'
+            '</atem:function_calls><|eom|>'
+            '<|start|>tool math.add<|message|><tool_output name="math.add">\n3\n</tool_output>'
+            '<|eot|><|start|>assistant') in got
