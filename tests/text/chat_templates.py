@@ -11,6 +11,8 @@ templates can be added as files (``templates/README.md``).
 """
 from __future__ import annotations
 
+from . import family_templates as ft
+
 CHATML_TOOLS_REASONING = """{%- if tools %}
     {{- '<|im_start|>system\\n' }}
     {%- if messages[0].role == 'system' %}{{- messages[0].content + '\\n\\n' }}{%- endif %}
@@ -185,9 +187,17 @@ MISTRAL_STYLE = """{%- set user_messages = messages | selectattr('role', 'equalt
     {%- endif %}
 {%- endfor %}"""
 
+# The corpus, one table. The family formats (the comments in family_templates.py
+# say which format each renders): Llama 3.1 with tools (llama3-tools), Qwen 2.5
+# and Qwen 3 with tools and thinking, Gemma 3, DeepSeek-R1, Phi-4, Mistral v3
+# with tools (mistral-style) and Mistral Small 3 (v7), Muse Glimmer's ATEM tool
+# calls. The rest exercise what templates lean on in other shapes.
 TEMPLATES = {"chatml-tools-reasoning": CHATML_TOOLS_REASONING, "llama3-tools": LLAMA3_TOOLS,
              "macro-schema": MACRO_SCHEMA, "gemma-style": GEMMA_STYLE,
-             "mistral-style": MISTRAL_STYLE}
+             "mistral-style": MISTRAL_STYLE, "qwen2.5-tools": ft.QWEN25_TOOLS,
+             "qwen3-tools-thinking": ft.QWEN3_TOOLS_THINKING, "gemma3": ft.GEMMA3,
+             "deepseek-r1": ft.DEEPSEEK_R1, "phi-4": ft.PHI4, "mistral-v7": ft.MISTRAL_V7,
+             "glimmer-atem": ft.GLIMMER_ATEM}
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "The weather now at a place.",
@@ -239,3 +249,14 @@ CONVERSATIONS = {
 }
 
 SPECIAL_TOKENS = {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "pad_token": "<pad>"}
+
+
+def special_tokens(name: str) -> dict[str, str]:
+    """The special token strings template ``name`` is rendered with."""
+    return {**SPECIAL_TOKENS, **ft.FAMILY_TOKENS.get(name, {})}
+
+
+def render_variables(name: str) -> list[dict]:
+    """The sets of extra variables template ``name`` is rendered with: none,
+    and each of ``family_templates.RENDER_VARIABLES``."""
+    return [{}, *ft.RENDER_VARIABLES.get(name, [])]

@@ -17,6 +17,7 @@ checked with margins of 10x or more."""
 from __future__ import annotations
 
 import json
+import random
 import subprocess
 import sys
 from pathlib import Path
@@ -25,6 +26,9 @@ import pytest
 
 from muser_torch.errors import ChatTemplateError
 from muser_torch.text.chat_limits import DEFAULT_SECONDS, ChatLimits
+
+from .chat_templates import (CONVERSATIONS, SEARCH, TEMPLATES, WEATHER, render_variables,
+                             special_tokens)
 
 pytest.importorskip("jinja2")
 from muser_torch.text.chat import ChatTemplate  # noqa: E402
@@ -63,13 +67,16 @@ limit = vm + (512 << 20)
 resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 import tracemalloc
 from muser_torch.text.chat_limits import ChatLimits
-for name, (src, seconds) in json.loads(sys.argv[1]).items():
+for name, (src, seconds, *chat) in json.loads(sys.stdin.read()).items():
+    messages, tools, tokens, generation_prompt, variables = chat or (
+        [{"role": "user", "content": "hi"}], None, {}, True, {})
     limits = ChatLimits(seconds=seconds)
     tracemalloc.start()
     t = time.process_time()
     try:
-        ChatTemplate(src, {}, limits).render([{"role": "user", "content": "hi"}])
-        out = ["rendered", ""]
+        text = ChatTemplate(src, tokens, limits).render(messages, generation_prompt, tools=tools,
+                                                        **variables)
+        out = ["rendered", text]
     except ChatTemplateError as e:
         out = ["ChatTemplateError", str(e)]
     except MemoryError:
@@ -88,11 +95,13 @@ AWAY = 3600.0
 CPU_SLACK = 5.0
 
 
-def _in_child(cases: dict[str, tuple[str, float]]) -> dict:
-    """{name: (outcome, message, CPU seconds, traced peak bytes)} of each
-    case, given as {name: (template, time bound in seconds)}. The child's wall
+def _in_child(cases: dict[str, tuple]) -> dict:
+    """{name: (outcome, message or rendered text, CPU seconds, traced peak
+    bytes)} of each case, given as {name: (template, time bound in seconds)}
+    (rendered over HI) or {name: (template, time bound, messages, tools,
+    special tokens, add_generation_prompt, variables)}. The child's wall
     limit only stops a render whose bound failed (honest: seconds in all)."""
-    proc = subprocess.run([sys.executable, "-c", CHILD, json.dumps(cases)], cwd=ROOT,
+    proc = subprocess.run([sys.executable, "-c", CHILD], input=json.dumps(cases), cwd=ROOT,
                           capture_output=True, text=True, timeout=600,
                           env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -232,3 +241,50 @@ def test_a_constant_folded_while_compiling_is_bounded_too():
 def test_templates_that_do_not_compile_are_chat_template_errors(source):
     with pytest.raises(ChatTemplateError, match=f"{KEY} does not compile"):
         ChatTemplate(source, {})
+
+
+def _long_chat(rng: random.Random, turns: int) -> list[dict]:
+    """A system message and ``turns`` alternating user and assistant
+    messages of random words (non-ASCII, markup and braces among them)."""
+    words = ["weather", "Zürich", "東京", "«ok»", "<b>", "{x}", "17", "%s", "'quote'", "line\n"]
+    chat = [{"role": "system", "content": " ".join(rng.choices(words, k=20))}]
+    for i in range(turns):
+        chat.append({"role": "user" if i % 2 == 0 else "assistant",
+                     "content": " ".join(rng.choices(words, k=rng.randint(1, 60)))})
+    return chat
+
+
+def test_the_template_corpus_renders_within_the_bounds():
+    """Every template of the corpus (``chat_templates.TEMPLATES``, the
+    families' formats among them), over the parity conversations with and
+    without the generation prompt and over a random 200-turn chat, renders
+    in the child under the default counted bounds (the time bound AWAY) to
+    the text it renders unbounded by the child's limits; none stops at a
+    bound, and a template's own refusal stays a 'failed to render'."""
+    seed = random.SystemRandom().randrange(2**32)
+    long_chat = _long_chat(random.Random(seed), 200)
+    cases = {}
+    for name, source in TEMPLATES.items():
+        for i, variables in enumerate(render_variables(name)):
+            for conversation, (messages, tools) in CONVERSATIONS.items():
+                for generation_prompt in (True, False):
+                    cases[f"{name}[{i}] {conversation} {generation_prompt}"] = (
+                        source, AWAY, messages, tools, special_tokens(name), generation_prompt,
+                        variables)
+            cases[f"{name}[{i}] long"] = (source, AWAY, long_chat, [WEATHER, SEARCH],
+                                          special_tokens(name), True, variables)
+    got = _in_child(cases)
+    for key, (kind, text, cpu, peak) in got.items():
+        source, _, messages, tools, tokens, generation_prompt, variables = cases[key]
+        where = f"{key} (seed {seed})"
+        assert kind in ("rendered", "ChatTemplateError"), f"{where}: {kind}"
+        assert peak < 96 << 20, f"{where}: {peak / 1e6:.0f} MB traced"
+        assert cpu < CPU_SLACK, f"{where}: {cpu:.1f} s"
+        if kind == "ChatTemplateError":
+            assert text.startswith(f"{KEY} failed to render"), f"{where}: {text}"
+            assert not key.endswith("long"), f"{where}: {text}"
+            continue
+        # the same render in this process, where nothing caps the memory
+        assert text == ChatTemplate(source, tokens).render(messages, generation_prompt, tools=tools,
+                                                           **variables), where
+    assert sum(kind == "rendered" for kind, *_ in got.values()) >= 0.7 * len(cases)
