@@ -49,6 +49,13 @@ def _argv(ck: Path, out: Path) -> list[str]:
     return ["convert", str(ck), str(out), "--type", "q8_0", "--no-progress"]
 
 
+def _default_sigint() -> None:
+    """The child's Ctrl-C as in a terminal, even where this suite runs with SIGINT
+    ignored (a background job of a shell without job control passes SIG_IGN on,
+    and Python then installs no KeyboardInterrupt)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _wait_for(proc: subprocess.Popen, what: Path) -> None:
     deadline = time.monotonic() + HANG_S
     while not what.exists():
@@ -73,7 +80,7 @@ def test_a_signal_at_any_point_leaves_no_output(checkpoint, tmp_path, point, sig
     out, marker = work / "out.gguf", tmp_path / "paused"
     proc = subprocess.Popen([sys.executable, "-m", "tests.convert.paused_convert", str(marker), point,
                              *_argv(ck, out)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+                            text=True, preexec_fn=_default_sigint)
     try:
         _wait_for(proc, marker)
         partial = work / "out.gguf.partial"
