@@ -51,7 +51,9 @@ def test_soak_loses_nothing_and_keeps_memory_flat(tmp_path):
         proc = subprocess.Popen([sys.executable, "-m", "muser_torch.cli", "serve",
                                  str(DEMO["q4_k_xl"]), "--host", "127.0.0.1", "--port", "0",
                                  "--slots", "4", "--queue", str(TOTAL), "--ctx-size", "128"],
-                                cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+                                cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                                # Ctrl-C as in a terminal, even under a suite run with SIGINT ignored
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         wait_until(lambda: "Application startup complete" in log_path.read_text()
                    or proc.poll() is not None, "the server's start")
