@@ -86,7 +86,7 @@ def _random(qtype, n_out, n_in):
 
 CASES = {
     "unsupported architecture": (_md("general.architecture", "mamba"), MetadataError,
-                                 "'mamba', which muser-torch does not run; supported: 'gemma3', 'llama', 'muse-glimmer'"),
+                                 "'mamba', which muser-torch does not run; supported: 'dflash', 'gemma3', 'llama', 'muse-glimmer'"),
     "u32-max layers": (_md("gemma3.block_count", 4294967295, V.UINT32), MetadataError,
                        "gemma3.block_count"),
     "a million layers": (_md("gemma3.block_count", 1_000_000, V.UINT32), MetadataError,
