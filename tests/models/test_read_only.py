@@ -18,6 +18,8 @@ import torch
 
 import muser_torch
 
+from ..cache_dirs import kernels_only_cache
+
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "demo" / "glimmer-demo-q4_k_xl.gguf"
 HANG_S = 600
@@ -76,7 +78,8 @@ def read_only_copy(tmp_path):
 def test_from_gguf_reads_a_read_only_file_in_three_processes_at_once(read_only_copy, tmp_path,
                                                                      monkeypatch):
     path = read_only_copy
-    monkeypatch.setenv("MUSER_CACHE_DIR", str(tmp_path / "cache"))
+    # a cache of their own, in which the children load the built CPU kernels (not build them)
+    monkeypatch.setenv("MUSER_CACHE_DIR", kernels_only_cache())
     before, digest = _listing(path.parent), hashlib.sha256(path.read_bytes()).hexdigest()
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     torch.set_num_threads(1)
