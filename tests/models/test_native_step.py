@@ -92,9 +92,11 @@ def test_each_block_is_its_torch_layer(which, gemma_path, hf_file):
     set_numerics(model, "ggml")
     ggml = _per_layer_errors(model, prefill)
     # An activation that rounds to the other int8 code (a last-bit difference in
-    # the attention can tip one) moves a layer by up to ~1e-3; a block running
-    # the other numerics would be ~1e-2 off in every layer.
-    assert median(ggml) < 1e-5 and max(ggml) < 1e-2, f"{which} (ggml): {ggml} (seed {SEED})"
+    # the attention can tip one) moves a layer by up to ~1e-3, and a model of two
+    # layers may tip one of them; a block running the other numerics is 2.6e-3 to
+    # 2.5e-2 off in every layer (measured on these six models), so the median
+    # separates the two whatever the seed.
+    assert median(ggml) < 1e-3 and max(ggml) < 1e-2, f"{which} (ggml): {ggml} (seed {SEED})"
 
 
 def _decode(model, ids, slots, prefill: int, native: bool, monkeypatch) -> torch.Tensor:
