@@ -26,13 +26,18 @@ pytest.importorskip("sentencepiece")
 from muser_torch import load_gguf  # noqa: E402
 from muser_torch.cli import main as cli_main  # noqa: E402
 
+from .. import slow  # noqa: E402
 from ..gguf.helpers import fresh_seed  # noqa: E402
 from .checkpoints import write_checkpoint  # noqa: E402
 
 SEED = fresh_seed()
 HANG_S = 300
 ROOT = Path(__file__).resolve().parents[2]     # the checkout: the child imports this muser_torch
-POINTS = ("start", "tensor:0", "tensor:3", "rename")
+# Where the child pauses for its signal: before the partial file exists, after its
+# first tensor, mid-file and at the rename. Each case starts a converting process
+# (about 4 s); the default suite signals mid-file and at the rename, the slow sweep
+# every point.
+POINTS = (slow.param("start"), slow.param("tensor:0"), "tensor:3", "rename")
 
 
 @pytest.fixture(scope="module")
