@@ -175,6 +175,12 @@ def load_model(path: Path, device: torch.device, args: argparse.Namespace, comma
     return model
 
 
+def load_draft(path: Path, model, args: argparse.Namespace):
+    """The DFlash draft at ``path`` for ``model``, in the command's numerics."""
+    from .models import from_gguf
+    return from_gguf(path, target=model, numerics=args.numerics)
+
+
 def main(args: argparse.Namespace) -> int:
     from . import ops
 
@@ -190,8 +196,7 @@ def main(args: argparse.Namespace) -> int:
         raise ValueError(f"--numerics {args.numerics} --backend {args.backend}: {e}") from None
     model = load_model(path, device, args)
     if args.draft is not None:
-        from .models import from_gguf
-        model.draft = from_gguf(args.draft, target=model, numerics=args.numerics)
+        model.draft = load_draft(args.draft, model, args)
     tok = model.tokenizer
     with ops.use_backend(args.backend):
         if args.chat:

@@ -26,14 +26,14 @@ candidate could precede, run the target alone."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import torch
 
 from .dflash import DraftContext, Drafter
 from .sampling import distribution, sample
 
-__all__ = ["DraftStats", "Taps", "speculative_generate"]
+__all__ = ["DraftStats", "Taps", "speculative_generate", "speculative_rounds"]
 
 
 @dataclass
@@ -122,12 +122,27 @@ def speculative_generate(target: Any, draft: Drafter, ids: torch.Tensor, max_new
     """The new tokens after ``ids`` (``[1, T]``, already checked) and the
     rounds' statistics. The target's cache must hold slot 0 with room for
     ``T + max_new_tokens`` positions, empty."""
+    stats = DraftStats()
+    out = [t for new in speculative_rounds(target, draft, ids, max_new_tokens, temperature, top_k,
+                                           top_p, seed, stop, stats) for t in new]
+    return out, stats
+
+
+def speculative_rounds(target: Any, draft: Drafter, ids: torch.Tensor, max_new_tokens: int,
+                       temperature: float = 0.0, top_k: int | None = None,
+                       top_p: float | None = None, seed: int | None = None,
+                       stop: Sequence[int] = (), stats: DraftStats | None = None
+                       ) -> Iterator[list[int]]:
+    """``speculative_generate`` one round at a time: yields each round's
+    emitted tokens (the prefill's one token first), as a server streams them.
+    Closing the generator early removes the taps and leaves slot 0's cache
+    consistent up to what was yielded."""
     if draft.target is not target:
         raise ValueError("generate: draft= was loaded for another model "
                          "(muser_torch.from_gguf(draft_path, target=this_model))")
-    stats = DraftStats()
+    stats = DraftStats() if stats is None else stats
     if max_new_tokens == 0:
-        return [], stats
+        return
     stop_set = set(int(s) for s in stop)
     gen = None
     if seed is not None:
@@ -135,7 +150,7 @@ def speculative_generate(target: Any, draft: Drafter, ids: torch.Tensor, max_new
     greedy = temperature == 0
     slots = torch.zeros(1, dtype=torch.long, device=ids.device)
     ctx = DraftContext()
-    out: list[int] = []
+    emitted, last = 0, -1
 
     def pick(logits: torch.Tensor) -> int:
         return int(sample(logits[None], temperature, top_k, top_p, gen)[0])
@@ -143,13 +158,15 @@ def speculative_generate(target: Any, draft: Drafter, ids: torch.Tensor, max_new
     with Taps(target, draft.tap_layers) as taps:
         logits = target(ids, slots)[0]
         draft.extend(ctx, taps.take())
-        out.append(pick(logits[-1]))
-        while len(out) < max_new_tokens and out[-1] not in stop_set:
-            left, anchor = max_new_tokens - len(out), out[-1]
+        last, emitted = pick(logits[-1]), 1
+        yield [last]
+        while emitted < max_new_tokens and last not in stop_set:
+            left, anchor = max_new_tokens - emitted, last
             if left == 1:   # no room for a candidate: the target's own step
-                out.append(pick(target(torch.tensor([[anchor]], device=ids.device), slots)[0, -1]))
+                last = pick(target(torch.tensor([[anchor]], device=ids.device), slots)[0, -1])
                 taps.take()
-                break
+                yield [last]
+                return
             draft_logits = draft.propose(ctx, anchor)
             if greedy:
                 cands, q = draft_logits.argmax(-1), None
@@ -176,8 +193,8 @@ def speculative_generate(target: Any, draft: Drafter, ids: torch.Tensor, max_new
             target.lengths[0] = n + keep
             stats.accepted.append(keep - 1)
             draft.extend(ctx, taps.take()[:, :keep])
-            out.extend(new)
-    return out, stats
+            last, emitted = new[-1], emitted + keep
+            yield new
 
 
 def _cut_at_stop(cands: torch.Tensor, stop: set[int]) -> torch.Tensor:

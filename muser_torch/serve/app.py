@@ -86,6 +86,10 @@ def create_app(scheduler: Scheduler, model_id: str, chat_limits: ChatLimits | No
             raise RequestError(f"the prompt has {len(ids)} tokens, but a slot's context holds "
                                f"{scheduler.context} with room for at least one new token",
                                param=param)
+        if req.params.logprobs and scheduler.draft is not None:
+            raise RequestError("logprobs are not offered by a server with a draft (--draft): "
+                               "its rounds accept tokens without a logits row each",
+                               param="logprobs")
         params = replace(req.params, stop=req.params.stop + stops)
         events: asyncio.Queue = asyncio.Queue()
         loop = asyncio.get_running_loop()

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from ..run import (add_chat_limit_args, add_dtype_arg, add_numerics_arg, add_threads_arg,
-                   chat_limits, load_model, model_path, resolve_device)
+                   chat_limits, load_draft, load_model, model_path, resolve_device)
 from ..text import requirements
 DEFAULT_SLOTS = 4
 DEFAULT_QUEUE = 64
@@ -22,8 +22,12 @@ def register(subparsers) -> None:
     p.add_argument("--device", default="cpu", help="cpu, mps or cuda")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8080, help="port (default 8080; 0: any free one)")
-    p.add_argument("--slots", type=int, default=DEFAULT_SLOTS,
-                   help=f"requests decoded together, one KV cache slot each (default {DEFAULT_SLOTS})")
+    p.add_argument("--slots", type=int, default=None,
+                   help=f"requests decoded together, one KV cache slot each (default {DEFAULT_SLOTS}; "
+                        "1 with --draft, which decodes one request at a time)")
+    p.add_argument("--draft", type=Path, default=None, metavar="DRAFT",
+                   help="a DFlash draft GGUF for MODEL: speculative decoding, one request at a "
+                        "time (no logprobs)")
     p.add_argument("--queue", type=int, default=DEFAULT_QUEUE,
                    help="requests that may wait for a slot; past it the server answers 503 "
                         f"(default {DEFAULT_QUEUE})")
@@ -49,6 +53,12 @@ def require_extra() -> None:
 
 
 def check_args(args: argparse.Namespace) -> None:
+    if args.slots is None:
+        args.slots = 1 if args.draft is not None else DEFAULT_SLOTS
+    if args.draft is not None and args.slots != 1:
+        raise ValueError(f"--draft decodes one request at a time: use --slots 1, not {args.slots}")
+    if args.draft is not None and not args.draft.is_file():
+        raise ValueError(f"--draft {args.draft}: no such file")
     if args.slots < 1:
         raise ValueError(f"--slots must be >= 1, got {args.slots}")
     if args.queue < 0:
@@ -82,12 +92,14 @@ def main(args: argparse.Namespace) -> int:
     from .scheduler import Scheduler
 
     model = load_model(path, device, args, command="serve")
-    scheduler = Scheduler(model, args.slots, args.queue, args.ctx_size)
+    draft = None if args.draft is None else load_draft(args.draft, model, args)
+    scheduler = Scheduler(model, args.slots, args.queue, args.ctx_size, draft=draft)
     app = create_app(scheduler, args.alias or path.name, limits)
     server = uvicorn.Server(uvicorn.Config(app, log_level="info", timeout_graceful_shutdown=5))
     host, port = sock.getsockname()[:2]
     print(f"muser-torch serve: {path.name} on http://{_url_host(host)}:{port}/v1 ({device}, "
-          f"{args.slots} slots of {scheduler.context} tokens, queue {args.queue})",
+          f"{args.slots} slots of {scheduler.context} tokens, queue {args.queue}"
+          f"{f', draft {args.draft.name}' if draft is not None else ''})",
           file=sys.stderr, flush=True)
     scheduler.start()
     try:

@@ -19,16 +19,22 @@ memory does not grow with the number of clients. Events go to a job's
 ``Finish`` (or ``Failure``). A job ends on the tokenizer's stop ids (end of
 text, end of turn), on a stop string, at ``max_tokens`` or when its slot's
 context is full.
+
+With a DFlash draft (``draft=``, one slot) a job decodes in speculative
+rounds (``models/speculative.py``) instead of single steps: each turn runs
+one round and handles its emitted tokens one by one, exactly as the plain
+loop handles a sampled token.
 """
 from __future__ import annotations
 
 import collections
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
+from ..models.speculative import speculative_rounds
 from ..text.stream import TextStream
 from .sampling import SamplingParams, StopStrings, TokenLogprob, TokenPicker
 
@@ -82,6 +88,7 @@ class Job:
     picker: TokenPicker | None = None
     text: TextStream | None = None
     stops: StopStrings | None = None
+    rounds: Iterator[list[int]] | None = None     # with a draft: the job's speculative rounds
 
     def cancel(self) -> None:
         """The client is gone: the job leaves at the scheduler's next turn."""
@@ -107,10 +114,14 @@ class Scheduler:
     each. ``start`` runs the loop on its thread; ``stop`` ends it and fails
     whatever is left."""
 
-    def __init__(self, model: Any, slots: int, queue: int, context: int) -> None:
+    def __init__(self, model: Any, slots: int, queue: int, context: int, draft: Any = None) -> None:
         if slots < 1 or queue < 0:
             raise ValueError(f"need slots >= 1 and queue >= 0, got {slots} and {queue}")
+        if draft is not None and slots != 1:
+            raise ValueError(f"a draft decodes one request at a time (its rounds verify blocks in "
+                             f"one slot): need 1 slot, got {slots}")
         self.model = model
+        self.draft = draft
         self.tokenizer = model.tokenizer
         self.stop_ids = frozenset(self.tokenizer.stop_ids)
         self.context = min(context, model.config.context_length)
@@ -217,12 +228,36 @@ class Scheduler:
         slot = torch.tensor([job.slot], device=self.device)
         self.model.reset(slot)
         ids = torch.tensor([list(job.prompt)], dtype=torch.long, device=self.device)
+        if self.draft is not None:
+            p = job.params
+            job.rounds = speculative_rounds(self.model, self.draft, ids, job.limit, p.temperature,
+                                            p.top_k, p.top_p if p.top_p < 1 else None,
+                                            int(job.picker.generator.initial_seed()),
+                                            sorted(self.stop_ids))
+            self._round(job)
+            return
         logits = self.model(ids, slot, last_only=True)[:, -1]
         self._advance(job, logits)
+
+    def _round(self, job: Job) -> None:
+        """One speculative round of ``job``: its tokens, each handled as a sampled one."""
+        self.stats.steps += 1
+        self.stats.max_batch = 1
+        tokens = next(job.rounds, None)
+        if tokens is None:     # the rounds ended on their own budget (the job's limit)
+            self._finish(job, "length", Piece(self._tail(job)[0], ()))
+            return
+        for token in tokens:
+            if not self._take(job, token):
+                break
 
     def _decode(self) -> None:
         jobs = [j for j in self._running.values() if j.last >= 0]
         if not jobs:
+            return
+        if self.draft is not None:
+            for job in jobs:
+                self._round(job)
             return
         tokens = torch.tensor([[j.last] for j in jobs], dtype=torch.long, device=self.device)
         slots = torch.tensor([j.slot for j in jobs], dtype=torch.long, device=self.device)
@@ -235,21 +270,29 @@ class Scheduler:
     def _advance(self, job: Job, logits: torch.Tensor) -> None:
         """Sample ``job``'s next token from its row and act on it."""
         token = job.picker.pick(logits)
+        self._take(job, token, logits)
+
+    def _take(self, job: Job, token: int, logits: torch.Tensor | None = None) -> bool:
+        """Act on ``job``'s next token (``logits``: its row, for logprobs);
+        False when the job ended."""
         job.generated += 1
         if token in self.stop_ids:
             self._finish(job, "stop", Piece(self._tail(job)[0], (token,)))
-            return
-        logprobs = (job.picker.logprob(logits, token),) if job.params.logprobs else ()
+            return False
+        logprobs = (job.picker.logprob(logits, token),) \
+            if job.params.logprobs and logits is not None else ()
         text, hit = job.stops.feed(job.text.push(token))
         if not hit and job.generated >= job.limit:
             tail, hit = self._tail(job)
             text += tail
         if hit or job.generated >= job.limit:
             self._finish(job, "stop" if hit else "length", Piece(text, (token,), logprobs))
-            return
+            return False
         job.last = token
         if not _send(job, Piece(text, (token,), logprobs)):
             job.cancel()
+            return False
+        return True
 
     @staticmethod
     def _tail(job: Job) -> tuple[str, bool]:
@@ -274,6 +317,9 @@ class Scheduler:
             self._free.append(job.slot)
             self._free.sort()
         job.last = -1
+        if job.rounds is not None:     # its taps leave the model
+            job.rounds.close()
+            job.rounds = None
 
 
 def _send(job: Job, event: Event) -> bool:

@@ -46,11 +46,11 @@ class Live:
 
 @contextmanager
 def serving(model, *, slots: int = 4, queue: int = 16, context: int = 512, start: bool = True,
-            limits: ChatLimits | None = None, **app_kw) -> Iterator[Live]:
+            limits: ChatLimits | None = None, draft=None, **app_kw) -> Iterator[Live]:
     """The app over a fresh scheduler of ``model``, served on 127.0.0.1 at a
     free port. ``start=False`` leaves the decode loop stopped (requests
     queue up) until the test calls ``live.scheduler.start()``."""
-    scheduler = Scheduler(model, slots, queue, context)
+    scheduler = Scheduler(model, slots, queue, context, draft=draft)
     app = create_app(scheduler, MODEL_ID, limits, **app_kw)
     sock = socket.create_server(("127.0.0.1", 0))
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
@@ -137,10 +137,10 @@ class Collect:
 
 
 def run_jobs(model, jobs: list[tuple[list[int], SamplingParams]], slots: int, queue: int = 16,
-         context: int = 512) -> tuple[list[Collect], Scheduler]:
+             context: int = 512, draft=None) -> tuple[list[Collect], Scheduler]:
     """Submit every job before the loop starts (so the first turn fills every
     slot), run them to the end, stop the loop."""
-    sched = Scheduler(model, slots, queue, context)
+    sched = Scheduler(model, slots, queue, context, draft=draft)
     sinks = []
     for ids, params in jobs:
         sinks.append(Collect())

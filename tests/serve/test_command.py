@@ -26,6 +26,8 @@ def _refused(capsys, argv: list[str]) -> str:
     (["--port", "70000"], "--port must be in [0, 65535], got 70000"),
     (["--chat-template-seconds", "0"], "--chat-template-*: chat template seconds must be"),
     (["--device", "tpu"], "--device must be cpu, mps or cuda"),
+    (["--draft", DEMO_FILE, "--slots", "2"], "--draft decodes one request at a time: use --slots 1, not 2"),
+    (["--draft", "no-such-draft.gguf"], "--draft no-such-draft.gguf: no such file"),
 ])
 def test_bad_arguments(capsys, args, message):
     assert message in _refused(capsys, [DEMO_FILE, "--port", "0", *args])
