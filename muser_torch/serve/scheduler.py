@@ -174,6 +174,7 @@ class Scheduler:
             self._thread.join()
         for job in [*self._waiting, *self._running.values()]:
             _send(job, Failure("the server shut down"))
+            _close_rounds(job)
         self._waiting.clear()
         self._running.clear()
 
@@ -317,9 +318,14 @@ class Scheduler:
             self._free.append(job.slot)
             self._free.sort()
         job.last = -1
-        if job.rounds is not None:     # its taps leave the model
-            job.rounds.close()
-            job.rounds = None
+        _close_rounds(job)
+
+
+def _close_rounds(job: Job) -> None:
+    """End ``job``'s speculative rounds, if any: their taps leave the model."""
+    if job.rounds is not None:
+        job.rounds.close()
+        job.rounds = None
 
 
 def _send(job: Job, event: Event) -> bool:

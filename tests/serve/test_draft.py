@@ -83,3 +83,4 @@ def test_over_http_greedy_and_no_logprobs(demo_model, demo_draft):
         streamed = "".join(c.choices[0].text for c in client.completions.create(
             model=MODEL_ID, prompt=prompt, max_tokens=16, temperature=0, stream=True))
         assert streamed == text_of(demo_model, want), f"seed {SEED}"
+
