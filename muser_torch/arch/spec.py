@@ -36,7 +36,8 @@ class Role(Enum):
 
 
 # The types llama.cpp's quantization presets write: every one of them runs on the
-# CPU, CUDA and Metal qmatmul and embedding kernels.
+# CPU qmatmul and embedding kernels, and each backend refuses by name a type it
+# has no kernel for (ops/checks.py: IQ3_XXS and IQ3_S run on the CPU only).
 LLAMA_CPP_TYPES = frozenset({GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q4_0,
                              GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0,
                              GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K,
@@ -44,6 +45,8 @@ LLAMA_CPP_TYPES = frozenset({GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType
 
 # The lookup-table types (formats/iq4.py, formats/mxfp4.py).
 LLAMA_CPP_TYPES |= {GGMLType.IQ4_NL, GGMLType.IQ4_XS, GGMLType.MXFP4}
+# The 3-bit grid types (formats/iq3.py).
+LLAMA_CPP_TYPES |= {GGMLType.IQ3_XXS, GGMLType.IQ3_S}
 
 # Positions are exact in float32 (RoPE angles are position * frequency) up to 2^24.
 MAX_CONTEXT = 1 << 24
