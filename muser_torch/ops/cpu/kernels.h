@@ -109,6 +109,8 @@ void qdot_q3_k(const uint8_t *, const uint8_t *, int64_t, int64_t, int, float *)
 void qdot_iq4_nl(const uint8_t *, const uint8_t *, int64_t, int64_t, int, float *);
 void qdot_iq4_xs(const uint8_t *, const uint8_t *, int64_t, int64_t, int, float *);
 void qdot_mxfp4(const uint8_t *, const uint8_t *, int64_t, int64_t, int, float *);
+void qdot_iq3_xxs(const uint8_t *, const uint8_t *, int64_t, int64_t, int, float *);
+void qdot_iq3_s(const uint8_t *, const uint8_t *, int64_t, int64_t, int, float *);
 
 struct type_entry;
 /* The fused matvec over rows [r0, r1) of one muser_matmul call (matvec.c). */
@@ -152,6 +154,37 @@ const type_entry_t *type_entry_for(int type);
  * NVFP4), whose scales are halved to match. */
 static const int8_t IQ4_VALUES[16] = MUSER_IQ4_VALUES;
 static const int8_t FP4_DOUBLED[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+/* The 3-bit grid types' grids (four magnitudes per uint32, element j in byte
+ * j) and IQ3_XXS's sign table (7 stored sign bits and their parity as bit 7),
+ * from formats/iq_grids.py through muser_layout.h. */
+static const uint32_t IQ3XXS_GRID[256] = MUSER_IQ3XXS_GRID;
+static const uint32_t IQ3S_GRID[512] = MUSER_IQ3S_GRID;
+static const uint8_t KSIGNS[128] = MUSER_KSIGNS;
+
+/* IQ3_XXS sub-block s's sign bits (bit i: element i negative) and its odd
+ * scale 2s' + 1 from the u32 at scales_signs + 4s; IQ3_S's from its own fields. */
+static inline uint32_t iq3_xxs_aux(const uint8_t *blk, int s) {
+    uint32_t aux;
+    memcpy(&aux, blk + MUSER_IQ3_XXS_SCALES_SIGNS + 4 * s, 4);
+    return aux;
+}
+static inline uint32_t iq3_xxs_signs(uint32_t aux) {
+    return (uint32_t)KSIGNS[aux & 127] | (uint32_t)KSIGNS[(aux >> 7) & 127] << 8 |
+           (uint32_t)KSIGNS[(aux >> 14) & 127] << 16 | (uint32_t)KSIGNS[(aux >> 21) & 127] << 24;
+}
+static inline uint32_t iq3_s_signs(const uint8_t *blk, int s) {
+    uint32_t bits;
+    memcpy(&bits, blk + MUSER_IQ3_S_SIGNS + 4 * s, 4);
+    return bits;
+}
+static inline int iq3_s_scale(const uint8_t *blk, int s) {
+    return 2 * ((blk[MUSER_IQ3_S_SCALES + s / 2] >> (4 * (s % 2))) & 0xF) + 1;
+}
+/* IQ3_S grid entry k (0..63) of a block: qs[k] and bit k % 8 of qh[k / 8] as bit 8. */
+static inline uint32_t iq3_s_entry(const uint8_t *blk, int k) {
+    return IQ3S_GRID[blk[MUSER_IQ3_S_QS + k] | ((blk[MUSER_IQ3_S_QH + k / 8] >> (k % 8)) & 1) << 8];
+}
 
 /* Half the value of an E8M0 scale byte, 2^(e - 128): ggml's
  * ggml_e8m0_to_fp32_half (e = 0 and 1 are the subnormals 2^-128, 2^-127). */
