@@ -36,8 +36,7 @@ class Role(Enum):
 
 
 # The types llama.cpp's quantization presets write: every one of them runs on the
-# CPU and Metal qmatmul and embedding kernels; a backend refuses by name a type
-# it has no kernel for (ops/checks.py: IQ3_XXS and IQ3_S have no CUDA kernel).
+# CPU, CUDA and Metal qmatmul and embedding kernels.
 LLAMA_CPP_TYPES = frozenset({GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q4_0,
                              GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0,
                              GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K,
