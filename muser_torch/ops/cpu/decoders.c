@@ -281,41 +281,34 @@ _Static_assert(MUSER_IQ4_NL_ELEMS == 2 * HALF && MUSER_MXFP4_ELEMS == 2 * HALF,
 
 /* ---- the 3-bit grid types: a qs byte picks 4 magnitudes (formats/iq3.py) ---------- */
 
-/* Sub-block s (32 elements) of 8 grid entries g and sign bits sg: w = db * g, negated
- * where the element's sign bit is set (db * g rounds first, as ggml and gguf-py). */
-static inline void grid_sub_block(const uint32_t g[8], uint32_t sg, float db, float *restrict w) {
-    for (int i = 0; i < 32; i++) {
-        const float v = db * (float)((g[i / 4] >> (8 * (i % 4))) & 0xFF);
-        w[i] = (sg >> i) & 1 ? -v : v;
-    }
-}
-
-/* IQ3_XXS: db = d * (0.5 + s) * 0.5, s the top 4 bits of the sub-block's u32. */
-DECODER(dec_iq3_xxs) {
-    UNUSED_ARGS;
-    for (; nb > 0; nb--, b += MUSER_IQ3_XXS_BYTES, w += QK_K) {
-        const float d = f16(b + MUSER_IQ3_XXS_D);
+/* w = db * grid byte, negated where the element's sign bit is set (db rounds
+ * first, as in ggml and gguf-py); `xxs` is a constant in each caller. */
+static inline __attribute__((always_inline)) void iq3_blocks(const uint8_t *b, int64_t nb,
+                                                             float *restrict w, const int xxs) {
+    const int bytes = xxs ? MUSER_IQ3_XXS_BYTES : MUSER_IQ3_S_BYTES;
+    for (; nb > 0; nb--, b += bytes, w += QK_K) {
+        const float d = f16(b);
         for (int s = 0; s < QK_K / 32; s++) {
-            const uint32_t aux = iq3_xxs_aux(b, s);
+            uint32_t signs;
+            const float db = iq3_db(d, iq3_signs(b, s, xxs, &signs), xxs);
+#if defined(HAVE_FUSED)
+            v8f v[4];
+            iq3_w32(iq3_grid8(b, s, xxs), signs, db, v);
+            memcpy(w + 32 * s, v, sizeof v);
+#else
             uint32_t g[8];
-            for (int k = 0; k < 8; k++) g[k] = IQ3XXS_GRID[b[MUSER_IQ3_XXS_QS + 8 * s + k]];
-            grid_sub_block(g, iq3_xxs_signs(aux), d * (0.5f + (float)(aux >> 28)) * 0.5f, w + 32 * s);
+            iq3_grid(b, s, xxs, g);
+            for (int i = 0; i < 32; i++) {
+                const float m = db * (float)((g[i / 4] >> (8 * (i % 4))) & 0xFF);
+                w[32 * s + i] = (signs >> i) & 1 ? -m : m;
+            }
+#endif
         }
     }
 }
 
-/* IQ3_S: db = d * (1 + 2s), the index's ninth bit from qh. */
-DECODER(dec_iq3_s) {
-    UNUSED_ARGS;
-    for (; nb > 0; nb--, b += MUSER_IQ3_S_BYTES, w += QK_K) {
-        const float d = f16(b + MUSER_IQ3_S_D);
-        for (int s = 0; s < QK_K / 32; s++) {
-            uint32_t g[8];
-            for (int k = 0; k < 8; k++) g[k] = iq3_s_entry(b, 8 * s + k);
-            grid_sub_block(g, iq3_s_signs(b, s), d * (float)iq3_s_scale(b, s), w + 32 * s);
-        }
-    }
-}
+DECODER(dec_iq3_xxs) { UNUSED_ARGS; iq3_blocks(b, nb, w, 1); }
+DECODER(dec_iq3_s) { UNUSED_ARGS; iq3_blocks(b, nb, w, 0); }
 
 /* ---- plain floats -------------------------------------------------------------- */
 
@@ -369,8 +362,8 @@ static const type_entry_t TYPE_TABLE[] = {
     TYPE_ROW(IQ4_NL, dec_iq4_nl, matvec_iq4_nl, tile_generic, ACT_Q8_0, qdot_iq4_nl),
     TYPE_ROW(IQ4_XS, dec_iq4_xs, matvec_iq4_xs, tile_generic, ACT_Q8_K, qdot_iq4_xs),
     TYPE_ROW(MXFP4, dec_mxfp4, matvec_mxfp4, tile_generic, ACT_Q8_0, qdot_mxfp4),
-    TYPE_ROW(IQ3_XXS, dec_iq3_xxs, matvec_generic, tile_generic, ACT_Q8_K, qdot_iq3_xxs),
-    TYPE_ROW(IQ3_S, dec_iq3_s, matvec_generic, tile_generic, ACT_Q8_K, qdot_iq3_s),
+    TYPE_ROW(IQ3_XXS, dec_iq3_xxs, matvec_iq3_xxs, tile_generic, ACT_Q8_K, qdot_iq3_xxs),
+    TYPE_ROW(IQ3_S, dec_iq3_s, matvec_iq3_s, tile_generic, ACT_Q8_K, qdot_iq3_s),
 };
 
 const type_entry_t *type_entry_for(int type) {

@@ -142,7 +142,7 @@ MUSER_MATVEC(q4_0) MUSER_MATVEC(q4_1) MUSER_MATVEC(q5_0) MUSER_MATVEC(q5_1) MUSE
 MUSER_MATVEC(q4_k) MUSER_MATVEC(q5_k) MUSER_MATVEC(q6_k) MUSER_MATVEC(nvfp4_e2m1)
 MUSER_MATVEC(f16) MUSER_MATVEC(bf16) MUSER_MATVEC(generic)
 MUSER_MATVEC(q2_k) MUSER_MATVEC(q3_k)
-MUSER_MATVEC(iq4_nl) MUSER_MATVEC(iq4_xs) MUSER_MATVEC(mxfp4)
+MUSER_MATVEC(iq4_nl) MUSER_MATVEC(iq4_xs) MUSER_MATVEC(mxfp4) MUSER_MATVEC(iq3_xxs) MUSER_MATVEC(iq3_s)
 MUSER_TILE(q4_k) MUSER_TILE(q5_k) MUSER_TILE(q6_k) MUSER_TILE(nvfp4_e2m1) MUSER_TILE(generic)
 #undef MUSER_MATVEC
 #undef MUSER_TILE
@@ -162,29 +162,36 @@ static const uint32_t IQ3XXS_GRID[256] = MUSER_IQ3XXS_GRID;
 static const uint32_t IQ3S_GRID[512] = MUSER_IQ3S_GRID;
 static const uint8_t KSIGNS[128] = MUSER_KSIGNS;
 
-/* IQ3_XXS sub-block s's sign bits (bit i: element i negative) and its odd
- * scale 2s' + 1 from the u32 at scales_signs + 4s; IQ3_S's from its own fields. */
-static inline uint32_t iq3_xxs_aux(const uint8_t *blk, int s) {
-    uint32_t aux;
-    memcpy(&aux, blk + MUSER_IQ3_XXS_SCALES_SIGNS + 4 * s, 4);
-    return aux;
+/* IQ3 sub-block s (32 elements) of a block (formats/iq3.py), in two parts;
+ * `xxs` is a constant in each caller. iq3_signs: its sign bits (bit i: element
+ * i negative; IQ3_XXS's four 7-bit codes through KSIGNS) and, returned, its
+ * 4-bit scale (IQ3_XXS: the top bits of its u32; IQ3_S: nibble s % 2 of
+ * scales[s / 2]). iq3_grid: its 8 grid words (IQ3_S: qh[s] bit k is bit 8 of
+ * word k's index). simd.h's iq3_grid8 gathers the same words into a register. */
+static inline __attribute__((always_inline)) int iq3_signs(const uint8_t *blk, int s, const int xxs,
+                                                           uint32_t *signs) {
+    if (xxs) {
+        uint32_t aux;
+        memcpy(&aux, blk + MUSER_IQ3_XXS_SCALES_SIGNS + 4 * s, 4);
+        *signs = (uint32_t)KSIGNS[aux & 127] | (uint32_t)KSIGNS[(aux >> 7) & 127] << 8 |
+                 (uint32_t)KSIGNS[(aux >> 14) & 127] << 16 | (uint32_t)KSIGNS[(aux >> 21) & 127] << 24;
+        return (int)(aux >> 28);
+    }
+    memcpy(signs, blk + MUSER_IQ3_S_SIGNS + 4 * s, 4);
+    return (blk[MUSER_IQ3_S_SCALES + s / 2] >> (4 * (s % 2))) & 0xF;
 }
-static inline uint32_t iq3_xxs_signs(uint32_t aux) {
-    return (uint32_t)KSIGNS[aux & 127] | (uint32_t)KSIGNS[(aux >> 7) & 127] << 8 |
-           (uint32_t)KSIGNS[(aux >> 14) & 127] << 16 | (uint32_t)KSIGNS[(aux >> 21) & 127] << 24;
+static inline __attribute__((always_inline)) void iq3_grid(const uint8_t *blk, int s, const int xxs,
+                                                           uint32_t g[8]) {
+    for (int k = 0; k < 8; k++)
+        g[k] = xxs ? IQ3XXS_GRID[blk[MUSER_IQ3_XXS_QS + 8 * s + k]]
+                   : IQ3S_GRID[blk[MUSER_IQ3_S_QS + 8 * s + k] | ((blk[MUSER_IQ3_S_QH + s] >> k) & 1) << 8];
 }
-static inline uint32_t iq3_s_signs(const uint8_t *blk, int s) {
-    uint32_t bits;
-    memcpy(&bits, blk + MUSER_IQ3_S_SIGNS + 4 * s, 4);
-    return bits;
+/* The sub-block's float scale, rounded as the reference: IQ3_XXS d * (0.5 + s) * 0.5,
+ * IQ3_S d * (1 + 2s). */
+static inline float iq3_db(float d, int s, const int xxs) {
+    return xxs ? d * (0.5f + (float)s) * 0.5f : d * (float)(1 + 2 * s);
 }
-static inline int iq3_s_scale(const uint8_t *blk, int s) {
-    return 2 * ((blk[MUSER_IQ3_S_SCALES + s / 2] >> (4 * (s % 2))) & 0xF) + 1;
-}
-/* IQ3_S grid entry k (0..63) of a block: qs[k] and bit k % 8 of qh[k / 8] as bit 8. */
-static inline uint32_t iq3_s_entry(const uint8_t *blk, int k) {
-    return IQ3S_GRID[blk[MUSER_IQ3_S_QS + k] | ((blk[MUSER_IQ3_S_QH + k / 8] >> (k % 8)) & 1) << 8];
-}
+_Static_assert(MUSER_IQ3_XXS_D == 0 && MUSER_IQ3_S_D == 0, "the f16 scale leads both IQ3 blocks");
 
 /* Half the value of an E8M0 scale byte, 2^(e - 128): ggml's
  * ggml_e8m0_to_fp32_half (e = 0 and 1 are the subnormals 2^-128, 2^-127). */

@@ -15,22 +15,6 @@
 
 #define ACTK(t, b) ((const actk_t *)(act + (t) * act_stride) + (b))
 
-/* Sub-block s of a block: its 8 grid words, its 32 sign bits and its scale ls;
- * `xxs` is a constant in each caller. */
-static inline __attribute__((always_inline)) void grid_sub(const uint8_t *blk, int s, const int xxs,
-                                                           uint32_t g[8], uint32_t *sg, int *ls) {
-    if (xxs) {
-        const uint32_t aux = iq3_xxs_aux(blk, s);
-        for (int k = 0; k < 8; k++) g[k] = IQ3XXS_GRID[blk[MUSER_IQ3_XXS_QS + 8 * s + k]];
-        *sg = iq3_xxs_signs(aux);
-        *ls = 2 * (int)(aux >> 28) + 1;
-    } else {
-        for (int k = 0; k < 8; k++) g[k] = iq3_s_entry(blk, 8 * s + k);
-        *sg = iq3_s_signs(blk, s);
-        *ls = iq3_s_scale(blk, s);
-    }
-}
-
 #if defined(__AVX2__) && defined(__FMA__)
 /* 32 sign bits to bytes: -1 where bit i is set, +1 elsewhere (a vpsignb operand). */
 static inline __m256i sign_bytes(uint32_t bits) {
@@ -53,11 +37,11 @@ ROW_KERNEL void qdot_grid_rows(const uint8_t *row, const int xxs, const uint8_t 
         const uint8_t *blk = row + b * bytes;
         __m256i isum[QDOT_TOKENS];
         for (int t = 0; t < T; t++) isum[t] = _mm256_setzero_si256();
+#pragma GCC unroll 8
         for (int s = 0; s < QK_K / 32; s++) {
-            uint32_t g[8], sg;
-            int ls;
-            grid_sub(blk, s, xxs, g, &sg, &ls);
-            const __m256i u = _mm256_loadu_si256((const __m256i *)g);
+            uint32_t sg;
+            const int ls = 2 * iq3_signs(blk, s, xxs, &sg) + 1;
+            const __m256i u = iq3_grid8(blk, s, xxs);
             const __m256i signs = sign_bytes(sg), vls = _mm256_set1_epi16((short)ls);
             for (int t = 0; t < T; t++) {
                 const __m256i y = _mm256_loadu_si256((const __m256i *)(ACTK(t, b)->qs + 32 * s));
@@ -78,8 +62,8 @@ ROW_KERNEL void qdot_grid_rows(const uint8_t *row, const int xxs, const uint8_t 
         int32_t bsum[QDOT_TOKENS] = {0};
         for (int s = 0; s < QK_K / 32; s++) {
             uint32_t g[8], sg;
-            int ls;
-            grid_sub(blk, s, xxs, g, &sg, &ls);
+            const int ls = 2 * iq3_signs(blk, s, xxs, &sg) + 1;
+            iq3_grid(blk, s, xxs, g);
             for (int t = 0; t < T; t++) {
                 const int8_t *y = ACTK(t, b)->qs + 32 * s;
                 int32_t sumi = 0;
@@ -96,7 +80,6 @@ ROW_KERNEL void qdot_grid_rows(const uint8_t *row, const int xxs, const uint8_t 
     for (int t = 0; t < T; t++) out[t] = outer * sum[t];
 #endif
 }
-_Static_assert(MUSER_IQ3_XXS_D == 0 && MUSER_IQ3_S_D == 0, "the f16 scale leads both grid blocks");
 
 /* Each type's qdot_fn (TOKEN_SWITCH: kernels.h). */
 #define GRID_FN(name, call)                                                                    \
