@@ -44,6 +44,8 @@ LLAMA_CPP_TYPES = frozenset({GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType
 
 # The lookup-table types (formats/iq4.py, formats/mxfp4.py).
 LLAMA_CPP_TYPES |= {GGMLType.IQ4_NL, GGMLType.IQ4_XS, GGMLType.MXFP4}
+# The 3-bit grid types (formats/iq3.py).
+LLAMA_CPP_TYPES |= {GGMLType.IQ3_XXS, GGMLType.IQ3_S}
 
 # Positions are exact in float32 (RoPE angles are position * frequency) up to 2^24.
 MAX_CONTEXT = 1 << 24

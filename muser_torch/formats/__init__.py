@@ -14,7 +14,7 @@ import functools
 
 import torch
 
-from . import floats, iq4, kquant, legacy, mxfp4, nvfp4  # noqa: F401  (registers the formats)
+from . import floats, iq3, iq4, kquant, legacy, mxfp4, nvfp4  # noqa: F401  (registers the formats)
 from .companions import check_companions, companion_args
 from .random import random_weight
 from .reference import check_packed, dequantize_reference

@@ -111,6 +111,13 @@ LAYOUTS: dict[str, Layout] = {
     "IQ4_XS": layout(QK_K, ("d", 2, "f16"), ("scales_h", 2, "u8"), ("scales_l", QK_K // 64, "u8"),
                      ("qs", QK_K // 2, "u8")),
     "MXFP4": layout(QK_MXFP4, ("e", 1, "e8m0"), ("qs", QK_MXFP4 // 2, "u8")),
+    # The 3-bit grid types (formats/iq3.py): each qs byte indexes a 4-element
+    # grid entry (formats/iq_grids.py). IQ3_XXS's scales_signs are eight u32 LE
+    # (ggml's qs[64..95]); IQ3_S's qh holds the ninth index bit of each qs byte.
+    "IQ3_XXS": layout(QK_K, ("d", 2, "f16"), ("qs", QK_K // 4, "u8"),
+                      ("scales_signs", QK_K // 8, "u8")),
+    "IQ3_S": layout(QK_K, ("d", 2, "f16"), ("qs", QK_K // 4, "u8"), ("qh", QK_K // 32, "u8"),
+                    ("signs", QK_K // 8, "u8"), ("scales", QK_K // 64, "u8")),
     # One scale group of the native payload: 16 codes in 8 bytes. The group's
     # E4M3 scale is a companion tensor, so rows must fill whole groups.
     "NVFP4_E2M1": layout(NVFP4_GROUP, ("qs", NVFP4_GROUP // 2, "u8"),
@@ -137,9 +144,13 @@ def layout_constants(prefix: str = "") -> dict[str, int]:
 
 
 def c_header(prefix: str = "MUSER_") -> str:
-    """``layout_constants`` as C/MSL ``#define`` lines, and the IQ4 value table
-    as an initializer list."""
+    """``layout_constants`` as C/MSL ``#define`` lines, and the IQ4 value table,
+    the IQ3 grids and their sign table (``iq_grids.py``) as initializer lists."""
+    from .iq_grids import IQ3S_GRID, IQ3XXS_GRID, KSIGNS
     lines = ["/* generated from muser_torch/formats/layout.py: do not edit */"]
     lines += [f"#define {k} {v}" for k, v in layout_constants(prefix).items()]
     lines.append(f"#define {prefix}IQ4_VALUES {{{', '.join(map(str, IQ4_VALUES))}}}")
+    for name, table in (("IQ3XXS_GRID", IQ3XXS_GRID), ("IQ3S_GRID", IQ3S_GRID)):
+        lines.append(f"#define {prefix}{name} {{{', '.join(f'0x{w:08x}u' for w in table)}}}")
+    lines.append(f"#define {prefix}KSIGNS {{{', '.join(map(str, KSIGNS))}}}")
     return "\n".join(lines) + "\n"

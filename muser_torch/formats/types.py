@@ -24,7 +24,9 @@ class GGMLType(IntEnum):
     Q4_K = 12
     Q5_K = 13
     Q6_K = 14
+    IQ3_XXS = 18          # 256 elements: f16 scale, 64 grid indices, 8 u32 of 4-bit scale + 28 sign bits
     IQ4_NL = 20           # 32 elements: f16 scale + 16 bytes of indices into a 16-value table
+    IQ3_S = 21            # 256 elements: f16 scale, 9-bit grid indices, 256 sign bits, 4-bit scales
     IQ4_XS = 23           # 256 elements: f16 scale, 6-bit sub-block scales, IQ4_NL's table
     BF16 = 30
     MXFP4 = 39            # 32 elements: E8M0 scale + 16 bytes of E2M1 codes

@@ -30,7 +30,7 @@ F16_FIELDS = {
     GGMLType.Q4_0: (0,), GGMLType.Q4_1: (0, 2), GGMLType.Q5_0: (0,), GGMLType.Q5_1: (0, 2),
     GGMLType.Q8_0: (0,), GGMLType.Q4_K: (0, 2), GGMLType.Q5_K: (0, 2), GGMLType.Q6_K: (208,),
     GGMLType.Q2_K: (80, 82), GGMLType.Q3_K: (108,),
-    GGMLType.IQ4_NL: (0,), GGMLType.IQ4_XS: (0,),
+    GGMLType.IQ4_NL: (0,), GGMLType.IQ4_XS: (0,), GGMLType.IQ3_XXS: (0,), GGMLType.IQ3_S: (0,),
 }
 # Byte offsets of E8M0 scales: every byte whose largest value, 12 * 2**(e - 128), is finite.
 E8M0_FIELDS = {GGMLType.MXFP4: (0,)}

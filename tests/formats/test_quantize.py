@@ -12,7 +12,9 @@ import pytest
 import torch
 
 from muser_torch import GGMLType, dequantize, quantize
+from muser_torch.formats import can_quantize
 from muser_torch.formats.nvfp4 import E2M1_VALUES, e2m1_table, ue4m3_bytes
+from muser_torch.formats.types import NEEDS_COMPANIONS
 from muser_torch.formats.floats import e4m3fn_table
 
 from .ggml_ref import lib, quantize_chunk
@@ -271,7 +273,8 @@ def test_bad_imatrix(imatrix, message: str) -> None:
         quantize(torch.ones(2, 256), GGMLType.Q4_K, imatrix=imatrix)
 
 
-@pytest.mark.parametrize("qtype", list(GGMLType), ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", [t for t in GGMLType if can_quantize(t) or t in NEEDS_COMPANIONS],
+                         ids=lambda t: t.name)
 def test_zero_rows_round_trip(qtype: GGMLType) -> None:
     """A matrix with no rows quantizes to no rows and dequantizes back to [0, n_in]."""
     n_in = max(qtype.block_elems, 16) * 2
@@ -280,6 +283,14 @@ def test_zero_rows_round_trip(qtype: GGMLType) -> None:
     assert packed.dtype == torch.uint8 and packed.shape == (0, qtype.row_bytes(n_in))
     back = dequantize(packed, qtype, n_in, scales=scales, scale_2=scale_2)
     assert back.dtype == torch.float32 and back.shape == (0, n_in)
+
+
+@pytest.mark.parametrize("qtype", [t for t in GGMLType if not (can_quantize(t) or t in NEEDS_COMPANIONS)],
+                         ids=lambda t: t.name)
+def test_types_without_a_quantizer_are_refused(qtype: GGMLType) -> None:
+    """Decode-only types (IQ3_XXS, IQ3_S: llama-quantize makes their files)."""
+    with pytest.raises(ValueError, match=f"quantize to {qtype.name} is not supported"):
+        quantize(torch.ones(2, 256), qtype)
 
 
 @pytest.mark.parametrize("qtype", [12.0, 12.5, True])

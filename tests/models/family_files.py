@@ -27,6 +27,7 @@ VARIANTS = {
     "qwen3": ("qwen3", {"rope_theta": 1e6}),
     "qwen3-tied": ("qwen3", {"tied": True, "n_layers": 3}),
     "qwen3-iq4-mxfp4": ("qwen3", {"rope_theta": 1e6, "types": ("IQ4_XS", "IQ4_NL", "MXFP4")}),
+    "llama-iq3": ("llama", {"types": ("IQ3_XXS", "IQ3_S")}),
 }
 ARCH_VARIANTS = ("llama", "qwen2", "qwen3")
 

@@ -114,7 +114,8 @@ def test_embedding_rows(qtype, cpu_path):
 
 
 @pytest.mark.parametrize("qtype", [GGMLType.Q4_K, GGMLType.Q6_K, GGMLType.NVFP4_E2M1,
-                                   GGMLType.Q8_0], ids=lambda t: t.name)
+                                   GGMLType.Q8_0, GGMLType.IQ3_XXS, GGMLType.IQ3_S],
+                         ids=lambda t: t.name)
 def test_qmatmul_t(qtype, cpu_path):
     case = Case(qtype, N_OUT, blocks=2)
     g = case.randn(2, 9, N_OUT)

@@ -323,6 +323,7 @@ GGML_NUMERICS_TYPES = frozenset({
     GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K, GGMLType.F16, GGMLType.BF16,
     GGMLType.Q2_K, GGMLType.Q3_K,
     GGMLType.IQ4_NL, GGMLType.IQ4_XS, GGMLType.MXFP4,
+    GGMLType.IQ3_XXS, GGMLType.IQ3_S,
 })
 # F16 and BF16: ggml converts x to the weight's type (round to nearest even)
 # and sums the exact products in float32, which is what the float kernels do

@@ -31,6 +31,7 @@ NATIVE_TYPES = frozenset({
     GGMLType.F16, GGMLType.BF16,
     GGMLType.Q2_K, GGMLType.Q3_K,
     GGMLType.IQ4_NL, GGMLType.IQ4_XS, GGMLType.MXFP4,
+    GGMLType.IQ3_XXS, GGMLType.IQ3_S,
 })
 
 NATIVE_MAX_TOKENS = 64         # the fused kernel's cap (MUSER_MAX_TOKENS in the generated header)

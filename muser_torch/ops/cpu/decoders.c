@@ -279,6 +279,37 @@ DECODER(dec_mxfp4) {
 _Static_assert(MUSER_IQ4_NL_ELEMS == 2 * HALF && MUSER_MXFP4_ELEMS == 2 * HALF,
                "IQ4_NL and MXFP4 nibbles split at the legacy blocks' half");
 
+/* ---- the 3-bit grid types: a qs byte picks 4 magnitudes (formats/iq3.py) ---------- */
+
+/* w = db * grid byte, negated where the element's sign bit is set (db rounds
+ * first, as in ggml and gguf-py); `xxs` is a constant in each caller. */
+static inline __attribute__((always_inline)) void iq3_blocks(const uint8_t *b, int64_t nb,
+                                                             float *restrict w, const int xxs) {
+    const int bytes = xxs ? MUSER_IQ3_XXS_BYTES : MUSER_IQ3_S_BYTES;
+    for (; nb > 0; nb--, b += bytes, w += QK_K) {
+        const float d = f16(b);
+        for (int s = 0; s < QK_K / 32; s++) {
+            uint32_t signs;
+            const float db = iq3_db(d, iq3_signs(b, s, xxs, &signs), xxs);
+#if defined(HAVE_FUSED)
+            v8f v[4];
+            iq3_w32(iq3_grid8(b, s, xxs), signs, db, v);
+            memcpy(w + 32 * s, v, sizeof v);
+#else
+            uint32_t g[8];
+            iq3_grid(b, s, xxs, g);
+            for (int i = 0; i < 32; i++) {
+                const float m = db * (float)((g[i / 4] >> (8 * (i % 4))) & 0xFF);
+                w[32 * s + i] = (signs >> i) & 1 ? -m : m;
+            }
+#endif
+        }
+    }
+}
+
+DECODER(dec_iq3_xxs) { UNUSED_ARGS; iq3_blocks(b, nb, w, 1); }
+DECODER(dec_iq3_s) { UNUSED_ARGS; iq3_blocks(b, nb, w, 0); }
+
 /* ---- plain floats -------------------------------------------------------------- */
 
 /* Exact: every half is a float (subnormals included; F16C ignores DAZ). */
@@ -331,6 +362,8 @@ static const type_entry_t TYPE_TABLE[] = {
     TYPE_ROW(IQ4_NL, dec_iq4_nl, matvec_iq4_nl, tile_generic, ACT_Q8_0, qdot_iq4_nl),
     TYPE_ROW(IQ4_XS, dec_iq4_xs, matvec_iq4_xs, tile_generic, ACT_Q8_K, qdot_iq4_xs),
     TYPE_ROW(MXFP4, dec_mxfp4, matvec_mxfp4, tile_generic, ACT_Q8_0, qdot_mxfp4),
+    TYPE_ROW(IQ3_XXS, dec_iq3_xxs, matvec_iq3_xxs, tile_generic, ACT_Q8_K, qdot_iq3_xxs),
+    TYPE_ROW(IQ3_S, dec_iq3_s, matvec_iq3_s, tile_generic, ACT_Q8_K, qdot_iq3_s),
 };
 
 const type_entry_t *type_entry_for(int type) {

@@ -157,6 +157,27 @@ ROW_KERNEL void row_iq4_xs(const uint8_t *row, int64_t nb, const float *x, int64
     ACC_FINISH(T)
 }
 
+/* IQ3_XXS / IQ3_S (`xxs`): each 32-element sub-block's grid bytes times its
+ * scale, signs XORed in (simd.h's iq3_w32). */
+ROW_KERNEL void row_iq3(const uint8_t *row, const int xxs, int64_t nb, const float *x, int64_t n_in,
+                        const int T, float *out) {
+    ACC_DECLARE(T);
+    const int bytes = xxs ? MUSER_IQ3_XXS_BYTES : MUSER_IQ3_S_BYTES;
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = row + b * bytes;
+        const float d = f16_scale(blk);
+#pragma GCC unroll 8
+        for (int s = 0; s < QK_K / 32; s++) {
+            uint32_t signs;
+            v8f w[4];
+            const float db = iq3_db(d, iq3_signs(blk, s, xxs, &signs), xxs);
+            iq3_w32(iq3_grid8(blk, s, xxs), signs, db, w);
+            for (int v = 0; v < 4; v++) FMA_TOKENS(w[v], QK_K * b + 32 * s + 8 * v, v);
+        }
+    }
+    ACC_FINISH(T)
+}
+
 /* F16 and BF16: 8 halves converted in registers (F16C's vcvtph2ps, exact;
  * BF16 a shift), 4 FMA chains with one token; a row's last n_in % 8
  * elements summed apart. Measured against the L1-scratch path it replaced
@@ -466,6 +487,8 @@ ROW_KERNEL void row_dot(const type_entry_t *k, const int type, const uint8_t *ro
     LEGACY_CASE(IQ4_NL); LEGACY_CASE(MXFP4);
 #undef LEGACY_CASE
     case MUSER_ID_IQ4_XS: row_iq4_xs(row, n_in / QK_K, x, n_in, T, out); return;
+    case MUSER_ID_IQ3_XXS: row_iq3(row, 1, n_in / QK_K, x, n_in, T, out); return;
+    case MUSER_ID_IQ3_S: row_iq3(row, 0, n_in / QK_K, x, n_in, T, out); return;
 #if defined(__F16C__)
     case MUSER_ID_F16: row_half(row, 0, x, n_in, T, out); return;
 #endif
@@ -583,6 +606,8 @@ MATVEC(matvec_bf16, MUSER_ID_BF16)
 MATVEC(matvec_iq4_nl, MUSER_ID_IQ4_NL)
 MATVEC(matvec_iq4_xs, MUSER_ID_IQ4_XS)
 MATVEC(matvec_mxfp4, MUSER_ID_MXFP4)
+MATVEC(matvec_iq3_xxs, MUSER_ID_IQ3_XXS)
+MATVEC(matvec_iq3_s, MUSER_ID_IQ3_S)
 MATVEC(matvec_generic, -1)
 
 static void matmul_task(const void *ctx, int64_t r0, int64_t r1) {

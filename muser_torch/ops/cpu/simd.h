@@ -179,6 +179,34 @@ static inline __m256i lut_values32(const uint8_t *qs, const int8_t *table) {
     const __m256i t = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)table));
     return _mm256_shuffle_epi8(t, legacy_nibbles32(qs));
 }
+/* kernels.h's iq3_grid in one register. IQ3_XXS: eight scalar loads; IQ3_S:
+ * one gather of the 9-bit indices (each as ggml-cpu's AVX2 code). */
+static inline __attribute__((always_inline)) __m256i iq3_grid8(const uint8_t *blk, int s, const int xxs) {
+    if (xxs) {
+        const uint8_t *q = blk + MUSER_IQ3_XXS_QS + 8 * s;
+        return _mm256_setr_epi32((int)IQ3XXS_GRID[q[0]], (int)IQ3XXS_GRID[q[1]], (int)IQ3XXS_GRID[q[2]],
+                                 (int)IQ3XXS_GRID[q[3]], (int)IQ3XXS_GRID[q[4]], (int)IQ3XXS_GRID[q[5]],
+                                 (int)IQ3XXS_GRID[q[6]], (int)IQ3XXS_GRID[q[7]]);
+    }
+    const __m256i to_bit8 = _mm256_setr_epi32(8, 7, 6, 5, 4, 3, 2, 1);
+    const __m256i lo = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(blk + MUSER_IQ3_S_QS + 8 * s)));
+    const __m256i hi = _mm256_and_si256(_mm256_sllv_epi32(_mm256_set1_epi32(blk[MUSER_IQ3_S_QH + s]), to_bit8),
+                                        _mm256_set1_epi32(256));
+    return _mm256_i32gather_epi32((const int *)IQ3S_GRID, _mm256_or_si256(lo, hi), 4);
+}
+/* The 32 weights of an IQ3 sub-block from its grid words `u`: each grid byte
+ * times db, the sign bit XORed in (the same bits as the reference's negation). */
+static inline void iq3_w32(__m256i u, uint32_t signs, float db, v8f w[4]) {
+    const __m256i to_top = _mm256_setr_epi32(31, 30, 29, 28, 27, 26, 25, 24);
+    const __m256i top = _mm256_set1_epi32((int)0x80000000u);
+    for (int v = 0; v < 4; v++) {
+        const __m128i half = v < 2 ? _mm256_castsi256_si128(u) : _mm256_extracti128_si256(u, 1);
+        const v8f mag = to_f32((v8i)_mm256_cvtepu8_epi32(v & 1 ? _mm_unpackhi_epi64(half, half) : half));
+        const __m256i sign = _mm256_and_si256(
+            _mm256_sllv_epi32(_mm256_set1_epi32((int)(signs >> (8 * v))), to_top), top);
+        w[v] = (v8f)_mm256_xor_si256((__m256i)(mag * splat(db)), sign);
+    }
+}
 /* 8 int32 lanes, each the sum of 4 adjacent u8 x s8 products (qdot.c, qdot_lut.c). */
 static inline __m256i dot_u8s8(__m256i u, __m256i s) {
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)

@@ -66,13 +66,13 @@ from . import int8dot as i8
 from . import layer
 from . import kquant as tk
 from . import tile as tt
-from .layout import TILE
+from .layout import GRID_WORDS, TILE
 from .warm import warm_up  # noqa: F401  (ops.warm_up asks for it)
 
 T = GGMLType
 SUPPORTED = frozenset({T.F32, T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0,
                        T.Q4_K, T.Q5_K, T.Q6_K, T.NVFP4_E2M1,
-                       T.Q2_K, T.Q3_K, T.IQ4_NL, T.IQ4_XS, T.MXFP4})
+                       T.Q2_K, T.Q3_K, T.IQ4_NL, T.IQ4_XS, T.MXFP4, T.IQ3_XXS, T.IQ3_S})
 _COLS = TILE.value           # columns of one kernel tile (and of a K-quant super-block)
 _PERMUTE_BLOCK = 1024
 
@@ -134,9 +134,18 @@ def _qtype(qtype: int) -> GGMLType:
 
 
 def _companions(qt, packed, scales, scale_2):
-    """The companions as the boundary hands them (``checks.checked``: uint8
-    scales, float32 [1] scale_2), or stand-ins (never read) for a format without."""
+    """The tile's side tensors: the companions as the boundary hands them
+    (``checks.checked``: uint8 scales, float32 [1] scale_2), an IQ3 type's grid
+    in the scales' place, or stand-ins (never read) for a format without."""
+    if qt in GRID_WORDS:
+        return _grid_table(qt, packed.device), packed
     return (scales.contiguous(), scale_2) if scales is not None else (packed, packed)
+
+
+@functools.lru_cache(maxsize=None)
+def _grid_table(qt: GGMLType, device: torch.device) -> torch.Tensor:
+    """int32 ``[entries]``: ``qt``'s grid words on ``device`` (read it, never write it)."""
+    return torch.tensor(GRID_WORDS[qt], dtype=torch.int32, device=device)
 
 
 def _split(n_row_blocks: int, n_kb: int, target: int) -> tuple[int, int]:

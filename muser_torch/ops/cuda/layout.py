@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import triton.language as tl
 
+from ...formats.iq_grids import IQ3S_GRID, IQ3XXS_GRID
 from ...formats.layout import IQ4_VALUES, layout_constants
 from ...formats.types import GGMLType
 
@@ -31,8 +32,12 @@ IQ4_WORDS = tuple(tl.constexpr(int.from_bytes(_IQ4_BYTES[4 * w:4 * w + 4], "litt
                   for w in range(4))
 IQ4_W0, IQ4_W1, IQ4_W2, IQ4_W3 = IQ4_WORDS
 
+# The IQ3 grids are too large for constants: the host passes them to the
+# kernels as an int32 tensor (every word is below 2**31), in the scales' place.
+GRID_WORDS = {GGMLType.IQ3_XXS: IQ3XXS_GRID, GGMLType.IQ3_S: IQ3S_GRID}
+
 __all__ = sorted([*_CONSTANTS, *_TYPE_IDS, "TILE", "require", "IQ4_W0", "IQ4_W1", "IQ4_W2",
-                  "IQ4_W3"])
+                  "IQ4_W3", "GRID_WORDS"])
 
 
 def require(condition: bool, what: str) -> None:

@@ -35,7 +35,9 @@ from .layout import (  # noqa: F401  (every name is a tl.constexpr read by the k
     Q5_K_QS, Q5_K_SCALES, Q6_K, Q6_K_BYTES, Q6_K_D, Q6_K_QH, Q6_K_QL, Q6_K_SCALES, Q8_0,
     Q8_0_BYTES, Q8_0_D, Q8_0_QS, QK_LEGACY, TILE, IQ4_NL, IQ4_NL_BYTES, IQ4_NL_D, IQ4_NL_QS,
     IQ4_XS, IQ4_XS_BYTES, IQ4_XS_D, IQ4_XS_QS, IQ4_XS_SCALES_H, IQ4_XS_SCALES_L, MXFP4,
-    MXFP4_BYTES, MXFP4_E, MXFP4_QS, IQ4_W0, IQ4_W1, IQ4_W2, IQ4_W3)
+    MXFP4_BYTES, MXFP4_E, MXFP4_QS, IQ4_W0, IQ4_W1, IQ4_W2, IQ4_W3, IQ3_XXS, IQ3_XXS_BYTES,
+    IQ3_XXS_D, IQ3_XXS_QS, IQ3_XXS_SCALES_SIGNS, IQ3_S, IQ3_S_BYTES, IQ3_S_D, IQ3_S_QS, IQ3_S_QH,
+    IQ3_S_SIGNS, IQ3_S_SCALES)
 
 
 # ---- field decoders ---------------------------------------------------------------
@@ -259,6 +261,53 @@ def _iq4xs_tile(p, rbase, rmask, kb, BN: tl.constexpr):
 
 
 @triton.jit
+def _ksigns(c):
+    """IQ3_XXS's 7-bit sign codes (int32) with their parity as bit 7 (ggml's ksigns_iq2xs)."""
+    par = c ^ (c >> 4)
+    par = par ^ (par >> 2)
+    par = par ^ (par >> 1)
+    return c | ((par & 1) << 7)
+
+
+@triton.jit
+def _iq3_tile(p, grid_ptr, rbase, rmask, kb, BN: tl.constexpr, S: tl.constexpr):
+    """IQ3_XXS, or IQ3_S (``S``): 8 sub-blocks of 32; element i of sub-block j is
+    byte i % 4 of grid word ``grid_ptr[idx]`` (int32: the type's grid, formats/iq_grids.py),
+    idx = qs[8j + i // 4] (IQ3_S: bit i // 4 of qh[j] as bit 8), times the sub-block's
+    scale (IQ3_XXS: d * (0.5 + s) * 0.5, s the top 4 bits of its u32; IQ3_S: d * (1 + 2s)),
+    negated where its sign bit is set (IQ3_XXS: 7-bit code i // 8 of the u32, parity restored)."""
+    BB: tl.constexpr = IQ3_S_BYTES if S else IQ3_XXS_BYTES
+    QS: tl.constexpr = IQ3_S_QS if S else IQ3_XXS_QS
+    base = rbase + kb * BB
+    d = _f16_at(p, base + (IQ3_S_D if S else IQ3_XXS_D), rmask)
+    j2 = tl.arange(0, 8)[None, :]
+    j3 = tl.arange(0, 8)[None, :, None]
+    i3 = tl.arange(0, 32)[None, None, :]
+    b3 = base[:, None, None]
+    m2 = rmask[:, None]
+    m3 = rmask[:, None, None]
+    idx = tl.load(p + b3 + QS + 8 * j3 + i3 // 4, mask=m3, other=0).to(tl.int32)
+    if S:
+        qh = tl.load(p + b3 + IQ3_S_QH + j3, mask=m3, other=0).to(tl.int32)
+        idx = idx | (((qh >> (i3 // 4)) & 1) << 8)
+        sign = tl.load(p + b3 + IQ3_S_SIGNS + 4 * j3 + i3 // 8, mask=m3, other=0).to(tl.int32)
+        sc = tl.load(p + base[:, None] + IQ3_S_SCALES + j2 // 2, mask=m2, other=0).to(tl.int32)
+        db = d[:, None] * (1 + 2 * ((sc >> (4 * (j2 % 2))) & 0xF)).to(tl.float32)
+    else:
+        at = base[:, None] + IQ3_XXS_SCALES_SIGNS + 4 * j2
+        aux = (tl.load(p + at, mask=m2, other=0).to(tl.int32)
+               | (tl.load(p + at + 1, mask=m2, other=0).to(tl.int32) << 8)
+               | (tl.load(p + at + 2, mask=m2, other=0).to(tl.int32) << 16)
+               | (tl.load(p + at + 3, mask=m2, other=0).to(tl.int32) << 24))   # [BN, 8]
+        sign = _ksigns((aux[:, :, None] >> (7 * (i3 // 8))) & 127)
+        db = (d[:, None] * (((aux >> 28) & 0xF).to(tl.float32) + 0.5)) * 0.5
+    g = tl.load(grid_ptr + idx, mask=m3, other=0)
+    v = db[:, :, None] * ((g >> (8 * (i3 % 4))) & 0xFF).to(tl.float32)
+    w = tl.where(((sign >> (i3 % 8)) & 1) == 1, -v, v)
+    return tl.reshape(w, (BN, TILE))
+
+
+@triton.jit
 def _float_tile(p, rows, rmask, kb, n_in, ROW_BYTES, QTYPE: tl.constexpr):
     """F32, F16, BF16: each element its own bytes (BF16: the top half of a float32)."""
     col = kb * TILE + tl.arange(0, TILE)[None, :]
@@ -299,7 +348,8 @@ def _nvfp4_tile(p, s_ptr, s2_ptr, rows, rbase, rmask, kb, n_in, BN: tl.constexpr
 @triton.jit
 def _tile(p, s_ptr, s2_ptr, rows, rmask, kb, n_in,
           ROW_BYTES, QTYPE: tl.constexpr, BN: tl.constexpr):
-    """Decode columns ``TILE*kb .. TILE*kb+TILE-1`` of packed rows ``rows`` ([BN] int64)."""
+    """Decode columns ``TILE*kb .. TILE*kb+TILE-1`` of packed rows ``rows`` ([BN] int64).
+    ``s_ptr``: NVFP4_E2M1's companion scales, or the IQ3 types' grid (int32 words)."""
     rbase = rows.to(tl.int64) * ROW_BYTES                      # [BN]
     if QTYPE == Q4_K:
         w = _q45k_tile(p, rbase, rmask, kb, BN, Q4_K_BYTES, Q4_K_D, Q4_K_DMIN, Q4_K_SCALES,
@@ -334,6 +384,10 @@ def _tile(p, s_ptr, s2_ptr, rows, rmask, kb, n_in,
         w = _lookup32_tile(p, rbase, rmask, kb, n_in, BN, MXFP4_BYTES, MXFP4_QS, True)
     elif QTYPE == IQ4_XS:
         w = _iq4xs_tile(p, rbase, rmask, kb, BN)
+    elif QTYPE == IQ3_XXS:
+        w = _iq3_tile(p, s_ptr, rbase, rmask, kb, BN, False)
+    elif QTYPE == IQ3_S:
+        w = _iq3_tile(p, s_ptr, rbase, rmask, kb, BN, True)
     else:
         w = _float_tile(p, rows, rmask, kb, n_in, ROW_BYTES, QTYPE)
     return w

@@ -33,7 +33,8 @@ __all__ = ["qmatmul", "dequantize", "embedding", "kernel_name", "rung_for", "sou
            "SUPPORTED", "LADDER", "KERNEL_KINDS"]
 
 _SRC_DIR = Path(__file__).resolve().parent
-_FILES = ("common.metal", "kquant.metal", "legacy.metal", "nvfp4.metal", "floats.metal", "lookup.metal")
+_FILES = ("common.metal", "kquant.metal", "legacy.metal", "nvfp4.metal", "floats.metal", "lookup.metal",
+          "grid.metal")
 
 # The weight types with Metal kernels (each file's MUSER_DEFINE_KERNELS lines;
 # a test checks the compiled library has exactly these).
@@ -42,6 +43,7 @@ SUPPORTED = frozenset({
     GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K, GGMLType.NVFP4_E2M1, GGMLType.F16, GGMLType.BF16,
     GGMLType.Q2_K, GGMLType.Q3_K,
     GGMLType.IQ4_NL, GGMLType.IQ4_XS, GGMLType.MXFP4,
+    GGMLType.IQ3_XXS, GGMLType.IQ3_S,
 })
 
 # Launch geometry, #defined into the source (common.metal static_asserts it).

@@ -23,6 +23,7 @@ SHAPE_OF = {
     GGMLType.Q8_0: (19, 96),
     GGMLType.Q2_K: (11, 512), GGMLType.Q3_K: (9, 256),
     GGMLType.IQ4_NL: (11, 160), GGMLType.IQ4_XS: (13, 512), GGMLType.MXFP4: (9, 224),
+    GGMLType.IQ3_XXS: (9, 512), GGMLType.IQ3_S: (11, 256),
 }
 # The tests sweep exactly ops.metal.SUPPORTED (a type without a shape above fails here).
 SHAPES = [(t, *SHAPE_OF[t]) for t in sorted(SUPPORTED)]

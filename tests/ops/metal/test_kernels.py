@@ -168,7 +168,7 @@ def test_cpu_tensors_need_emulate_mode():
         metal.dequantize(packed, int(qtype), n_out, n_in)
 
 
-GGML_QUANTIZED = [GGMLType.Q2_K, GGMLType.Q3_K]
+GGML_QUANTIZED = [GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.IQ3_XXS, GGMLType.IQ3_S]
 
 
 @pytest.mark.parametrize("qtype", GGML_QUANTIZED, ids=lambda t: t.name)

@@ -7,6 +7,7 @@ import torch
 
 import muser_torch.ops as ops
 from muser_torch import GGMLType
+from muser_torch.arch.spec import LLAMA_CPP_TYPES
 from muser_torch.ops import metal
 
 from .helpers import SHAPE_OF, fresh_seed, random_weights, reference, rel_err
@@ -41,7 +42,13 @@ def test_opcheck_qmatmul_emulated():
     torch.library.opcheck(torch.ops.muser.qmatmul.default, (x, packed, int(qtype), n_out, n_in, None, None))
 
 
-def test_emulate_mode_keeps_the_fence_for_other_types():
-    packed = torch.zeros(4, 36, dtype=torch.uint8)           # llama.cpp's NVFP4: 64-element blocks
-    with pytest.raises(ValueError, match="NVFP4 has no Metal kernel"):
-        ops.qmatmul(torch.zeros(1, 64), packed, GGMLType.NVFP4, 4, 64)
+# llama.cpp's NVFP4, and the llama.cpp types the loaders admit that Metal does not run yet
+OUTSIDE_METAL = [GGMLType.NVFP4] + sorted(LLAMA_CPP_TYPES - metal.SUPPORTED)
+
+
+@pytest.mark.parametrize("qtype", OUTSIDE_METAL, ids=lambda t: t.name)
+def test_emulate_mode_keeps_the_fence_for_other_types(qtype):
+    n_in = qtype.block_elems
+    packed = torch.zeros(4, qtype.row_bytes(n_in), dtype=torch.uint8)
+    with pytest.raises(ValueError, match=f"{qtype.name} has no Metal kernel"):
+        ops.qmatmul(torch.zeros(1, n_in), packed, qtype, 4, n_in)
