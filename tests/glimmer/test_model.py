@@ -51,9 +51,13 @@ def test_incremental_decode_matches_full_forward(tiny_files, lane):
     pieces = [model(tokens[:, a:b], slot)[0] for a, b in zip(cuts, cuts[1:])]
     inc = torch.cat(pieces)
     assert int(model.lengths[1]) == T and int(model.lengths[0]) == 0
+    # The chunks run other rungs than the full forward (the 1-token matvec, the
+    # GEMM), which sum in another float32 order: over 12 seeds the worst position
+    # was 1.9e-6 (q4_k_xl) and 1.1e-5 (nvfp4). A wrong cache row, position or mask
+    # is 1e-2 or more.
     for t in range(T):
         err = rel_err(inc[t], full[t])
-        assert err < 1e-5, f"{lane}: position {t}: relative error {err:.2e} (seed {SEED})"
+        assert err < 1e-4, f"{lane}: position {t}: relative error {err:.2e} (seed {SEED})"
 
 
 def test_f16_cache_and_activations_stay_close(tiny_files):
