@@ -62,15 +62,15 @@ def recorded(name: str, fn, *args):
 # Rows past the fused kernel's that still skip the dispatcher (through the op's
 # own CPU function): a DFlash verify block of 16, whose 16-row forwards would
 # otherwise pay the dispatcher's ~0.1 ms per projection.
-WIDE_MAX_ROWS = 16
-
-
 class Projection:
     """``x @ W.T`` for one packed weight as the op computes it, on the library
     (``decode.c``'s ``muser_linear``): float32 contiguous x of up to
     ``FUSED_MAX_TOKENS`` rows (any rows in ggml's integer numerics); in the exact
-    numerics more rows, up to ``WIDE_MAX_ROWS`` (a speculative verify block),
-    run the op's own CPU function without the dispatcher's cost. :meth:`__call__` returns None for
+    numerics more rows (a speculative verify block, a prefill) run the op's own
+    CPU function without the dispatcher's cost. (A custom op's first call
+    through the dispatcher also imports torch._dynamo, and with it Triton:
+    about 170 MB of resident memory and a second of start-up that a CPU run
+    never needs.) :meth:`__call__` returns None for
     anything else, and the caller takes the op. Points at the weight's tensors: build it again when they are replaced
     (``QLinear`` keys it on the data pointers)."""
 
@@ -103,8 +103,7 @@ class Projection:
         if rows < 1:
             return None
         if self._max_rows is not None and rows > self._max_rows:
-            wide = rows <= WIDE_MAX_ROWS and self._args[6] == "exact"
-            return _cpu_qmatmul(x, *self._args[:6]) if wide else None
+            return _cpu_qmatmul(x, *self._args[:6]) if self._args[6] == "exact" else None
         if self._scale_2 is not None:
             self._linear.s2 = float(self._scale_2)
         y = torch.empty(*shape[:-1], self._n_out)
