@@ -35,9 +35,13 @@ HANG_S = 300
 ROOT = Path(__file__).resolve().parents[2]     # the checkout: the child imports this muser_torch
 # Where the child pauses for its signal: before the partial file exists, after its
 # first tensor, mid-file and at the rename. Each case starts a converting process
-# (about 4 s); the default suite signals mid-file and at the rename, the slow sweep
-# every point.
-POINTS = (slow.param("start"), slow.param("tensor:0"), "tensor:3", "rename")
+# (about 5 s); the default suite sends Ctrl-C mid-file and SIGKILL at the rename,
+# the slow sweep both signals at every point.
+POINTS = ("start", "tensor:0", "tensor:3", "rename")
+DEFAULT_CASES = {("tensor:3", signal.SIGINT), ("rename", signal.SIGKILL)}
+CASES = [pytest.param(point, sig, id=f"{point}-{sig.name}",
+                      marks=() if (point, sig) in DEFAULT_CASES else pytest.mark.slow)
+         for point in POINTS for sig in (signal.SIGINT, signal.SIGKILL)]
 
 
 @pytest.fixture(scope="module")
@@ -76,8 +80,7 @@ def _rerun_writes_the_reference(ck: Path, out: Path, ref: bytes) -> None:
     load_gguf(out)
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL], ids=["SIGINT", "SIGKILL"])
-@pytest.mark.parametrize("point", POINTS)
+@pytest.mark.parametrize("point,sig", CASES)
 def test_a_signal_at_any_point_leaves_no_output(checkpoint, tmp_path, point, sig):
     ck, ref = checkpoint
     work = tmp_path / "work"
@@ -136,7 +139,7 @@ def _tmpfs(path: Path, size: str) -> None:
         pytest.skip(f"cannot mount a tmpfs here (needs root): {r.stderr.strip()}")
 
 
-@pytest.mark.parametrize("how", ["tmpfs", "rlimit"])
+@pytest.mark.parametrize("how", ["tmpfs", slow.param("rlimit")])   # rlimit: where no tmpfs mounts
 def test_a_full_disk_leaves_no_output(checkpoint, tmp_path, how):
     """The write fails part way (ENOSPC on a 64 KiB tmpfs, or EFBIG past an
     RLIMIT_FSIZE of 64 KiB): one line, exit 2, nothing left; with room, a

@@ -17,7 +17,9 @@ from .conftest import SEED, hf_gemma3, rel_err
 from .test_gemma3 import BOS, _prompt
 
 
-@pytest.fixture(scope="module", params=["Q2_K", slow.param("Q3_K")])
+# The default suite holds a llama.cpp-written real file to transformers once
+# (tests/models/test_gemma3.py, Q4_K_M); these requantized files repeat it per type.
+@pytest.fixture(scope="module", params=[slow.param("Q2_K"), slow.param("Q3_K")])
 def requantized(request, gemma_path, tmp_path_factory):
     need_llama_quantize()
     work = tmp_path_factory.mktemp(request.param)
