@@ -59,9 +59,6 @@ def recorded(name: str, fn, *args):
         return fn(*args)
 
 
-# Rows past the fused kernel's that still skip the dispatcher (through the op's
-# own CPU function): a DFlash verify block of 16, whose 16-row forwards would
-# otherwise pay the dispatcher's ~0.1 ms per projection.
 class Projection:
     """``x @ W.T`` for one packed weight as the op computes it, on the library
     (``decode.c``'s ``muser_linear``): float32 contiguous x of up to
@@ -69,7 +66,7 @@ class Projection:
     numerics more rows (a speculative verify block, a prefill) run the op's own
     CPU function without the dispatcher's cost. (A custom op's first call
     through the dispatcher also imports torch._dynamo, and with it Triton:
-    about 170 MB of resident memory and a second of start-up that a CPU run
+    about 170 MB of resident memory and 1.4-1.6 s of import that a CPU run
     never needs.) :meth:`__call__` returns None for
     anything else, and the caller takes the op. Points at the weight's tensors: build it again when they are replaced
     (``QLinear`` keys it on the data pointers)."""
