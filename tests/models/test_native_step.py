@@ -8,7 +8,6 @@ steps it must leave to torch."""
 from __future__ import annotations
 
 from dataclasses import replace
-from statistics import median
 
 import pytest
 import torch
@@ -36,6 +35,7 @@ def _model(which: str, gemma_path, hf_file):
     return muser_torch.from_gguf(hf_file(which))
 
 
+TIP_TOKENS = 4    # ggml numerics: layers x tokens pairs, of which most must be exact
 MODELS = ("gemma3", "llama-yarn", "qwen2", "qwen3", "glimmer-q4_k_xl", "glimmer-nvfp4")
 
 
@@ -52,34 +52,38 @@ def native_calls(monkeypatch):
     return ran
 
 
-def _per_layer_errors(model, prefill: int) -> list[float]:
-    """Each layer's block against its torch forward on one new token, from the
-    same cache (the torch output feeds the next layer); the larger of the
-    output's and the cached keys' and values' relative errors."""
+def _per_layer_errors(model, prefill: int, tokens: int = 1) -> list[float]:
+    """Each layer's block against its torch forward on each of ``tokens`` new
+    tokens, from the same cache (the torch output feeds the next layer): the
+    larger of the output's and the cached keys' and values' relative errors,
+    one per layer and token."""
     V = model.config.vocab_size
     g = torch.Generator().manual_seed(SEED)
-    model.setup_cache(2, prefill + 4)
+    model.setup_cache(2, prefill + tokens + 4)
     slots = torch.tensor([1])
+    tables = [getattr(model, n) for n in model._rope_names]
     errs = []
     with torch.no_grad():
         model(torch.randint(0, V, (1, prefill), generator=g), slots)
-        x = model.embed(torch.randint(0, V, (1, 1), generator=g))
-        lengths = model.lengths.index_select(0, slots)
-        positions = lengths.unsqueeze(-1)
-        tables = [getattr(model, n) for n in model._rope_names]
-        rots = [rope_angles(positions, t) for t in tables]
-        for layer in model.layers:
-            att, cache = layer.attention, layer.attention.kv_cache
-            before = cache.k.clone(), cache.v.clone()
-            want = layer(x, positions, rots[att.rope_slot], att.make_mask(positions, lengths), slots)
-            want_kv = cache.k.clone(), cache.v.clone()
-            cache.k.copy_(before[0]), cache.v.copy_(before[1])
-            one = native_step.NativeLayers([layer], tables, native_step._native_lib())
-            assert one.ok, f"{type(layer).__name__}: {one.why_not}"
-            got = one(x, slots, lengths, tables)
-            errs.append(max(rel_err(got, want), rel_err(cache.k, want_kv[0]),
-                            rel_err(cache.v, want_kv[1])))
-            x = want
+        for _ in range(tokens):
+            ids = torch.randint(0, V, (1, 1), generator=g)
+            x = model.embed(ids)
+            lengths = model.lengths.index_select(0, slots)
+            positions = lengths.unsqueeze(-1)
+            rots = [rope_angles(positions, t) for t in tables]
+            for layer in model.layers:
+                att, cache = layer.attention, layer.attention.kv_cache
+                before = cache.k.clone(), cache.v.clone()
+                want = layer(x, positions, rots[att.rope_slot], att.make_mask(positions, lengths), slots)
+                want_kv = cache.k.clone(), cache.v.clone()
+                cache.k.copy_(before[0]), cache.v.copy_(before[1])
+                one = native_step.NativeLayers([layer], tables, native_step._native_lib())
+                assert one.ok, f"{type(layer).__name__}: {one.why_not}"
+                got = one(x, slots, lengths, tables)
+                errs.append(max(rel_err(got, want), rel_err(cache.k, want_kv[0]),
+                                rel_err(cache.v, want_kv[1])))
+                x = want
+            model(ids, slots)         # the model's own step writes this position and moves on
     return errs
 
 
@@ -90,13 +94,16 @@ def test_each_block_is_its_torch_layer(which, gemma_path, hf_file):
     exact = _per_layer_errors(model, prefill)
     assert max(exact) < 1e-5, f"{which}: per-layer errors {exact} (seed {SEED})"
     set_numerics(model, "ggml")
-    ggml = _per_layer_errors(model, prefill)
-    # An activation that rounds to the other int8 code (a last-bit difference in
-    # the attention can tip one) moves a layer by up to ~1e-3, and a model of two
-    # layers may tip one of them; a block running the other numerics is 2.6e-3 to
-    # 2.5e-2 off in every layer (measured on these six models), so the median
-    # separates the two whatever the seed.
-    assert median(ggml) < 1e-3 and max(ggml) < 1e-2, f"{which} (ggml): {ggml} (seed {SEED})"
+    ggml = _per_layer_errors(model, prefill, tokens=TIP_TOKENS)
+    # A block running the other numerics is 2.4e-3 or more off in every layer and
+    # token (measured on the five models whose quantized weights have two numerics;
+    # the NVFP4 Glimmer computes the same in both). A block running these ones is
+    # exact to float32 order, unless an activation rounds to the other int8 code
+    # (a last-bit difference in the attention can tip one), which moves that one
+    # layer and token by up to 5e-3: the same size. So the rule counts, and does
+    # not weigh: most (layer, token) pairs must be exact.
+    exact_pairs = sum(e < 1e-5 for e in ggml)
+    assert exact_pairs * 2 > len(ggml), f"{which} (ggml): {ggml} (seed {SEED})"
 
 
 def _decode(model, ids, slots, prefill: int, native: bool, monkeypatch) -> torch.Tensor:
