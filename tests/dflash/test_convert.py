@@ -5,8 +5,9 @@ converter (bf16, so the files hold the checkpoints' values exactly) and
 loaded with ``from_gguf(draft, target=...)``. The first round's draft
 logits are compared with transformers' own classes loading the two
 checkpoints (``from_pretrained``) and generating with its DFlash candidate
-generator. Bad input: a drafter without its target, or for another model,
-is refused in one line, exit 2, nothing written."""
+generator; llama.cpp's own converter writes the same draft file byte for
+byte. Bad input: a drafter without its target, or for another model, is
+refused in one line, exit 2, nothing written."""
 from __future__ import annotations
 
 import json
@@ -19,6 +20,7 @@ from muser_torch.arch.dflash import MASK_KEY
 from muser_torch.cli import main as cli
 
 from ..convert.checkpoints import write_glimmer_checkpoint
+from ..convert.peers import assert_same_file, run_converter
 from .conftest import SEED
 from .draft_files import (assert_draft_logits_match, assistant_config, first_round, transformers_rounds,
                           write_assistant_checkpoint)
@@ -88,6 +90,19 @@ def test_first_round_draft_logits_match_transformers(checkpoints, converted):
     _, rounds = transformers_rounds(ref_target, ref_draft, ids, 16)
     got, _, _ = first_round(target, draft, ids)
     assert_draft_logits_match(got, rounds[0][1][0], (15, cfg.text_config.vocab_size), SEED)
+
+
+def test_llama_cpps_converter_writes_the_same_draft_file(checkpoints, converted, tmp_path):
+    """llama.cpp's own converter, on the same pair, writes our file byte for
+    byte, so a llama.cpp-written draft loads as ours does."""
+    target_dir, _, assistant_dir, _ = checkpoints
+    target_path, draft_path = converted
+    theirs = tmp_path / "llama.cpp-draft.gguf"
+    run_converter([{"dir": assistant_dir, "out": theirs, "outtype": "bf16", "pre": "qwen2",
+                    "extra": ["--target-model-dir", str(target_dir)]}], tmp_path, release=True)
+    assert_same_file(draft_path, theirs, "the DFlash draft")
+    draft = muser_torch.from_gguf(theirs, target=muser_torch.from_gguf(target_path, dtype=torch.float32))
+    assert draft.config.block_size == muser_torch.load_gguf(theirs).metadata["dflash.block_size"]
 
 
 def _refused(args: list[str], capsys, out) -> str:
