@@ -151,7 +151,7 @@ class Decoder(nn.Module, Generation):
             positions = lengths.unsqueeze(-1) + steps
         x = self.embed(tokens)
         native = native_layers(self, x, slots)
-        if native is not None:   # a one-token step on the CPU library, one call per layer
+        if native is not None:   # a step on the CPU library, one call per layer
             x = native(x, slots, lengths, [getattr(self, name) for name in self._rope_names])
         else:
             rots = [rope_angles(positions, getattr(self, name)) for name in self._rope_names]

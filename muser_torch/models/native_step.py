@@ -1,8 +1,11 @@
 """The decode step's layers on the CPU library: one call of ``decode.c``'s
-``muser_decode_block`` per layer instead of about a hundred torch ops.
+``muser_decode_block`` per layer instead of about a hundred torch ops; and
+the same for a short run of new tokens of one sequence (``muser_extend_block``:
+a speculative verify block, a short prompt).
 
 ``Decoder.forward`` asks :func:`native_layers` for a runner when a step is
-one token per sequence on plain eager CPU float32 tensors (``ops.cpu.eager``'s
+one token per sequence, or up to ``EXTEND_MAX_TOKENS`` tokens of one sequence
+that fit every layer's ring, on plain eager CPU float32 tensors (``ops.cpu.eager``'s
 rule: nothing that must see the ops is active) and every layer is one this
 module can describe: a ``PreNormBlock`` or ``SandwichBlock`` of the shared
 ``Attention`` and ``GatedMLP`` (their own forwards, not a subclass's), packed
@@ -13,6 +16,10 @@ torch modules, so compiled, traced and differentiated steps always do.
 
 The description holds data pointers, so it is rebuilt whenever a module of
 the model changes (``muser_torch.changes``: a count compared each step).
+A layer's forward hooks marked :func:`output_hook` (speculative decoding's
+taps) are called with the layer's output; any other hook keeps the step on
+the torch modules. A KV cache's journal (a verify that may be taken back)
+records what the library overwrites, as ``KVCache.update`` does.
 """
 from __future__ import annotations
 
@@ -32,7 +39,11 @@ from .parts import (Attention, GatedMLP, KVCache, PreNormBlock, RMSNorm, Sandwic
                     no_rope, rope_neox, rope_normal)
 from .rope_scaling import rotate
 
-__all__ = ["native_layers", "NativeLayers"]
+__all__ = ["native_layers", "NativeLayers", "output_hook", "EXTEND_MAX_TOKENS"]
+
+# The longest run of one sequence's new tokens a step runs on the library: a
+# DFlash verify block (16 rows). Longer prefills take the torch modules' GEMMs.
+EXTEND_MAX_TOKENS = 16
 
 _ACTIVATIONS = {F.silu: "silu", gelu_tanh: "gelu_tanh"}
 _ATTENTION_PARTS = ("wq", "wk", "wv", "wgate", "wo")
@@ -123,6 +134,21 @@ def _unfit(block: cb.Block | None, slot: int, inv_freqs: list[torch.Tensor]) -> 
     return None
 
 
+def output_hook(fn):
+    """Marks a forward hook ``fn(module, args, output)`` that reads only the
+    output, so a step on the library may call it with ``args=None``."""
+    fn.output_only = True
+    return fn
+
+
+def _output_hooks(layer) -> list | None:
+    """The layer's forward hooks when each is an ``output_hook``, else None."""
+    if layer._forward_pre_hooks or getattr(layer, "_forward_hooks_with_kwargs", None):
+        return None
+    hooks = list(layer._forward_hooks.values())
+    return hooks if all(getattr(h, "output_only", False) for h in hooks) else None
+
+
 class NativeLayers:
     """The layers of one model as decode.c blocks, and the scratch they share."""
 
@@ -142,11 +168,15 @@ class NativeLayers:
         # what each step's rows must fit: the slots every cache holds, the hidden width
         self.slots = min((layer.attention.kv_cache.k.shape[0] for layer in layers), default=0) \
             if self.ok else 0
+        self.capacity = min((layer.attention.kv_cache.capacity for layer in layers), default=0) \
+            if self.ok else 0
+        self.layers, self.caches = list(layers), [layer.attention.kv_cache for layer in layers]
         self.hidden = {b.hidden for b in self.blocks} if self.ok else set()
         self.params = [p for layer in layers for p in layer.parameters()]
         self.work = self.refs = None
         if self.ok:
-            need = max(cb.block_work(lib, b, FUSED_MAX_TOKENS) for b in self.blocks)
+            rows = max(FUSED_MAX_TOKENS, EXTEND_MAX_TOKENS)
+            need = max(cb.block_work(lib, b, rows) for b in self.blocks)
             self.work = torch.empty(need)
             self.refs = [ctypes.byref(b) for b in self.blocks]
 
@@ -156,30 +186,62 @@ class NativeLayers:
 
     def __call__(self, x: torch.Tensor, slots: torch.Tensor, lengths: torch.Tensor,
                  inv_freqs: list[torch.Tensor]) -> torch.Tensor:
-        """x ``[B, 1, hidden]`` through every layer (a new tensor); slots and
-        lengths ``[B]`` int64 as ``Decoder.forward`` has them (the positions
-        are the lengths), ``inv_freqs`` the model's RoPE tables."""
+        """x ``[B, T, hidden]`` through every layer (a new tensor); slots and
+        lengths ``[B]`` int64 as ``Decoder.forward`` has them, ``inv_freqs`` the
+        model's RoPE tables. ``T`` is 1 (B sequences, each at its length), or
+        B is 1 (T new tokens of one sequence: positions length .. length+T-1)."""
+        B, T, _ = x.shape
         x = x.contiguous().clone()
-        B = x.shape[0]
         slots, lengths = slots.contiguous(), lengths.contiguous()
-        lib, lp = self.lib, lengths.data_ptr()
+        positions = lengths if T == 1 else torch.arange(T) + lengths
+        lib, rows = self.lib, B * T
         angles = []
         for inv in inv_freqs:   # cos and sin of each table, as parts.rope_angles (no torch ops)
             inv = inv.contiguous()
             half = inv.numel()
-            cos, sin = torch.empty(B, half), torch.empty(B, half)
-            lib.muser_rope_angles(lp, B, inv.data_ptr(), half, cos.data_ptr(), sin.data_ptr())
+            cos, sin = torch.empty(rows, half), torch.empty(rows, half)
+            lib.muser_rope_angles(positions.data_ptr(), rows, inv.data_ptr(), half, cos.data_ptr(),
+                                  sin.data_ptr())
             angles.append((cos.data_ptr(), sin.data_ptr(), cos, sin))
-        run, threads = lib.muser_decode_block, torch.get_num_threads()
-        xp, sp, wp = x.data_ptr(), slots.data_ptr(), self.work.data_ptr()
-        for ref, k in zip(self.refs, self.rope_slots):
+        threads, xp, wp = torch.get_num_threads(), x.data_ptr(), self.work.data_ptr()
+        if T == 1:
+            run, name, where = lib.muser_decode_block, "muser::decode_block", (B, slots.data_ptr(),
+                                                                              lengths.data_ptr())
+        else:
+            run, name, where = lib.muser_extend_block, "muser::extend_block", (T, int(slots[0]),
+                                                                              int(lengths[0]))
+        step_positions = positions.view(B, T)
+        journals = [self._journal_before(c, slots, step_positions) for c in self.caches]
+        for i, (ref, k) in enumerate(zip(self.refs, self.rope_slots)):
             c, s = angles[k][:2] if angles else (None, None)
-            args = (ref, xp, B, sp, lp, c, s, wp, threads, BACK_TO_BACK_THREAD_MIN_BYTES)
-            rc = recorded("muser::decode_block", run, *args) if profiling() else run(*args)
+            args = (ref, xp, *where, c, s, wp, threads, BACK_TO_BACK_THREAD_MIN_BYTES)
+            rc = recorded(name, run, *args) if profiling() else run(*args)
             if rc:
-                raise RuntimeError(f"muser_decode_block failed ({rc}: -1 a projection it does not "
-                                   f"run, -2 no memory, -3 a negative length or slot)")
+                raise RuntimeError(f"{name} failed ({rc}: -1 a projection it does not run, "
+                                   f"-2 no memory, -3 a negative length or slot)")
+            if journals[i] is not None:
+                self._journal_after(self.caches[i], journals[i])
+            layer = self.layers[i]
+            if layer._forward_hooks:
+                out = x.clone()
+                for hook in layer._forward_hooks.values():
+                    hook(layer, None, out)
         return x
+
+    @staticmethod
+    def _journal_before(cache: KVCache, slots: torch.Tensor, positions: torch.Tensor):
+        """What ``KVCache.update`` records before a write, when the cache journals."""
+        if cache.journal is None:
+            return None
+        idx = positions % cache.capacity
+        rows = slots.unsqueeze(-1).expand_as(idx)
+        return slots, positions, cache.k[rows, idx], cache.v[rows, idx], rows, idx
+
+    @staticmethod
+    def _journal_after(cache: KVCache, before) -> None:
+        # every new key is in the ring after the step (a step never runs more rows than the ring holds)
+        slots, positions, old_k, old_v, rows, idx = before
+        cache.journal.append((slots, positions, old_k, old_v, cache.k[rows, idx], cache.v[rows, idx]))
 
 
 def _rebuilt_later() -> None:
@@ -188,11 +250,12 @@ def _rebuilt_later() -> None:
 
 def native_layers(model, x: torch.Tensor, slots: torch.Tensor | None) -> NativeLayers | None:
     """The model's layers on the library for this step, or None for the torch modules."""
-    if (slots is None or x.dtype is not torch.float32 or x.shape[1] != 1
-            or x.shape[0] > FUSED_MAX_TOKENS or not plain_eager(x)):
+    B, T = x.shape[:2]
+    if (slots is None or x.dtype is not torch.float32 or not plain_eager(x)
+            or not (T == 1 and B <= FUSED_MAX_TOKENS or B == 1 and T <= EXTEND_MAX_TOKENS)):
         return None
-    if any(layer._forward_hooks or layer._forward_pre_hooks for layer in model.layers):
-        return None   # the library would skip them (DFlash taps layer outputs with hooks)
+    if any(_output_hooks(layer) is None for layer in model.layers):
+        return None   # the library would skip them
     lib = _native_lib()
     if lib is None:
         return None
@@ -201,7 +264,8 @@ def native_layers(model, x: torch.Tensor, slots: torch.Tensor | None) -> NativeL
         plan = NativeLayers(model.layers, [getattr(model, name) for name in model._rope_names], lib)
         model.__dict__["_native_layers"] = plan
     # Decoder.forward has read lengths[slots] (so every slot is < lengths.numel())
-    if not plan.ok or model.lengths.numel() > plan.slots or plan.hidden != {x.shape[-1]}:
+    if (not plan.ok or model.lengths.numel() > plan.slots or plan.hidden != {x.shape[-1]}
+            or T > plan.capacity):
         return None
     if torch.is_grad_enabled() and any(p.requires_grad for p in plan.params):
         return None

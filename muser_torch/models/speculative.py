@@ -31,6 +31,7 @@ from typing import Any, Iterator, Sequence
 import torch
 
 from .dflash import DraftContext, Drafter
+from .native_step import output_hook
 from .sampling import distribution, sample
 
 __all__ = ["DraftStats", "Taps", "speculative_generate", "speculative_rounds"]
@@ -67,6 +68,7 @@ class Taps:
         return self
 
     def _hook(self, i: int):
+        @output_hook   # reads only the output: the CPU library's step may call it
         def record(module, args, out):
             self.seen[i] = out
         return record

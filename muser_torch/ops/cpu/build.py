@@ -134,6 +134,7 @@ def _build() -> ctypes.CDLL:
     lib.muser_block_size.argtypes = []
     lib.muser_block_work.argtypes, lib.muser_block_work.restype = [p, i64], i64
     lib.muser_decode_block.argtypes = [p, p, i64, p, p, p, p, p, i, i64]
+    lib.muser_extend_block.argtypes = [p, p, i64, i64, i64, p, p, p, i, i64]
     if lib.muser_max_tokens() != NATIVE_MAX_TOKENS:
         raise OSError("the native library's MAX_TOKENS does not match cpu.NATIVE_MAX_TOKENS")
     # the library's type table against NATIVE_TYPES and formats/layout.py's geometry

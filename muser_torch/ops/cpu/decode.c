@@ -1,7 +1,8 @@
-/* One decode step of a transformer block, whole, for B sequences of one
- * token each (models/native_step.py builds the block from the model's
- * modules and calls it; models/parts.py is the same block in torch, and
- * the tests hold the two together).
+/* One step of a transformer block, whole: B sequences of one token each
+ * (muser_decode_block), or T new tokens of one sequence (muser_extend_block:
+ * a speculative verify, a short prompt). models/native_step.py builds the
+ * block from the model's modules and calls it; models/parts.py is the same
+ * block in torch, and the tests hold the two together.
  *
  *   xn = norm(x); q, k, v (, gate) = projections of xn
  *   q, k = per-head norms (optional), then RoPE on their first n_rot features
@@ -19,7 +20,8 @@
  *
  * A step of one token attends over the entries [0, min(length + 1, capacity))
  * after its own write: every filled entry of a ring is within the window
- * (models/parts.py: Attention.make_mask gives the same set).
+ * (models/parts.py: Attention.make_mask gives the same set). An extension
+ * attends before it writes (extend_task says over what).
  */
 #include <math.h>
 #include <stdlib.h>
@@ -187,54 +189,161 @@ int muser_linear(const linear_t *l, const float *x, int64_t T, float *y, int nth
 
 typedef struct {
     const block_t *b;
-    const int64_t *slots, *lengths;
-    const float *q;          /* [B, n_heads, head_dim] */
-    float *o;                /* [B, n_heads, head_dim] */
-    float *scores;           /* [B * n_heads, capacity] */
+    const int64_t *slots, *lengths;   /* a decode step: row i's slot and cached length */
+    int64_t slot, length;             /* an extension: the one slot and its length before it */
+    const float *q;          /* [rows, n_heads, head_dim] */
+    const float *k, *v;      /* an extension's new keys and values [rows, n_kv, head_dim] */
+    float *o;                /* [rows, n_heads, head_dim] */
+    float *scores;           /* [rows * n_heads, stride] */
+    int64_t stride;
 } attn_job;
 
+/* o = softmax(s) V over n keys, s[i] = -inf for a key the query does not see;
+ * value i is at val(i). */
+static void softmax_values(float *s, int64_t n, float *o, int64_t D, const float *V0,
+                           int64_t n_ring, int64_t row, const float *Vnew) {
+    float mx = -INFINITY;
+    for (int64_t i = 0; i < n; i++) mx = s[i] > mx ? s[i] : mx;
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n; i++) sum += (s[i] = expf(s[i] - mx));
+    for (int64_t d = 0; d < D; d++) o[d] = 0.0f;
+    for (int64_t i = 0; i < n; i++) {
+        const float p = s[i];
+        if (p == 0.0f) continue;
+        const float *v = i < n_ring ? V0 + i * row : Vnew + (i - n_ring) * row;
+        int64_t d = 0;
+        for (; d + 8 <= D; d += 8) {
+            v8f acc = load8(o + d) + splat(p) * load8(v + d);
+            memcpy(o + d, &acc, 32);
+        }
+        for (; d < D; d++) o[d] += p * v[d];
+    }
+    const float inv = 1.0f / sum;
+    for (int64_t d = 0; d < D; d++) o[d] *= inv;
+}
+
+/* A decode step: row bi's token attends over its ring after its own write. */
 static void attn_task(const void *ctx, int64_t i0, int64_t i1) {
     const attn_job *j = ctx;
     const block_t *b = j->b;
     const int64_t D = b->head_dim, H = b->n_heads, group = H / b->n_kv;
+    const int64_t row = b->n_kv * D;    /* floats per ring entry */
     for (int64_t item = i0; item < i1; item++) {
         const int64_t bi = item / H, h = item % H, g = h / group;
         const int64_t len = j->lengths[bi] + 1;
         const int64_t n = len < b->capacity ? len : b->capacity;
-        const int64_t row = b->n_kv * D;    /* floats per ring entry */
         const float *K = b->k_cache + j->slots[bi] * b->capacity * row + g * D;
         const float *V = b->v_cache + j->slots[bi] * b->capacity * row + g * D;
         const float *q = j->q + (bi * H + h) * D;
-        float *s = j->scores + item * b->capacity, *o = j->o + (bi * H + h) * D;
-        float mx = -INFINITY;
-        for (int64_t i = 0; i < n; i++) {
-            s[i] = dot(q, K + i * row, D) * b->scale;
-            mx = s[i] > mx ? s[i] : mx;
+        float *s = j->scores + item * j->stride;
+        for (int64_t i = 0; i < n; i++) s[i] = dot(q, K + i * row, D) * b->scale;
+        softmax_values(s, n, j->o + (bi * H + h) * D, D, V, n, row, NULL);
+    }
+}
+
+/* An extension: new row i (position length + i) attends, before any write,
+ * over the ring's entries whose position is within the last `capacity`
+ * positions up to its own (entry e holds position e + capacity *
+ * floor((length-1-e) / capacity)), then over new rows 0..i within the same
+ * reach. For a sliding layer the capacity is the window; a global layer's
+ * ring holds every position (Decoder.check_room), so this is causal
+ * attention within the window, as Attention.make_mask gives it. */
+static void extend_task(const void *ctx, int64_t i0, int64_t i1) {
+    const attn_job *j = ctx;
+    const block_t *b = j->b;
+    const int64_t D = b->head_dim, H = b->n_heads, group = H / b->n_kv, cap = b->capacity;
+    const int64_t row = b->n_kv * D, L = j->length;
+    const int64_t filled = L < cap ? L : cap;
+    for (int64_t item = i0; item < i1; item++) {
+        const int64_t i = item / H, h = item % H, g = h / group;
+        const int64_t lowest = L + i - cap + 1;          /* the oldest position row i sees */
+        const float *K = b->k_cache + j->slot * cap * row + g * D;
+        const float *V = b->v_cache + j->slot * cap * row + g * D;
+        const float *q = j->q + (i * H + h) * D;
+        float *s = j->scores + item * j->stride;
+        for (int64_t e = 0; e < filled; e++) {
+            const int64_t pos = e + cap * ((L - 1 - e) / cap);
+            s[e] = pos >= lowest ? dot(q, K + e * row, D) * b->scale : -INFINITY;
         }
-        float sum = 0.0f;
-        for (int64_t i = 0; i < n; i++) sum += (s[i] = expf(s[i] - mx));
-        for (int64_t d = 0; d < D; d++) o[d] = 0.0f;
-        for (int64_t i = 0; i < n; i++) {
-            const float p = s[i];
-            const float *v = V + i * row;
-            int64_t d = 0;
-            for (; d + 8 <= D; d += 8) {
-                v8f acc = load8(o + d) + splat(p) * load8(v + d);
-                memcpy(o + d, &acc, 32);
-            }
-            for (; d < D; d++) o[d] += p * v[d];
-        }
-        const float inv = 1.0f / sum;
-        for (int64_t d = 0; d < D; d++) o[d] *= inv;
+        for (int64_t r = 0; r <= i; r++)
+            s[filled + r] = L + r >= lowest ? dot(q, j->k + r * row + g * D, D) * b->scale : -INFINITY;
+        softmax_values(s, filled + i + 1, j->o + (i * H + h) * D, D, V, filled, row, j->v + g * D);
     }
 }
 
 /* ---- the block ------------------------------------------------------------------------------ */
 
-/* Floats of scratch a block needs for B rows (the caller allocates it once). */
+/* Floats of scratch a block needs for B rows (the caller allocates it once):
+ * enough for B sequences of one token or one sequence of B new tokens. */
 int64_t muser_block_work(const block_t *b, int64_t B) {
     const int64_t qd = b->n_heads * b->head_dim, kvd = b->n_kv * b->head_dim;
-    return B * (2 * b->hidden + 3 * qd + 2 * kvd + 2 * b->ffn + b->n_heads * b->capacity);
+    return B * (2 * b->hidden + 3 * qd + 2 * kvd + 2 * b->ffn + b->n_heads * (b->capacity + B));
+}
+
+typedef struct { float *xn, *q, *gate, *o, *k, *v, *a, *g, *u, *scores; } scratch_t;
+
+static scratch_t carve(const block_t *b, int64_t B, float *work) {
+    const int64_t qd = b->n_heads * b->head_dim, kvd = b->n_kv * b->head_dim;
+    scratch_t w;
+    w.xn = work; w.q = w.xn + B * b->hidden; w.gate = w.q + B * qd; w.o = w.gate + B * qd;
+    w.k = w.o + B * qd; w.v = w.k + B * kvd; w.a = w.v + B * kvd; w.g = w.a + B * b->hidden;
+    w.u = w.g + B * b->ffn; w.scores = w.u + B * b->ffn;
+    return w;
+}
+
+/* The attention's inputs of B rows: norm, projections, per-head norms, RoPE
+ * (cos and sin [B, n_rot/2]: row i's angles). */
+static int attention_inputs(const block_t *b, const float *x, int64_t B, const float *cos,
+                            const float *sin, const scratch_t *w, int nthreads, int64_t min_bytes) {
+    const int64_t H = b->n_heads, D = b->head_dim, KV = b->n_kv, qd = H * D, kvd = KV * D;
+    const int64_t half = b->n_rot / 2;
+    int rc = 0;
+    muser_rmsnorm(x, b->attn_norm.w, b->attn_norm.eps, B, b->hidden, w->xn);
+    rc |= muser_linear(&b->wq, w->xn, B, w->q, nthreads, min_bytes);
+    rc |= muser_linear(&b->wk, w->xn, B, w->k, nthreads, min_bytes);
+    rc |= muser_linear(&b->wv, w->xn, B, w->v, nthreads, min_bytes);
+    if (b->wgate.type >= 0) rc |= muser_linear(&b->wgate, w->xn, B, w->gate, nthreads, min_bytes);
+    if (rc) return rc;
+    for (int64_t i = 0; i < B; i++) {
+        float *q = w->q + i * qd, *k = w->k + i * kvd;
+        if (b->q_norm.w) muser_rmsnorm(q, b->q_norm.w, b->q_norm.eps, H, D, q);
+        if (b->k_norm.w) muser_rmsnorm(k, b->k_norm.w, b->k_norm.eps, KV, D, k);
+        if (b->rope == ROPE_NONE) continue;
+        for (int64_t h = 0; h < H; h++)
+            rope_head(q + h * D, b->rope, b->n_rot, cos + i * half, sin + i * half, b->mscale);
+        for (int64_t h = 0; h < KV; h++)
+            rope_head(k + h * D, b->rope, b->n_rot, cos + i * half, sin + i * half, b->mscale);
+    }
+    return 0;
+}
+
+/* After the attention (o): the output gate, wo, the residuals and the MLP. */
+static int attention_out_and_mlp(const block_t *b, float *x, int64_t B, const scratch_t *w,
+                                 int nthreads, int64_t min_bytes) {
+    const int64_t hid = b->hidden, qd = b->n_heads * b->head_dim;
+    int rc = 0;
+    if (b->wgate.type >= 0)
+        for (int64_t i = 0; i < B * qd; i++) w->o[i] *= 1.0f / (1.0f + expf(-w->gate[i]));
+    if ((rc = muser_linear(&b->wo, w->o, B, w->a, nthreads, min_bytes))) return rc;
+    if (b->post_attn_norm.w) muser_rmsnorm(w->a, b->post_attn_norm.w, b->post_attn_norm.eps, B, hid, w->a);
+    for (int64_t i = 0; i < B * hid; i++) x[i] += w->a[i];
+
+    muser_rmsnorm(x, b->ffn_norm.w, b->ffn_norm.eps, B, hid, w->xn);
+    rc |= muser_linear(&b->w_gate, w->xn, B, w->g, nthreads, min_bytes);
+    rc |= muser_linear(&b->w_up, w->xn, B, w->u, nthreads, min_bytes);
+    if (rc) return rc;
+    for (int64_t i = 0; i < B * b->ffn; i++) w->g[i] = activate(b->act, w->g[i]) * w->u[i];
+    if ((rc = muser_linear(&b->w_down, w->g, B, w->a, nthreads, min_bytes))) return rc;
+    if (b->post_ffw_norm.w) muser_rmsnorm(w->a, b->post_ffw_norm.w, b->post_ffw_norm.eps, B, hid, w->a);
+    for (int64_t i = 0; i < B * hid; i++) x[i] += w->a[i];
+    return 0;
+}
+
+static void store_kv(const block_t *b, int64_t slot, int64_t position, const float *k, const float *v) {
+    const int64_t kvd = b->n_kv * b->head_dim;
+    const int64_t entry = (slot * b->capacity + position % b->capacity) * kvd;
+    memcpy(b->k_cache + entry, k, sizeof(float) * kvd);
+    memcpy(b->v_cache + entry, v, sizeof(float) * kvd);
 }
 
 /* x [B, hidden] (float32) becomes the block's output, in place. Row i is
@@ -246,54 +355,42 @@ int64_t muser_block_work(const block_t *b, int64_t B) {
 int muser_decode_block(const block_t *b, float *x, int64_t B, const int64_t *slots,
                        const int64_t *lengths, const float *cos, const float *sin, float *work,
                        int nthreads, int64_t min_bytes) {
-    const int64_t hid = b->hidden, H = b->n_heads, D = b->head_dim, KV = b->n_kv;
-    const int64_t qd = H * D, kvd = KV * D, half = b->n_rot / 2;
-    float *xn = work, *q = xn + B * hid, *gate = q + B * qd, *o = gate + B * qd;
-    float *k = o + B * qd, *v = k + B * kvd, *a = v + B * kvd, *g = a + B * hid;
-    float *u = g + B * b->ffn, *scores = u + B * b->ffn;
-    int rc = 0;
+    const int64_t H = b->n_heads, kvd = b->n_kv * b->head_dim;
+    const scratch_t w = carve(b, B, work);
+    int rc;
     for (int64_t i = 0; i < B; i++)
         if (lengths[i] < 0 || slots[i] < 0) return -3;
-
-    muser_rmsnorm(x, b->attn_norm.w, b->attn_norm.eps, B, hid, xn);
-    rc |= muser_linear(&b->wq, xn, B, q, nthreads, min_bytes);
-    rc |= muser_linear(&b->wk, xn, B, k, nthreads, min_bytes);
-    rc |= muser_linear(&b->wv, xn, B, v, nthreads, min_bytes);
-    if (b->wgate.type >= 0) rc |= muser_linear(&b->wgate, xn, B, gate, nthreads, min_bytes);
-    if (rc) return rc;
-    for (int64_t i = 0; i < B; i++) {
-        if (b->q_norm.w) muser_rmsnorm(q + i * qd, b->q_norm.w, b->q_norm.eps, H, D, q + i * qd);
-        if (b->k_norm.w) muser_rmsnorm(k + i * kvd, b->k_norm.w, b->k_norm.eps, KV, D, k + i * kvd);
-        if (b->rope != ROPE_NONE) {
-            for (int64_t h = 0; h < H; h++)
-                rope_head(q + i * qd + h * D, b->rope, b->n_rot, cos + i * half, sin + i * half,
-                          b->mscale);
-            for (int64_t h = 0; h < KV; h++)
-                rope_head(k + i * kvd + h * D, b->rope, b->n_rot, cos + i * half, sin + i * half,
-                          b->mscale);
-        }
-        const int64_t entry = (slots[i] * b->capacity + lengths[i] % b->capacity) * kvd;
-        memcpy(b->k_cache + entry, k + i * kvd, sizeof(float) * kvd);
-        memcpy(b->v_cache + entry, v + i * kvd, sizeof(float) * kvd);
-    }
+    if ((rc = attention_inputs(b, x, B, cos, sin, &w, nthreads, min_bytes))) return rc;
+    for (int64_t i = 0; i < B; i++) store_kv(b, slots[i], lengths[i], w.k + i * kvd, w.v + i * kvd);
     /* one item per (row, query head); split only when the ring is long enough to pay */
-    const attn_job aj = {b, slots, lengths, q, o, scores};
+    const attn_job aj = {.b = b, .slots = slots, .lengths = lengths, .q = w.q, .o = w.o,
+                         .scores = w.scores, .stride = b->capacity + B};
     int64_t kv_read = 0;
     for (int64_t i = 0; i < B; i++) kv_read += (lengths[i] + 1 < b->capacity ? lengths[i] + 1 : b->capacity);
     parallel_for(attn_task, &aj, B * H, kv_read * kvd * 8 >= min_bytes ? nthreads : 1);
-    if (b->wgate.type >= 0)
-        for (int64_t i = 0; i < B * qd; i++) o[i] *= 1.0f / (1.0f + expf(-gate[i]));
-    if ((rc = muser_linear(&b->wo, o, B, a, nthreads, min_bytes))) return rc;
-    if (b->post_attn_norm.w) muser_rmsnorm(a, b->post_attn_norm.w, b->post_attn_norm.eps, B, hid, a);
-    for (int64_t i = 0; i < B * hid; i++) x[i] += a[i];
+    return attention_out_and_mlp(b, x, B, &w, nthreads, min_bytes);
+}
 
-    muser_rmsnorm(x, b->ffn_norm.w, b->ffn_norm.eps, B, hid, xn);
-    rc |= muser_linear(&b->w_gate, xn, B, g, nthreads, min_bytes);
-    rc |= muser_linear(&b->w_up, xn, B, u, nthreads, min_bytes);
-    if (rc) return rc;
-    for (int64_t i = 0; i < B * b->ffn; i++) g[i] = activate(b->act, g[i]) * u[i];
-    if ((rc = muser_linear(&b->w_down, g, B, a, nthreads, min_bytes))) return rc;
-    if (b->post_ffw_norm.w) muser_rmsnorm(a, b->post_ffw_norm.w, b->post_ffw_norm.eps, B, hid, a);
-    for (int64_t i = 0; i < B * hid; i++) x[i] += a[i];
-    return 0;
+/* x [T, hidden] becomes the block's output, in place: T new tokens of the one
+ * sequence in cache slot `slot`, which holds `length` tokens before them
+ * (a prefill chunk, or a speculative verify). cos and sin [T, n_rot/2] are
+ * positions length .. length+T-1's angles; `work` holds muser_block_work(b, T)
+ * floats. The rows attend first (extend_task), then the last min(T,
+ * capacity) of them are stored, so no row loses a key it needs. Returns as
+ * muser_decode_block does. */
+int muser_extend_block(const block_t *b, float *x, int64_t T, int64_t slot, int64_t length,
+                       const float *cos, const float *sin, float *work, int nthreads,
+                       int64_t min_bytes) {
+    const int64_t H = b->n_heads, kvd = b->n_kv * b->head_dim;
+    const scratch_t w = carve(b, T, work);
+    int rc;
+    if (length < 0 || slot < 0) return -3;
+    if ((rc = attention_inputs(b, x, T, cos, sin, &w, nthreads, min_bytes))) return rc;
+    const attn_job aj = {.b = b, .slot = slot, .length = length, .q = w.q, .k = w.k, .v = w.v,
+                         .o = w.o, .scores = w.scores, .stride = b->capacity + T};
+    const int64_t filled = length < b->capacity ? length : b->capacity;
+    parallel_for(extend_task, &aj, T * H, T * (filled + T) * kvd * 8 >= min_bytes ? nthreads : 1);
+    for (int64_t i = T > b->capacity ? T - b->capacity : 0; i < T; i++)
+        store_kv(b, slot, length + i, w.k + i * kvd, w.v + i * kvd);
+    return attention_out_and_mlp(b, x, T, &w, nthreads, min_bytes);
 }
