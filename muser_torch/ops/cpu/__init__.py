@@ -51,9 +51,7 @@ from ...formats import dequantize_reference as _ref_dequantize
 from ...formats import scale_byte_table
 from ...formats.types import GGMLType
 from ..ladder import no_rung, takes
-from .build import NATIVE_MAX_TOKENS, NATIVE_TYPES, _native_lib, native_available  # noqa: F401
-
-FUSED_MAX_TOKENS = 8           # the fused rung's top; measured, see LADDER
+from .build import FUSED_MAX_TOKENS, NATIVE_MAX_TOKENS, NATIVE_TYPES, _native_lib, native_available  # noqa: F401
 TILE_BYTES = 4 << 20           # float32 scratch of the tiled paths
 # Packed (or decoded) bytes per native thread, at least. On a quiet 2-core
 # machine a second thread already pays off at 1 MB: Q6_K 6656->256 (1.4 MB)

@@ -35,6 +35,9 @@ NATIVE_TYPES = frozenset({
 })
 
 NATIVE_MAX_TOKENS = 64         # the fused kernel's cap (MUSER_MAX_TOKENS in the generated header)
+# The fused rung's top (measured: cpu/__init__.py's LADDER); above it the ladder takes the
+# GEMM. decode.c's projections follow the same ladder (MUSER_FUSED_MAX_TOKENS).
+FUSED_MAX_TOKENS = 8
 
 _KERNEL_DIR = Path(__file__).parent
 _HEADER = "muser_layout.h"     # generated into the build directory, included by kernels.h
@@ -73,9 +76,10 @@ def _march_flags(cc: str) -> list[str]:
 def kernel_header() -> str:
     """The generated ``muser_layout.h``: every block's geometry and field offsets
     (``formats.layout.c_header``), the GGMLType ids as ``MUSER_ID_<TYPE>`` and
-    the fused kernel's token cap. The C uses no other block numbers."""
+    the fused kernel's token cap and rung top. The C uses no other block numbers."""
     ids = "".join(f"#define MUSER_ID_{t.name} {int(t)}\n" for t in GGMLType)
-    return layout_header("MUSER_") + ids + f"#define MUSER_MAX_TOKENS {NATIVE_MAX_TOKENS}\n"
+    return (layout_header("MUSER_") + ids + f"#define MUSER_MAX_TOKENS {NATIVE_MAX_TOKENS}\n"
+            f"#define MUSER_FUSED_MAX_TOKENS {FUSED_MAX_TOKENS}\n")
 
 
 def kernel_sources() -> list[Path]:

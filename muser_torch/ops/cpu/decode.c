@@ -143,6 +143,8 @@ int muser_matmul(int type, const uint8_t *packed, const uint8_t *scales, const f
                  int nthreads);
 int muser_matmul_q8(int type, const uint8_t *packed, int64_t n_out, int64_t n_in, const float *x,
                     int64_t T, float *y, int nthreads);
+int muser_gemm(int type, const uint8_t *packed, const uint8_t *scales, const float *lut, float s2,
+               int64_t n_out, int64_t n_in, const float *x, int64_t T, float *y, int nthreads);
 
 /* y[T, n_out] = x[T, n_in] @ W.T (+ bias), on as many threads as the op
  * would take (ops/cpu: at least min_bytes of weights per thread); also the
@@ -172,9 +174,15 @@ int muser_linear(const linear_t *l, const float *x, int64_t T, float *y, int nth
         if (!xr) return -2;
         for (int64_t i = 0; i < T * l->n_in; i++)
             xr[i] = l->type == MUSER_ID_BF16 ? bf16_round(x[i]) : f16_round(x[i]);
-        rc = muser_matmul(l->type, l->packed, l->scales, l->lut, l->s2, l->n_out, l->n_in, xr, T,
-                          y, (int)th);
+        rc = T > MUSER_FUSED_MAX_TOKENS
+            ? muser_gemm(l->type, l->packed, l->scales, l->lut, l->s2, l->n_out, l->n_in, xr, T, y,
+                         (int)th)
+            : muser_matmul(l->type, l->packed, l->scales, l->lut, l->s2, l->n_out, l->n_in, xr, T,
+                           y, (int)th);
         free(xr);
+    } else if (T > MUSER_FUSED_MAX_TOKENS) {   /* the op's ladder: the GEMM above the fused rung */
+        rc = muser_gemm(l->type, l->packed, l->scales, l->lut, l->s2, l->n_out, l->n_in, x, T, y,
+                        (int)th);
     } else {
         rc = muser_matmul(l->type, l->packed, l->scales, l->lut, l->s2, l->n_out, l->n_in, x, T,
                           y, (int)th);
