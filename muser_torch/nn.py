@@ -169,13 +169,6 @@ class QLinear(_Packed):
         self._numerics = "exact"
         self._projection = None
 
-    def __setstate__(self, state) -> None:
-        # modules pickled before numerics became a property
-        if "numerics" in state:
-            state["_numerics"] = state.pop("numerics")
-        state.setdefault("_projection", None)
-        super().__setstate__(state)
-
     @property
     def numerics(self) -> str:
         """The matmul's arithmetic, one of ``NUMERICS``."""
