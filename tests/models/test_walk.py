@@ -5,7 +5,7 @@ than ``MAX_CALLS`` deep, and none enters a module it has left (a call from
 
 The calls are traced with ``sys.setprofile``: every Python frame whose code
 lies in ``muser_torch/`` counts, comprehensions and generator resumptions
-included; torch's frames (``nn.Module.__call__``, the dispatcher) do not."""
+included; torch's frames (``torch.nn.Module.__call__``, the dispatcher) do not."""
 from __future__ import annotations
 
 import itertools
