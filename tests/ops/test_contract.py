@@ -22,6 +22,7 @@ import torch
 from muser_torch import ops
 from muser_torch.formats.types import GGMLType
 from muser_torch.nn import NUMERICS, check_numerics
+from muser_torch.ops import backends
 from muser_torch.ops.ladder import Rung
 
 from .conftest import Case
@@ -70,8 +71,8 @@ def test_warm_up_asks_the_backend_of_the_models_device(monkeypatch):
         calls.append((module, dtype, max_tokens))
         return 1.5
 
-    monkeypatch.setitem(ops._BACKENDS, "cpu", SimpleNamespace(warm_up=prepare))
-    monkeypatch.setitem(ops._BACKENDS, "cuda", SimpleNamespace(warm_up=lambda *a, **k: 1 / 0))
+    monkeypatch.setitem(backends.LOADED, "cpu", SimpleNamespace(warm_up=prepare))
+    monkeypatch.setitem(backends.LOADED, "cuda", SimpleNamespace(warm_up=lambda *a, **k: 1 / 0))
     assert ops.warm_up(model, torch.float16, max_tokens=64) == 1.5
     assert calls == [(model, torch.float16, 64)]
 
@@ -105,3 +106,39 @@ def test_the_cli_refuses_ggml_numerics_on_the_emulator_in_one_line(capsys):
                  "--max-new-tokens", "1"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--numerics ggml --backend metal-emulator" in err, err
+
+
+def test_every_entry_point_defaults_to_one_dtype():
+    """``Glimmer.from_gguf``, ``muser_torch.from_gguf`` and the commands'
+    ``--dtype auto`` leave the activation dtype to one function,
+    ``Decoder.default_dtype``: float32 on CPU, the architecture's on an
+    accelerator (Gemma 3's bfloat16 included)."""
+    import argparse
+    from pathlib import Path
+
+    import muser_torch
+    from muser_torch.models import MODELS, Gemma3
+    from muser_torch.run import load_model, resolve_dtype
+
+    demo = Path(__file__).resolve().parents[2] / "demo" / "glimmer-demo-q4_k_xl.gguf"
+    assert resolve_dtype("auto") is None and resolve_dtype("bfloat16") is torch.bfloat16
+    args = argparse.Namespace(dtype="auto", threads=None, numerics="exact")
+    got = {"Glimmer.from_gguf": muser_torch.Glimmer.from_gguf(demo).activation_dtype,
+           "muser_torch.from_gguf": muser_torch.from_gguf(demo).activation_dtype,
+           "run --dtype auto": load_model(demo, torch.device("cpu"), args).activation_dtype}
+    assert set(got.values()) == {torch.float32}, got
+    assert {cls.default_dtype(torch.device("cpu")) for cls in MODELS.values()} == {torch.float32}
+    assert Gemma3.default_dtype(torch.device("cuda")) is torch.bfloat16   # what auto gives it there
+
+
+def test_an_environment_variable_chooses_no_backend():
+    """``MUSER_METAL`` set is named in a warning at import, and the CPU
+    backend stays the native one."""
+    import os
+    import subprocess
+    import sys
+    code = "import muser_torch.ops as o; print(o.chosen_backend())"
+    run = subprocess.run([sys.executable, "-W", "always", "-c", code], capture_output=True, text=True,
+                         env={**os.environ, "MUSER_METAL": "1"}, timeout=300)
+    assert run.returncode == 0 and run.stdout.strip() == "native", run.stderr[-2000:]
+    assert "MUSER_METAL is not read" in run.stderr
