@@ -94,7 +94,7 @@ def _normalize(where, qtype, scales, scale_2, device, n_out=None, n_in=None):
 
 def _define(op: str, operand: str):
     """Define ``muser::<op>`` (``operand`` leads the weight; "" for none) with
-    ``defaults``' CPU-tensor implementation behind the op's checks as its
+    ``defaults``' choice of CPU-tensor backend behind the op's checks as its
     default implementation."""
     head = f"Tensor {operand}, " if operand else ""
     return torch.library.custom_op(f"muser::{op}", mutates_args=(), schema=f"({head}{_WEIGHT}) -> Tensor")(

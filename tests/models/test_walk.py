@@ -109,6 +109,23 @@ def test_a_decode_step_through_the_modules_stays_within_the_walk(which, hf_file)
     assert walk and len(max(walk, key=len)) == 8, _show(max(walk, key=len)) if walk else stacks
 
 
+def test_a_decode_step_through_the_dispatcher_reaches_its_kernel_within_the_walk(hf_file):  # noqa: F811
+    """bfloat16 activations: the prepared call steps aside and the projections
+    take ``muser::qmatmul`` through the dispatcher to the CPU ladder. The
+    walk to the kernel is at most ``MAX_CALLS`` (the argument checks below
+    the boundary's kernel nest deeper and return first); no stack doubles back."""
+    model = muser_torch.from_gguf(hf_file("llama"), dtype=torch.bfloat16)
+    stacks = decode_step_stacks(model, _prompt())
+    back = [s for s in stacks if doubles_back(s)]
+    assert not back, "enters a module it left: " + _show(back[0])
+    walks = [s for s in stacks if s[-1] == ("ops/cpu/__init__.py", "_fused")
+             and any(f == "Attention.forward" for _, f in s)]
+    assert walks, "no projection reached the CPU ladder's fused kernel"
+    longest = max(walks, key=len)
+    assert len(longest) <= MAX_CALLS, f"{len(longest)} calls: {_show(longest)}"
+    assert ("ops/checks.py", "checked.<locals>.kernel") in longest
+
+
 def test_the_check_sees_a_walk_that_doubles_back_or_runs_long():
     back = (("models/decoder.py", "Decoder.forward"), ("models/glimmer.py", "Glimmer.embed"),
             ("models/decoder.py", "Decoder.activation_dtype"))
