@@ -12,6 +12,7 @@
 """
 from __future__ import annotations
 
+import ast
 import importlib
 import inspect
 from types import SimpleNamespace
@@ -142,3 +143,46 @@ def test_an_environment_variable_chooses_no_backend():
                          env={**os.environ, "MUSER_METAL": "1"}, timeout=300)
     assert run.returncode == 0 and run.stdout.strip() == "native", run.stderr[-2000:]
     assert "MUSER_METAL is not read" in run.stderr
+
+
+# The Triton sources decode each format themselves (a kernel's own decoder may
+# name its format); every other module of a backend folder is glue.
+KERNEL_SOURCES = {"cuda/tile.py", "cuda/kquant.py", "cuda/int8dot.py", "cuda/layout.py"}
+TYPE_SETS = {"NATIVE_TYPES", "SUPPORTED"}          # a backend's one set of types
+
+
+def companion_format_names(source: str) -> list[str]:
+    """Where glue ``source`` names a format with companions (NVFP4's) outside
+    its type set, or re-derives companions the boundary already hands over."""
+    from muser_torch.formats.types import NEEDS_COMPANIONS
+    names = {t.name for t in NEEDS_COMPANIONS} | {"NVFP4"}
+    found = []
+    for top in ast.parse(source).body:
+        targets = top.targets if isinstance(top, ast.Assign) else \
+            [top.target] if isinstance(top, ast.AnnAssign) else []
+        if any(isinstance(t, ast.Name) and t.id in TYPE_SETS for t in targets):
+            continue
+        for n in ast.walk(top):
+            word = n.attr if isinstance(n, ast.Attribute) else n.id if isinstance(n, ast.Name) else None
+            if word in names or word in ("companion_args", "check_companions"):
+                found.append(f"line {n.lineno}: {word}")
+    return found
+
+
+def test_no_backend_glue_names_a_companion_format():
+    """``checks.checked`` hands every kernel the canonical weight, so a
+    backend's Python names NVFP4 only in its one type set."""
+    from pathlib import Path
+    ops_dir = Path(ops.__file__).parent
+    bad = {}
+    for folder in ("cpu", "cuda", "metal"):
+        for path in sorted((ops_dir / folder).glob("*.py")):
+            rel = path.relative_to(ops_dir).as_posix()
+            if rel not in KERNEL_SOURCES and (found := companion_format_names(path.read_text())):
+                bad[rel] = found
+    assert not bad, bad
+    planted = ("SUPPORTED = frozenset({T.Q4_K, T.NVFP4_E2M1})\n"
+               "def _weights(qt, scales, scale_2):\n"
+               "    if qt is GGMLType.NVFP4_E2M1:\n"
+               "        return companion_args(scales, scale_2, None)\n")
+    assert companion_format_names(planted) == ["line 3: NVFP4_E2M1", "line 4: companion_args"]
