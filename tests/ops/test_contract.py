@@ -186,3 +186,23 @@ def test_no_backend_glue_names_a_companion_format():
                "    if qt is GGMLType.NVFP4_E2M1:\n"
                "        return companion_args(scales, scale_2, None)\n")
     assert companion_format_names(planted) == ["line 3: NVFP4_E2M1", "line 4: companion_args"]
+
+
+def test_the_cpu_and_metal_sets_are_read_off_their_kernel_tables(tmp_path, monkeypatch):
+    """``cpu.NATIVE_TYPES`` follows ``decoders.c``'s ``TYPE_ROW`` lines and
+    ``metal.SUPPORTED`` the ``MUSER_DEFINE_KERNELS`` lines: a planted table of
+    two types gives exactly those two."""
+    from muser_torch.ops import metal
+    from muser_torch.ops.cpu import build
+    (tmp_path / "decoders.c").write_text(
+        "static const type_entry_t TYPE_TABLE[] = {\n"
+        "    TYPE_ROW(Q4_K, dec_q4_k, matvec_q4_k, tile_q4_k, ACT_Q8_K, qdot_q4_k),\n"
+        "    TYPE_ROW(IQ3_S, dec_iq3_s, matvec_iq3_s, tile_generic, ACT_Q8_K, qdot_iq3_s),\n};\n")
+    monkeypatch.setattr(build, "_KERNEL_DIR", tmp_path)
+    assert build._table_types() == {GGMLType.Q4_K, GGMLType.IQ3_S}
+    (tmp_path / "a.metal").write_text("MUSER_DEFINE_KERNELS(q8_0, FormatQ80)\n")
+    (tmp_path / "b.metal").write_text("#define MUSER_DEFINE_KERNELS(tname, F) \\\n"
+                                      "MUSER_DEFINE_KERNELS(nvfp4_e2m1, FormatNVFP4)\n")
+    monkeypatch.setattr(metal, "_SRC_DIR", tmp_path)
+    monkeypatch.setattr(metal, "_FILES", ("a.metal", "b.metal"))
+    assert metal._kernel_types() == {GGMLType.Q8_0, GGMLType.NVFP4_E2M1}
