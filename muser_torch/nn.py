@@ -148,8 +148,9 @@ def set_numerics(model: nn.Module, numerics: str) -> nn.Module:
     layers = [m for m in model.modules() if isinstance(m, QLinear)]
     for device in sorted({m.packed.device.type for m in layers}) or [None]:
         check_numerics(numerics, device)
-    for m in layers:
-        m.numerics = numerics
+    for m in layers:   # checked above: the field, not the property that checks again
+        m._numerics = numerics
+    changes.bump()
     return model
 
 
@@ -168,13 +169,6 @@ class QLinear(_Packed):
         self.bias = bias
         self._numerics = "exact"
         self._projection = None
-
-    def __setstate__(self, state) -> None:
-        # modules pickled before numerics became a property
-        if "numerics" in state:
-            state["_numerics"] = state.pop("numerics")
-        state.setdefault("_projection", None)
-        super().__setstate__(state)
 
     @property
     def numerics(self) -> str:

@@ -69,14 +69,15 @@ def add_chat_limit_args(p) -> None:
 
 def add_dtype_arg(p) -> None:
     p.add_argument("--dtype", choices=("auto", *DTYPES), default="auto",
-                   help="activation dtype; auto = float32 on CPU (torch's CPU float16 "
-                        "matmul is ~30x slower), float16 on an accelerator")
+                   help="activation dtype; auto = from_gguf's default: float32 on CPU (torch's "
+                        "CPU float16 matmul is ~30x slower), the architecture's on an "
+                        "accelerator (float16; Gemma 3 bfloat16)")
 
 
-def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    if name == "auto":
-        return torch.float32 if device.type == "cpu" else torch.float16
-    return DTYPES[name]
+def resolve_dtype(name: str) -> torch.dtype | None:
+    """``--dtype``'s dtype; None for ``auto``, which ``from_gguf`` resolves
+    (``Decoder.default_dtype``), so the command and the API default alike."""
+    return None if name == "auto" else DTYPES[name]
 
 
 def add_numerics_arg(p) -> None:
@@ -167,7 +168,7 @@ def load_model(path: Path, device: torch.device, args: argparse.Namespace, comma
     from .models import from_gguf
 
     apply_threads(args.threads)
-    model = from_gguf(path, device=device, dtype=resolve_dtype(args.dtype, device),
+    model = from_gguf(path, device=device, dtype=resolve_dtype(args.dtype),
                       progress=path.stat().st_size > 256 << 20, numerics=args.numerics)
     if model.tokenizer is None:
         raise ValueError(f"{path} carries no tokenizer (no tokenizer.ggml.* keys, or "

@@ -1,9 +1,9 @@
 """The docs name only what exists.
 
-Every path, class and attribute that README.md, ``docs/*.md`` and the other
-READMEs name in backticks exists in the repository: a file or folder (from
-the root, the package, ``tests/``, or any folder of them for a bare file
-name), a class of ours (with the method or attribute named after it,
+Every path, class and attribute that README.md, ``docs/*.md`` and every
+README of the source trees name in backticks exists in the repository: a
+file or folder (from the root, the package, ``tests/``, or any folder of
+them for a bare file name), a class of ours (with the method or attribute named after it,
 inherited ones and those set on ``self`` included), a module's top-level
 name, a Python builtin, or a GGUF key or tensor name that the package's
 source spells. Read from the source (``ast``), so a module that needs an
@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("muser_torch", "muser_torch_metal_emulator")
 SOURCE_TREES = (*PACKAGES, "tests", "tools", "demo")
 DOCS = ("README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md")),
-        "demo/README.md")
+        *sorted(str(p.relative_to(ROOT)) for tree in SOURCE_TREES for p in (ROOT / tree).rglob("README.md")))
 TEXT_SUFFIXES = (".py", ".md", ".c", ".h", ".metal", ".cpp", ".sh", ".toml")
 
 # Other projects' files and classes, and the user's files, that the docs name.
@@ -38,6 +38,8 @@ ELSEWHERE = {
     # the user's files and what commands write
     "model.safetensors.index.json": "a sharded checkpoint's index (the user's file)",
     "tokenizer.model": "a checkpoint's sentencepiece model (the user's file)",
+    "tokenizer_config.json": "a Hugging Face model repository's file (its chat template)",
+    "chat_template.jinja": "a Hugging Face model repository's file (its chat template)",
     "demo/build/": "what demo/make_demo.py writes (ignored by git)",
     "demo/build/eval.json": "what demo/make_demo.py writes (ignored by git)",
     "muser_layout.h": "the header ops/cpu/build.py generates into its build directory",

@@ -106,7 +106,7 @@ def main(args: argparse.Namespace) -> int:
     if args.backend == "metal-emulator" and args.device != "cpu":
         raise ValueError("bench compile: --backend metal-emulator runs on --device cpu")
     device = resolve_device(args.device)
-    dtype = resolve_dtype(args.dtype, device)
+    dtype = resolve_dtype(args.dtype)
     for what, v in (("--prompt-len", args.prompt_len), ("--decode", args.decode)):
         if v < 1:
             raise ValueError(f"bench compile: {what} must be >= 1, got {v}")
@@ -118,7 +118,7 @@ def main(args: argparse.Namespace) -> int:
     backend = (ops.use_backend("metal-emulator") if args.backend == "metal-emulator"
                else contextlib.nullcontext())
     emu = ", metal-emulator" if args.backend == "metal-emulator" else ""
-    print(f"bench compile: {path.name} on {device} ({str(dtype).removeprefix('torch.')}{emu}), "
+    print(f"bench compile: {path.name} on {device} ({str(model.activation_dtype).removeprefix('torch.')}{emu}), "
           f"torch {torch.__version__}")
     print(f"  {'mode':<28} {'breaks':>6} {'compile s':>9} {'recompiles':>10} {'(batch)':>7} "
           f"{'tok/s':>9} {'logits vs eager':>15}")

@@ -64,7 +64,8 @@ def build(args: argparse.Namespace, device: torch.device, dtype: torch.dtype):
         from ..arch.muse_glimmer import reference_pattern
         config = replace(SEED_CONFIG, n_layers=args.layers, weight_precision=args.lane,
                          sliding_window_pattern=reference_pattern(args.layers))
-        model = Glimmer.random(config, device=device, dtype=dtype, seed=0)
+        model = Glimmer.random(config, device=device, dtype=dtype or Glimmer.default_dtype(device),
+                               seed=0)
         return set_numerics(model, numerics), f"seed geometry x{args.layers} layers ({args.lane})"
     path = model_path(None if args.model == "demo" else Path(args.model), args.lane)
     return from_gguf(path, device=device, dtype=dtype, numerics=numerics), f"{path.name} ({numerics})"
@@ -117,7 +118,7 @@ def main(args: argparse.Namespace) -> int:
         return _peers(args)
     device = resolve_device(args.device)
     apply_threads(args.threads)
-    dtype = resolve_dtype(args.dtype, device)
+    dtype = resolve_dtype(args.dtype)
     for what, v in (("--prompt-len", args.prompt_len), ("--decode", args.decode),
                     ("--batch", args.batch), ("--layers", args.layers)):
         if v < 1:
@@ -155,7 +156,7 @@ def main(args: argparse.Namespace) -> int:
     per_token = model.weight_bytes_per_token()
     prefill_tps = args.batch * args.prompt_len / prefill_s
     steps_per_s = args.decode / decode_s
-    print(f"bench model: {label} on {device} ({str(dtype).removeprefix('torch.')}), {c.n_layers} layers, hidden {c.hidden}, "
+    print(f"bench model: {label} on {device} ({str(model.activation_dtype).removeprefix('torch.')}), {c.n_layers} layers, hidden {c.hidden}, "
           f"batch {args.batch}{', compiled' if args.compile else ''}")
     print(f"  prefill  {args.prompt_len:>5} tokens x {args.batch}: {prefill_tps:10.1f} tok/s "
           "(warm: the best of several calls after the first)")

@@ -6,7 +6,7 @@ tensor ``[n_out, row_bytes]`` whose row r is ``n_in / block_elems``
 consecutive blocks, exactly as in a GGUF file. Everything here is vectorized
 torch, so it runs on any device and under ``torch.compile``. This package is
 the reference layer: it imports nothing above it. ``muser_torch.dequantize``
-(``ops/dequant.py``) is the public decode that picks a native kernel.
+(``ops/dequant.py``) is the public decode, the op ``muser.dequantize``.
 """
 from __future__ import annotations
 

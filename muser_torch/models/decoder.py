@@ -149,7 +149,7 @@ class Decoder(nn.Module, Generation):
         else:
             lengths = self.lengths.index_select(0, slots)
             positions = lengths.unsqueeze(-1) + steps
-        x = self.embed(tokens)
+        x = self.embed(tokens).to(self.activation_dtype)
         native = native_layers(self, x, slots)
         if native is not None:   # a step on the CPU library, one call per layer
             x = native(x, slots, lengths, [getattr(self, name) for name in self._rope_names])
@@ -170,12 +170,14 @@ class Decoder(nn.Module, Generation):
         return self.head(self.norm(x))
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
-        """The first layer's input for token ids ``[B, T]`` (an architecture may
-        add to it: Muse Glimmer normalizes it)."""
+        """The first layer's input for token ids ``[B, T]``, in the embedding's
+        dtype (``forward`` casts it to the activation dtype, so an
+        architecture's override, such as Muse Glimmer's norm, calls nothing
+        back in this module)."""
         x = self.tok_embeddings(tokens)
         if self.embed_scale != 1.0:
             x = x * self.embed_scale
-        return x.to(self.activation_dtype)
+        return x
 
     def head(self, x: torch.Tensor) -> torch.Tensor:
         """Logits of the final-normed hidden states: the lm_head, then the soft-cap."""

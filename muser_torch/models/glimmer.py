@@ -55,8 +55,7 @@ class Glimmer(Decoder):
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         # weightless RMSNorm in float32 (llama.cpp's build_norm with no weight)
         x = self.tok_embeddings(tokens).float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.config.rms_eps)
-        return x.to(self.activation_dtype)
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.config.rms_eps)
 
     def head(self, x: torch.Tensor) -> torch.Tensor:
         # scale and cap in float32, returned in the activation dtype as every model's logits

@@ -358,8 +358,13 @@ class JoinedProjections(nn.Module):
                 n = getattr(owner, name).n_out
                 out[name] = y[..., col:col + n]
                 col += n
-        return [out[n] if n in out else (None if getattr(owner, n) is None else getattr(owner, n)(x))
-                for n in names]
+        # a loop, not a comprehension: on Python 3.11 a comprehension is one more
+        # frame on every projection's walk (docs/architecture.md counts them)
+        result = []
+        for n in names:
+            m = getattr(owner, n)
+            result.append(out[n] if n in out else (None if m is None else m(x)))
+        return result
 
 
 # the activations ``layer_ops.gated_act`` computes with the multiply, as one op

@@ -1,10 +1,10 @@
 """The ``muser`` operators: every torch.library schema, its fake (meta)
-implementation and its autograd formula live here, with the Python wrappers
-and the questions the model layer asks a backend (``backend``, ``warm_up``).
+implementation and its autograd formula live here, with the Python wrappers.
 The argument checks and the one way kernels are registered behind them are
 ``checks.py``; the default implementations for CPU tensors ``defaults.py``
-and the choice of CPU backend ``backend_choice.py``; the layer ops
-``layer.py``; kernels live
+and the choice of CPU backend ``backend_choice.py``; the loaded accelerator
+backends and the questions the model layer asks them (``backend``,
+``warm_up``) ``backends.py``; the layer ops ``layer.py``; kernels live
 beside it, one folder per backend (``cpu/``, ``cuda/``, ``metal/``), each
 holding its dispatch, its ladder table (``ladder.Rung``'s shape) and its
 kernel sources.
@@ -45,8 +45,8 @@ and ``scale_2`` (float32, one element); other types take neither.
 Backends: the default implementation (``defaults.CPU_DEFAULTS``) runs
 ``cpu/`` on CPU tensors and raises ValueError for a device with no kernel. ``cuda/`` and ``metal/``
 register theirs with ``checks.register_kernels("cuda" | "mps", {op: fn}, types)``,
-``fn`` taking the schema's arguments in order; they are imported here when
-present and their device is available. Every kernel, the default
+``fn`` taking the schema's arguments in order; ``backends.load_backends``
+imports them when present and their device is available. Every kernel, the default
 implementation included (``checks.default_kernel``), is built by ``checks.checked``, so every
 backend runs ``check_args`` (the fake kernels call it too).
 
@@ -59,11 +59,6 @@ raises ValueError.
 """
 from __future__ import annotations
 
-import importlib
-import importlib.util
-import os
-import warnings
-
 import torch
 from torch import Tensor
 
@@ -71,6 +66,7 @@ from ..formats.companions import companion_args
 from .checks import (MAX_DIM, check_args, check_call, check_dims, check_ids_in_range,  # noqa: F401
                      check_qtype, default_kernel, implemented_types)
 from .backend_choice import CPU_BACKENDS, chosen_backend, use_backend
+from .backends import backend, load_backends, warm_up
 from .defaults import CPU_DEFAULTS
 
 __all__ = ["qmatmul", "qmatmul_ggml", "qmatmul_t", "dequantize", "embedding", "check_args", "backend", "warm_up",
@@ -98,7 +94,7 @@ def _normalize(where, qtype, scales, scale_2, device, n_out=None, n_in=None):
 
 def _define(op: str, operand: str):
     """Define ``muser::<op>`` (``operand`` leads the weight; "" for none) with
-    ``defaults``' CPU-tensor implementation behind the op's checks as its
+    ``defaults``' choice of CPU-tensor backend behind the op's checks as its
     default implementation."""
     head = f"Tensor {operand}, " if operand else ""
     return torch.library.custom_op(f"muser::{op}", mutates_args=(), schema=f"({head}{_WEIGHT}) -> Tensor")(
@@ -232,48 +228,5 @@ def embedding(ids: Tensor, packed: Tensor, qtype, n_out: int, n_in: int,
     return torch.ops.muser.embedding(ids, packed, qtype, n_out, n_in, scales, scale_2)
 
 
-# ---- accelerator backends ---------------------------------------------------------------------
-
-_BACKENDS: dict = {}   # device type -> its loaded kernel module
-
-
-def backend(device_type: str):
-    """The loaded kernel module of ``device_type`` ('cuda', 'mps'), or None."""
-    return _BACKENDS.get(device_type)
-
-
-def warm_up(model: torch.nn.Module, dtype: torch.dtype, max_tokens: int | None = None) -> float:
-    """Ask the backend of each device ``model``'s tensors sit on to prepare the
-    kernels its forwards will launch, for ``dtype`` activations and calls of at
-    most ``max_tokens`` tokens; returns the seconds it took. A backend that
-    compiles nothing at run time (CPU, Metal) defines no ``warm_up``: 0.0."""
-    devices = sorted({t.device.type for t in (*model.parameters(), *model.buffers())})
-    prepare = [getattr(_BACKENDS.get(d), "warm_up", None) for d in devices]
-    return sum(fn(model, dtype, max_tokens=max_tokens) for fn in prepare if fn is not None)
-
-
-# device type -> (the backend folder that registers its kernels, whether the device is here)
-_ACCELERATORS = {"cuda": ("cuda", lambda: torch.cuda.is_available()),
-                 "mps": ("metal", lambda: torch.backends.mps.is_available())}
-
-
-def _load_backends() -> None:
-    """Import ops/cuda and ops/metal (which register their kernels) when the
-    folder exists and its device is available; a failure there never breaks CPU."""
-    for name, (folder, is_available) in _ACCELERATORS.items():
-        try:
-            if importlib.util.find_spec(f"{__name__}.{folder}") is None or not is_available():
-                continue
-            _BACKENDS[name] = importlib.import_module(f"{__name__}.{folder}")
-        except Exception as e:  # noqa: BLE001  (a broken backend must not break the package)
-            warnings.warn(f"muser_torch: the {name} kernels failed to load ({e!r}); "
-                          f"{name} tensors will raise", RuntimeWarning, stacklevel=2)
-
-
 from . import layer  # noqa: E402,F401  (the layer ops, defined before the backends register)
-_load_backends()
-if os.environ.get("MUSER_METAL"):
-    # No environment variable chooses a backend; a set MUSER_METAL is named, not ignored silently.
-    warnings.warn("muser_torch: MUSER_METAL is not read; choose the Metal emulator with "
-                  "muser_torch.ops.use_backend('metal-emulator') (CLI: --backend metal-emulator)",
-                  RuntimeWarning, stacklevel=2)
+load_backends()

@@ -198,12 +198,14 @@ def check_backend_type(qt: GGMLType, where: str, types: frozenset[GGMLType]) -> 
 
 
 def checked(op: str, fn: Callable, types: frozenset[GGMLType] | None = None,
-            where: str = "") -> Callable:
+            where: str = "", *, picks: bool = False) -> Callable:
     """``fn`` (taking ``muser.<op>``'s arguments in schema order) behind the op's
     checks: the arguments are checked, a type outside ``types`` (when given) is
     refused for backend ``where``, companions are normalised once (uint8
     scales, float32 ``[1]`` scale_2 on packed's device), then ``fn`` runs: every
-    kernel receives the one canonical weight."""
+    kernel receives the one canonical weight. With ``picks``, ``fn`` returns
+    the function to run (the default implementations choose a backend per
+    call) and the kernel calls that, so ``fn``'s frame has returned first."""
     if op not in OPS:
         raise ValueError(f"checked: unknown op {op!r}; expected one of {tuple(OPS)}")
     check = OPS[op]
@@ -219,22 +221,26 @@ def checked(op: str, fn: Callable, types: frozenset[GGMLType] | None = None,
         def kernel(packed, qtype, n_out, n_in, scales=None, scale_2=None):
             qt = check(packed, qtype, n_out, n_in, scales, scale_2)
             scales, scale_2 = canonical(qt, packed, scales, scale_2)
-            return fn(packed, qtype, n_out, n_in, scales, scale_2)
+            run = fn(packed, qtype, n_out, n_in, scales, scale_2) if picks else fn
+            return run(packed, qtype, n_out, n_in, scales, scale_2)
     else:
         def kernel(a, packed, qtype, n_out, n_in, scales=None, scale_2=None):
             qt = check(a, packed, qtype, n_out, n_in, scales, scale_2)
             scales, scale_2 = canonical(qt, packed, scales, scale_2)
-            return fn(a, packed, qtype, n_out, n_in, scales, scale_2)
+            run = fn(a, packed, qtype, n_out, n_in, scales, scale_2) if picks else fn
+            return run(a, packed, qtype, n_out, n_in, scales, scale_2)
     kernel.__name__ = kernel.__qualname__ = f"checked_{op}"
     kernel.__doc__ = fn.__doc__
     kernel.unchecked = fn
     return kernel
 
 
-def default_kernel(op: str, fn: Callable) -> Callable:
-    """``fn`` behind the checks as ``muser.<op>``'s default implementation (the
-    CPU one, which ``ops/__init__.py`` hands to ``torch.library.custom_op``)."""
-    KERNELS[(op, "default")] = kernel = checked(op, fn)
+def default_kernel(op: str, pick: Callable) -> Callable:
+    """``muser.<op>``'s default implementation (the CPU one, which
+    ``ops/__init__.py`` hands to ``torch.library.custom_op``): behind the
+    checks, ``pick`` (``defaults.py``) returns the backend function that runs
+    the call."""
+    KERNELS[(op, "default")] = kernel = checked(op, pick, picks=True)
     return kernel
 
 

@@ -1,12 +1,15 @@
-"""The ops' default implementations (``CPU_DEFAULTS``: each op's function for
-CPU tensors, in schema order), which run the backend ``use_backend`` chose:
-``ops/cpu``, or ``ops/metal`` through the emulator.
+"""The ops' default implementations, for CPU tensors: per call, the backend
+``use_backend`` chose (``ops/cpu``, or ``ops/metal`` through the emulator).
 
-``ops/__init__.py`` registers them behind the op boundary's checks
-(``checks.default_kernel``), so a CPU call goes torch.ops -> ``checks`` ->
-here -> ``ops/cpu`` (or ``ops/metal``), never back into a module it left.
-Devices with kernels of their own (CUDA, MPS) reach only ``qmatmul_t``, which
-their backends leave to the row tiles over their ``dequantize``.
+``CPU_DEFAULTS`` maps each op to its *picker*: given the op's arguments in
+schema order (checked), it returns the backend function that runs them, or
+raises for a call no backend here takes. ``ops/__init__.py`` registers them
+behind the op boundary's checks (``checks.default_kernel``), whose kernel
+calls the picker and then the function it returned, so a CPU call goes
+torch.ops -> ``checks`` -> ``ops/cpu`` (or ``ops/metal``): the picker has
+returned before the kernel runs, and no call comes back into a module it
+left. Devices with kernels of their own (CUDA, MPS) reach only ``qmatmul_t``,
+which their backends leave to the row tiles over their ``dequantize``.
 """
 from __future__ import annotations
 
@@ -21,6 +24,9 @@ from ..formats.types import GGMLType
 from .checks import check_backend_type, check_ids_in_range
 
 __all__ = ["CPU_DEFAULTS"]
+
+Kernel = Callable[..., Tensor]   # a backend function, taking the op's arguments in schema order
+
 
 def _backend_for(op: str, device: torch.device, qtype: int):
     """The kernel module for a device with no registered kernel of its own;
@@ -41,14 +47,14 @@ def _backend_for(op: str, device: torch.device, qtype: int):
 
 
 def qmatmul(x: Tensor, packed: Tensor, qtype: int, n_out: int, n_in: int,
-            scales: Tensor | None = None, scale_2: Tensor | None = None) -> Tensor:
-    """``x[..., n_in] @ W.T`` in x's dtype; default implementation (CPU)."""
-    return _backend_for("qmatmul", x.device, qtype).qmatmul(x, packed, qtype, n_out, n_in, scales, scale_2)
+            scales: Tensor | None = None, scale_2: Tensor | None = None) -> Kernel:
+    """``x[..., n_in] @ W.T`` in x's dtype: the chosen backend's ``qmatmul``."""
+    return _backend_for("qmatmul", x.device, qtype).qmatmul
 
 
 def qmatmul_ggml(x: Tensor, packed: Tensor, qtype: int, n_out: int, n_in: int,
-                 scales: Tensor | None = None, scale_2: Tensor | None = None) -> Tensor:
-    """``x[..., n_in] @ W.T`` in ggml's numerics; CPU only."""
+                 scales: Tensor | None = None, scale_2: Tensor | None = None) -> Kernel:
+    """``x[..., n_in] @ W.T`` in ggml's numerics: the native CPU kernels only."""
     if x.device.type != "cpu":
         raise ValueError(f"muser.qmatmul_ggml: ggml numerics run on the CPU, got a "
                          f"{x.device.type} tensor (use numerics='exact' there)")
@@ -56,17 +62,16 @@ def qmatmul_ggml(x: Tensor, packed: Tensor, qtype: int, n_out: int, n_in: int,
         raise ValueError(f"muser.qmatmul_ggml: ggml numerics run on the native CPU kernels, not "
                          f"inside use_backend({chosen_backend()!r}) (use numerics='exact' there)")
     from . import cpu
-    return cpu.qmatmul_ggml(x, packed, qtype, n_out, n_in, scales, scale_2)
+    return cpu.qmatmul_ggml
 
 
 def qmatmul_t(g: Tensor, packed: Tensor, qtype: int, n_out: int, n_in: int,
-              scales: Tensor | None = None, scale_2: Tensor | None = None) -> Tensor:
-    """``g[..., n_out] @ W`` in g's dtype; default implementation, also of
-    devices whose backend registers no ``qmatmul_t`` (W in row tiles there)."""
+              scales: Tensor | None = None, scale_2: Tensor | None = None) -> Kernel:
+    """``g[..., n_out] @ W`` in g's dtype: the chosen backend's on CPU tensors,
+    W in row tiles on a device whose backend registers no ``qmatmul_t``."""
     if g.device.type == "cpu":
-        return _backend_for("qmatmul_t", g.device, qtype).qmatmul_t(g, packed, qtype, n_out, n_in,
-                                                             scales, scale_2)
-    return _qmatmul_t_tiled(g, packed, qtype, n_out, n_in, scales, scale_2)
+        return _backend_for("qmatmul_t", g.device, qtype).qmatmul_t
+    return _qmatmul_t_tiled
 
 
 def _qmatmul_t_tiled(g, packed, qtype, n_out, n_in, scales, scale_2, tile_bytes=16 << 20):
@@ -83,21 +88,21 @@ def _qmatmul_t_tiled(g, packed, qtype, n_out, n_in, scales, scale_2, tile_bytes=
 
 
 def dequantize(packed: Tensor, qtype: int, n_out: int, n_in: int,
-               scales: Tensor | None = None, scale_2: Tensor | None = None) -> Tensor:
-    """W as float32 ``[n_out, n_in]``; default implementation (CPU)."""
-    return _backend_for("dequantize", packed.device, qtype).dequantize(packed, qtype, n_out, n_in,
-                                                                scales, scale_2)
+               scales: Tensor | None = None, scale_2: Tensor | None = None) -> Kernel:
+    """W as float32 ``[n_out, n_in]``: the chosen backend's ``dequantize``."""
+    return _backend_for("dequantize", packed.device, qtype).dequantize
 
 
 def embedding(ids: Tensor, packed: Tensor, qtype: int, n_out: int, n_in: int,
-              scales: Tensor | None = None, scale_2: Tensor | None = None) -> Tensor:
-    """Rows ``ids`` of W as float32 ``[*ids.shape, n_in]``; default implementation (CPU)."""
+              scales: Tensor | None = None, scale_2: Tensor | None = None) -> Kernel:
+    """Rows ``ids`` of W as float32 ``[*ids.shape, n_in]``: the chosen
+    backend's ``embedding``, once every id is in range."""
     check_ids_in_range("embedding", ids, n_out)
-    return _backend_for("embedding", ids.device, qtype).embedding(ids, packed, qtype, n_out, n_in,
-                                                           scales, scale_2)
+    return _backend_for("embedding", ids.device, qtype).embedding
 
 
-CPU_DEFAULTS: dict[str, Callable[..., Tensor]] = {
+# op -> its picker
+CPU_DEFAULTS: dict[str, Callable[..., Kernel]] = {
     "qmatmul": qmatmul, "qmatmul_ggml": qmatmul_ggml, "qmatmul_t": qmatmul_t,
     "dequantize": dequantize, "embedding": embedding,
 }

@@ -1,15 +1,18 @@
-"""``muser_torch.dequantize``: packed rows to float32 on the fastest kernel at hand.
+"""``muser_torch.dequantize``: packed rows to float32 through the op
+``torch.ops.muser.dequantize``, so the dispatcher picks the kernel of the
+tensor's device as for every other op (one way to choose a kernel).
 
-It lives with the ops because it picks a backend's kernel; the reference it
-is held to, ``formats.reference.dequantize_reference``, stays in the formats layer.
+It lives with the ops because it is one; the reference every kernel is held
+to, ``formats.reference.dequantize_reference``, stays in the formats layer.
 """
 from __future__ import annotations
 
 import torch
 
-from ..formats.reference import dequantize_reference, rows_args
+from ..formats.reference import rows_args
 from ..formats.types import GGMLType
-from . import backend, cpu
+from .cpu import dequantize_rows
+from .cpu.eager import plain_eager
 
 __all__ = ["dequantize"]
 
@@ -36,27 +39,25 @@ def dequantize(packed: torch.Tensor, qtype: "GGMLType | int", n_in: int, *,
     bit-exact with gguf's numpy ``dequantize``. NVFP4_E2M1 also takes its
     ``scales`` and ``scale_2`` companions.
 
-    CPU tensors go to the native kernel (``muser_torch/ops/cpu/``), which
-    decodes straight into the output, CUDA tensors of the types it covers to
-    the Triton kernel (``muser_torch/ops/cuda/``); both are held
-    to gguf bit for bit by the tests. MPS, ``torch.compile`` graphs, and
-    machines without a C compiler or Triton get :func:`dequantize_reference`.
+    It is the op ``torch.ops.muser.dequantize``: the kernel of packed's
+    device (``ops/cpu``, ``ops/cuda``, ``ops/metal``), behind the op
+    boundary's checks, which refuse by name a type the device's backend has
+    no kernel for; one node of a ``torch.compile`` graph.
 
     ``out``: a contiguous float32 ``[rows, n_in]`` on packed's device to write
     into, returned. Worth passing when dequantizing tensor after tensor: a
     fresh 100 MB output costs the kernel's zero-filling of its pages, about as
-    long as the decode itself."""
+    long as the decode itself. On a plain eager CPU call the op's CPU kernel
+    decodes straight into it (``ops/cpu/eager.py``'s rule, as ``QLinear``);
+    elsewhere the op's output is copied in."""
     qtype, scales, scale_2 = rows_args(packed, qtype, n_in, scales, scale_2)
     rows = packed.shape[0]
     if out is not None:
         check_out(out, rows, n_in, packed.device)
-    w = None
-    if not torch.compiler.is_compiling():
-        if packed.device.type == "cpu":
-            return cpu.dequantize_rows(packed, qtype, n_in, scales, scale_2, out=out)
-        kernels = backend("cuda") if packed.device.type == "cuda" else None
-        if kernels is not None and qtype in kernels.SUPPORTED:
-            w = kernels.dequantize(packed, int(qtype), rows, n_in, scales, scale_2)
-    if w is None:
-        w = dequantize_reference(packed, qtype, n_in, scales=scales, scale_2=scale_2)
+        if packed.is_cpu and plain_eager(out):
+            return dequantize_rows(packed, qtype, n_in, scales, scale_2, out=out)
+    if rows == 0:   # the op takes a matrix of at least one row
+        w = torch.empty(0, n_in, dtype=torch.float32, device=packed.device)
+    else:
+        w = torch.ops.muser.dequantize(packed, int(qtype), rows, n_in, scales, scale_2)
     return w if out is None else out.copy_(w)

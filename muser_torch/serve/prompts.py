@@ -19,7 +19,6 @@ from ..errors import ChatTemplateError
 from ..text.chat_limits import ChatLimits
 from .schemas import RequestError
 
-DEFAULT_TEMPLATE = "chatml"
 CHATML_END = "<|im_end|>"
 
 

@@ -1,8 +1,10 @@
 """dequantize: bit-exact against gguf's numpy dequantize, the worked
 Q4_K block of docs/muse-glimmer.md, and clear errors for bad input.
 
-``dequantize`` runs the native kernel on CPU and ``dequantize_reference``
-(vectorized torch) everywhere; both are held to gguf."""
+``dequantize`` is the op ``muser.dequantize`` (the native kernel on CPU, the
+device's backend elsewhere, which refuses by name a type it has no kernel
+for) and ``dequantize_reference`` (vectorized torch) runs everywhere; both
+are held to gguf."""
 from __future__ import annotations
 
 import random
@@ -14,6 +16,7 @@ import torch
 
 from muser_torch import GGMLType, dequantize
 from muser_torch.formats import dequantize_reference
+from muser_torch import ops
 from muser_torch.formats.kquant import pack_scale_min_k4, unpack_scale_min_k4
 from muser_torch.ops import cpu
 
@@ -68,6 +71,12 @@ def random_packed(qtype: GGMLType, rows: int, n_in: int, rng: np.random.Generato
 IMPLS = {"dequantize": dequantize, "reference": dequantize_reference}
 
 
+def refused_on(device: str, qtype: GGMLType) -> bool:
+    """Whether the op boundary refuses ``qtype`` on ``device``: the CPU
+    computes every type, an accelerator's backend the types of its one set."""
+    return device != "cpu" and qtype not in ops.backend(device).SUPPORTED
+
+
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("qtype", GGUF_TYPES, ids=lambda t: t.name)
@@ -78,6 +87,10 @@ def test_bit_exact_against_gguf(qtype: GGMLType, device: str, impl: str) -> None
     rows = int(rng.integers(50, 300))
     raw = random_packed(qtype, rows, n_in, rng)
     ref = gguf.dequantize(raw, gguf.GGMLQuantizationType(int(qtype))).reshape(rows, n_in)
+    if impl == "dequantize" and refused_on(device, qtype):
+        with pytest.raises(ValueError, match=f"muser.dequantize: {qtype.name} has no .* kernel"):
+            dequantize(torch.from_numpy(raw).to(device), qtype, n_in)
+        return
     out = IMPLS[impl](torch.from_numpy(raw).to(device), qtype, n_in).cpu().numpy()
     assert out.dtype == np.float32 and out.shape == (rows, n_in)
     assert np.isfinite(ref).all(), f"seed {seed}: the reference itself is not finite"
@@ -98,6 +111,8 @@ def test_out_is_filled_bit_exactly(qtype: GGMLType, device: str, native: bool) -
     native library (``MUSER_CPU_NATIVE=0``, or no compiler)."""
     if not native and device != "cpu":
         pytest.skip("the native library is a CPU matter")
+    if refused_on(device, qtype):
+        pytest.skip(f"{qtype.name} is refused on {device} (test_bit_exact_against_gguf)")
     seed = random.randrange(1 << 32)
     rng = np.random.default_rng(seed)
     rows, n_in = int(rng.integers(3, 90)), 512
@@ -137,10 +152,36 @@ def test_out_for_companion_type() -> None:
     assert torch.equal(out, ref) and bool(ref.abs().sum() > 0)
 
 
+def test_dequantize_is_the_op() -> None:
+    """``muser_torch.dequantize`` calls ``muser.dequantize`` (the dispatcher
+    picks the kernel), with and without ``out=``, and so runs on the meta
+    device through the op's fake kernel."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.seen = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.seen.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    rows, n_in = int(np.random.default_rng().integers(1, 9)), 512
+    packed = torch.from_numpy(random_packed(GGMLType.Q4_K, rows, n_in, np.random.default_rng()))
+    for out in (None, torch.full((rows, n_in), float("nan"))):
+        with Ops() as mode:
+            got = dequantize(packed, GGMLType.Q4_K, n_in, out=out)
+        assert "muser.dequantize.default" in mode.seen, mode.seen
+        assert torch.equal(got, dequantize_reference(packed, GGMLType.Q4_K, n_in))
+    meta = dequantize(packed.to("meta"), GGMLType.Q4_K, n_in)
+    assert meta.is_meta and meta.shape == (rows, n_in) and meta.dtype == torch.float32
+
+
 @pytest.mark.parametrize("qtype", GGUF_TYPES, ids=lambda t: t.name)
 def test_dequantize_compiles_in_one_graph(qtype: GGMLType) -> None:
-    """Under torch.compile the traceable reference runs (no ctypes call, no
-    graph break); Q4_K also goes through inductor's generated code."""
+    """Under torch.compile the op is one node of the graph (no graph break);
+    Q4_K also goes through inductor's generated code."""
     torch._dynamo.reset()
     rng = np.random.default_rng()
     n_in = max(qtype.block_elems, 256)

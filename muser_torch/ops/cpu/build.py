@@ -10,6 +10,7 @@ import functools
 import hashlib
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -21,25 +22,27 @@ from ...cache import cache_dir
 from ...formats.layout import c_header as layout_header
 from ...formats.types import GGMLType
 
+_KERNEL_DIR = Path(__file__).parent
+
+
+def _table_types() -> frozenset[GGMLType]:
+    """The types of the library's own table: ``decoders.c``'s ``TYPE_ROW(T, ...)``
+    lines, ``T`` a ``GGMLType`` name."""
+    rows = re.findall(r"^\s*TYPE_ROW\((\w+),", (_KERNEL_DIR / "decoders.c").read_text(), re.M)
+    return frozenset(GGMLType[name] for name in rows)
+
+
 # The types the native library runs, for every op (dequantize, embedding,
-# qmatmul on each native rung); the library's own table (decoders.c
-# beside this file) is checked against this set when it loads. Everything else
+# qmatmul on each native rung), read off its table; the loaded library's table
+# is checked against it and formats/layout.py's geometry. Everything else
 # takes the torch tiles.
-NATIVE_TYPES = frozenset({
-    GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0,
-    GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K, GGMLType.NVFP4, GGMLType.NVFP4_E2M1,
-    GGMLType.F16, GGMLType.BF16,
-    GGMLType.Q2_K, GGMLType.Q3_K,
-    GGMLType.IQ4_NL, GGMLType.IQ4_XS, GGMLType.MXFP4,
-    GGMLType.IQ3_XXS, GGMLType.IQ3_S,
-})
+NATIVE_TYPES = _table_types()
 
 NATIVE_MAX_TOKENS = 64         # the fused kernel's cap (MUSER_MAX_TOKENS in the generated header)
 # The fused rung's top (measured: cpu/__init__.py's LADDER); above it the ladder takes the
 # GEMM. decode.c's projections follow the same ladder (MUSER_FUSED_MAX_TOKENS).
 FUSED_MAX_TOKENS = 8
 
-_KERNEL_DIR = Path(__file__).parent
 _HEADER = "muser_layout.h"     # generated into the build directory, included by kernels.h
 _LIB = "libmuser_cpu" + (".dylib" if sys.platform == "darwin" else ".so")
 

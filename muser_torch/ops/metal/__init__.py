@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -36,15 +37,17 @@ _SRC_DIR = Path(__file__).resolve().parent
 _FILES = ("common.metal", "kquant.metal", "legacy.metal", "nvfp4.metal", "floats.metal", "lookup.metal",
           "grid.metal")
 
-# The weight types with Metal kernels (each file's MUSER_DEFINE_KERNELS lines;
-# a test checks the compiled library has exactly these).
-SUPPORTED = frozenset({
-    GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0,
-    GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K, GGMLType.NVFP4_E2M1, GGMLType.F16, GGMLType.BF16,
-    GGMLType.Q2_K, GGMLType.Q3_K,
-    GGMLType.IQ4_NL, GGMLType.IQ4_XS, GGMLType.MXFP4,
-    GGMLType.IQ3_XXS, GGMLType.IQ3_S,
-})
+
+def _kernel_types() -> frozenset[GGMLType]:
+    """The weight types with Metal kernels: each source's
+    ``MUSER_DEFINE_KERNELS(name, Format)`` lines, ``name`` the type's in lower
+    case (a test checks the compiled library has exactly their kernels)."""
+    names = [n for f in _FILES for n in re.findall(r"^MUSER_DEFINE_KERNELS\((\w+),",
+                                                     (_SRC_DIR / f).read_text(), re.M)]
+    return frozenset(GGMLType[n.upper()] for n in names)
+
+
+SUPPORTED = _kernel_types()
 
 # Launch geometry, #defined into the source (common.metal static_asserts it).
 CHUNK = 16             # elements every decoder produces at once
