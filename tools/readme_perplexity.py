@@ -20,7 +20,9 @@ file, ``NAME.in_sum2`` (the sum over the same 4 windows' tokens of each input
 column's square, ``[n_in, 1]`` f32) and ``NAME.counts`` (the token count,
 ``[1, 1]`` f32), with ``imatrix.datasets``, ``imatrix.chunk_count`` and
 ``imatrix.chunk_size``. The activations are those our float32 model computes
-from the file's own weights, recorded at each QLinear's input.
+from the file's own weights, recorded at each QLinear's input, over the
+README's next 2,048 tokens (4 windows after BOS, as llama-imatrix's chunks):
+text the perplexity does not score.
 """
 from __future__ import annotations
 
@@ -40,6 +42,9 @@ sys.path.insert(0, str(ROOT))
 README_COMMIT = "9e2b586"
 TOKENS = 2048
 WINDOW = 512
+# The imatrix is recorded on the README's next 2,048 tokens, so no perplexity
+# is measured on the text its weights were fitted to.
+CALIBRATION = TOKENS
 
 
 def readme_text() -> str:
@@ -47,12 +52,14 @@ def readme_text() -> str:
                           capture_output=True, text=True).stdout
 
 
-def readme_windows(tokenizer, text: str | None = None) -> torch.Tensor:
-    """``[TOKENS // WINDOW, WINDOW + 1]`` token ids: BOS, then each window."""
-    ids = tokenizer.encode(readme_text() if text is None else text)
-    if len(ids) < TOKENS:
-        raise ValueError(f"the text has {len(ids)} tokens, fewer than the {TOKENS} measured")
-    body = torch.tensor(ids[:TOKENS]).view(TOKENS // WINDOW, WINDOW)
+def readme_windows(tokenizer, start: int = 0) -> torch.Tensor:
+    """``[TOKENS // WINDOW, WINDOW + 1]`` token ids: BOS, then each window of
+    the README's ``TOKENS`` tokens from ``start``."""
+    ids = tokenizer.encode(readme_text())
+    if len(ids) < start + TOKENS:
+        raise ValueError(f"README.md at {README_COMMIT} has {len(ids)} tokens, fewer than "
+                         f"the {start + TOKENS} measured")
+    body = torch.tensor(ids[start:start + TOKENS]).view(TOKENS // WINDOW, WINDOW)
     bos = torch.full((body.shape[0], 1), tokenizer.bos_id, dtype=body.dtype)
     return torch.cat([bos, body], 1)
 
@@ -130,9 +137,19 @@ def write_imatrix(path: Path, sums: dict[str, tuple[np.ndarray, int]], chunks: i
     for name, (s, n) in sorted(sums.items()):
         tensors[f"{name}.in_sum2"] = ("F32", torch.from_numpy(s.astype(np.float32))[None, :])
         tensors[f"{name}.counts"] = ("F32", torch.tensor([[float(n)]]))
-    md = {"general.type": "imatrix", "imatrix.datasets": [f"README.md@{README_COMMIT}"],
+    md = {"general.type": "imatrix",
+          "imatrix.datasets": [f"README.md@{README_COMMIT} tokens {CALIBRATION}..{CALIBRATION + TOKENS}"],
           "imatrix.chunk_count": chunks, "imatrix.chunk_size": WINDOW}
     save_gguf(path, md, tensors, progress=False)
+
+
+def make_imatrix(src: Path, out: Path) -> Path:
+    """The imatrix of the file ``src``, written to ``out``."""
+    import muser_torch
+    model = muser_torch.from_gguf(src, dtype=torch.float32)
+    windows = readme_windows(model.tokenizer, start=CALIBRATION)
+    write_imatrix(out, record_imatrix(model, windows, tensor_names(src)), len(windows))
+    return out
 
 
 def main() -> None:
@@ -152,10 +169,8 @@ def main() -> None:
             ppl = perplexity(model, readme_windows(model.tokenizer))
             print(f"{f.name}\t{f.stat().st_size / 1e6:.0f} MB\tperplexity {ppl:.1f}", flush=True)
     else:
-        model = muser_torch.from_gguf(args.file, dtype=torch.float32)
-        windows = readme_windows(model.tokenizer)
-        write_imatrix(args.out, record_imatrix(model, windows, tensor_names(args.file)), len(windows))
-        print(f"{args.out}: {len(windows)} chunks of {WINDOW}")
+        make_imatrix(args.file, args.out)
+        print(f"{args.out}: {TOKENS // WINDOW} chunks of {WINDOW}")
 
 
 if __name__ == "__main__":
