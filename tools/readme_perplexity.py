@@ -48,8 +48,12 @@ CALIBRATION = TOKENS
 
 
 def readme_text() -> str:
-    return subprocess.run(["git", "show", f"{README_COMMIT}:README.md"], cwd=ROOT, check=True,
-                          capture_output=True, text=True).stdout
+    r = subprocess.run(["git", "show", f"{README_COMMIT}:README.md"], cwd=ROOT,
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError(f"README.md at commit {README_COMMIT} is not in {ROOT}'s git history: "
+                           f"{r.stderr.strip()}")
+    return r.stdout
 
 
 def readme_windows(tokenizer, start: int = 0) -> torch.Tensor:
@@ -130,8 +134,9 @@ def tensor_names(path: Path) -> set[str]:
 
 
 def write_imatrix(path: Path, sums: dict[str, tuple[np.ndarray, int]], chunks: int) -> None:
-    """``sums`` in llama.cpp's imatrix GGUF form (metadata types inferred:
-    the counts are UINT32, the dataset list strings)."""
+    """``sums`` in llama.cpp's imatrix GGUF form (the metadata types inferred:
+    chunk_count and chunk_size UINT32, datasets an array of strings, as
+    llama.cpp's loader reads them)."""
     from muser_torch.gguf_io import save_gguf
     tensors = {}
     for name, (s, n) in sorted(sums.items()):
