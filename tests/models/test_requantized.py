@@ -1,10 +1,16 @@
-"""Q2_K and Q3_K in a file llama.cpp wrote: the Gemma 3 270M Q4_K_M file
+"""Block types in files llama.cpp wrote: the Gemma 3 270M Q4_K_M file
 requantized by the peer ``llama-quantize --allow-requantize --pure`` (pure:
-every tensor whose rows hold whole 256-blocks takes the type; Gemma's 640-wide
-rows fall back to Q4_0 / Q5_0 either way), against transformers'
+every tensor whose rows hold whole blocks takes the type; Gemma's 640-wide
+rows hold no 256-block, so they fall back to Q4_0 / Q5_0 under the K types
+and to IQ4_NL under IQ4_XS and the IQ3 types), against transformers'
 Gemma3ForCausalLM in float64 over the same tensors (gguf-py dequantizes them).
+IQ3_XXS needs an importance matrix: ``tools/readme_perplexity.py`` records
+one from our float32 model over the source file on the README's text.
 """
 from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
 
 import pytest
 import torch
@@ -17,15 +23,36 @@ from .conftest import SEED, hf_gemma3, rel_err
 from .test_gemma3 import BOS, _prompt
 
 
+# block type the file must hold -> (llama-quantize's ftype, whether it needs an
+# importance matrix). MXFP4_MOE with --pure puts MXFP4 on every projection and
+# the tied embedding, not only on experts; IQ3_XXS is refused without a matrix.
+FILES = {
+    "Q2_K": ("Q2_K", False), "Q3_K": ("Q3_K", False),
+    "IQ4_NL": ("IQ4_NL", False), "IQ4_XS": ("IQ4_XS", False), "MXFP4": ("MXFP4_MOE", False),
+    "IQ3_S": ("IQ3_S", False), "IQ3_XXS": ("IQ3_XXS", True),
+}
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _imatrix(src: Path, out: Path) -> Path:
+    spec = importlib.util.spec_from_file_location("readme_perplexity", REPO / "tools" / "readme_perplexity.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    return tool.make_imatrix(src, out)
+
+
 # The default suite holds a llama.cpp-written real file to transformers once
 # (tests/models/test_gemma3.py, Q4_K_M); these requantized files repeat it per type.
-@pytest.fixture(scope="module", params=[slow.param("Q2_K"), slow.param("Q3_K")])
+@pytest.fixture(scope="module", params=[slow.param(t) for t in FILES])
 def requantized(request, gemma_path, tmp_path_factory):
     need_llama_quantize()
-    work = tmp_path_factory.mktemp(request.param)
-    out = work / f"gemma-3-270m-{request.param.lower()}.gguf"
-    run_llama_quantize(gemma_path, out, request.param, options=("--allow-requantize", "--pure"))
-    return request.param, out, hf_gemma3(out, work, torch.float64)
+    qtype = request.param
+    ftype, needs_imatrix = FILES[qtype]
+    work = tmp_path_factory.mktemp(qtype)
+    imatrix = _imatrix(gemma_path, work / "gemma-3-270m.imatrix.gguf") if needs_imatrix else None
+    out = work / f"gemma-3-270m-{qtype.lower()}.gguf"
+    run_llama_quantize(gemma_path, out, ftype, imatrix=imatrix, options=("--allow-requantize", "--pure"))
+    return qtype, out, hf_gemma3(out, work, torch.float64)
 
 
 def test_requantized_file_matches_float64(requantized):
