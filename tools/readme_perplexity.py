@@ -5,9 +5,9 @@ docs/types.md's "A real file" table.
     python tools/readme_perplexity.py perplexity FILE.gguf [FILE.gguf ...]
     python tools/readme_perplexity.py imatrix FILE.gguf OUT.imatrix.gguf
 
-The text is README.md as of commit ``README_COMMIT`` (read through ``git
-show``), the one the table's first rows were measured on, so every row scores
-the same tokens.
+The text is ``tools/data/perplexity-text.md``: this repository's README.md as
+it stood when the table's first rows were measured (commit 9e2b586), kept as a
+file so that every row scores the same tokens, in any checkout.
 
 perplexity: the README's first 2,048 tokens as the file's tokenizer encodes it
 (its BOS first), cut into 4 windows of 512; each window runs after a BOS of
@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import math
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -39,7 +38,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-README_COMMIT = "9e2b586"
+TEXT = ROOT / "tools" / "data" / "perplexity-text.md"
 TOKENS = 2048
 WINDOW = 512
 # The imatrix is recorded on the README's next 2,048 tokens, so no perplexity
@@ -48,12 +47,7 @@ CALIBRATION = TOKENS
 
 
 def readme_text() -> str:
-    r = subprocess.run(["git", "show", f"{README_COMMIT}:README.md"], cwd=ROOT,
-                       capture_output=True, text=True)
-    if r.returncode != 0:
-        raise RuntimeError(f"README.md at commit {README_COMMIT} is not in {ROOT}'s git history: "
-                           f"{r.stderr.strip()}")
-    return r.stdout
+    return TEXT.read_text(encoding="utf-8")
 
 
 def readme_windows(tokenizer, start: int = 0) -> torch.Tensor:
@@ -61,7 +55,7 @@ def readme_windows(tokenizer, start: int = 0) -> torch.Tensor:
     the README's ``TOKENS`` tokens from ``start``."""
     ids = tokenizer.encode(readme_text())
     if len(ids) < start + TOKENS:
-        raise ValueError(f"README.md at {README_COMMIT} has {len(ids)} tokens, fewer than "
+        raise ValueError(f"{TEXT.name} has {len(ids)} tokens, fewer than "
                          f"the {start + TOKENS} measured")
     body = torch.tensor(ids[start:start + TOKENS]).view(TOKENS // WINDOW, WINDOW)
     bos = torch.full((body.shape[0], 1), tokenizer.bos_id, dtype=body.dtype)
@@ -143,7 +137,7 @@ def write_imatrix(path: Path, sums: dict[str, tuple[np.ndarray, int]], chunks: i
         tensors[f"{name}.in_sum2"] = ("F32", torch.from_numpy(s.astype(np.float32))[None, :])
         tensors[f"{name}.counts"] = ("F32", torch.tensor([[float(n)]]))
     md = {"general.type": "imatrix",
-          "imatrix.datasets": [f"README.md@{README_COMMIT} tokens {CALIBRATION}..{CALIBRATION + TOKENS}"],
+          "imatrix.datasets": [f"{TEXT.name} tokens {CALIBRATION}..{CALIBRATION + TOKENS}"],
           "imatrix.chunk_count": chunks, "imatrix.chunk_size": WINDOW}
     save_gguf(path, md, tensors, progress=False)
 
