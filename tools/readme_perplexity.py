@@ -5,7 +5,7 @@ docs/types.md's "A real file" table.
     python tools/readme_perplexity.py perplexity FILE.gguf [FILE.gguf ...]
     python tools/readme_perplexity.py imatrix FILE.gguf OUT.imatrix.gguf
 
-The text is ``tools/data/perplexity-text.md``: this repository's README.md as
+The text is ``tools/data/perplexity-text.txt``: this repository's README.md as
 it stood when the table's first rows were measured (commit 9e2b586), kept as a
 file so that every row scores the same tokens, in any checkout.
 
@@ -38,7 +38,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-TEXT = ROOT / "tools" / "data" / "perplexity-text.md"
+TEXT = ROOT / "tools" / "data" / "perplexity-text.txt"
 TOKENS = 2048
 WINDOW = 512
 # The imatrix is recorded on the README's next 2,048 tokens, so no perplexity
