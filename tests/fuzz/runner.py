@@ -258,21 +258,23 @@ class Pool:
         self.running: dict[int, _Running] = {}
         self.done: list[Result] = []
 
-    def submit(self, write: Callable[[Path], None], file_size: int, result: Result,
+    def submit(self, write: Callable[[Path], Path | None], file_size: int, result: Result,
                timeout_s: float | None = None) -> None:
-        """Write the mutant with ``write(slot_path)``, then run it in a child
-        (``timeout_s`` overrides the pool's timeout for this one)."""
+        """Write the mutant with ``write(slot_path)``, then run it in a child on
+        the path ``write`` returns (the slot when it returns None; a split
+        model's first part elsewhere). ``timeout_s`` overrides the pool's
+        timeout for this one."""
         while not self.free:
             self._poll()
         slot = self.free.pop()
-        write(slot)
+        run_path = write(slot) or slot
         rfd, wfd = os.pipe()
         base = _rss()
         pid = os.fork()
         if pid == 0:
             os.close(rfd)
             try:
-                _child(str(slot), file_size, self.cap, wfd, self.target)
+                _child(str(run_path), file_size, self.cap, wfd, self.target)
             finally:
                 os._exit(70)
         os.close(wfd)
