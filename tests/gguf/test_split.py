@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from gguf.constants import GGUFValueType
+from gguf.constants import GGMLQuantizationType, GGUFValueType
 
 from muser_torch import load_gguf, save_gguf
 from muser_torch.config import GlimmerConfig
