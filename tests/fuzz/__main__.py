@@ -58,11 +58,12 @@ def fuzz_seed(arg: int | None) -> int:
 
 
 def run_file(path: Path, seed: int, n: int, with_sweep: bool, pool: Pool, *,
-             only: int | None = None, keep: Path | None = None,
+             only: int | None = None, first: int = 0, keep: Path | None = None,
              replays: tuple[tuple[str, str], ...] = (), replay_timeout: float | None = None,
              sweep_kinds: frozenset[str] | None = None) -> tuple[list[Result], int]:
     """The control, every mutant of ``path`` (the sweep first when
-    ``with_sweep``, then ``n`` random ones; or just mutant ``only``), then the
+    ``with_sweep``, then ``n`` random ones, from index ``first``; or just
+    mutant ``only``), then the
     sweep items named by ``replays`` (key, label), in the file (the first part
     of a split model). Returns the results, sorted by index, and the sweep's
     length. ``path`` may be the first part of a split model (targets.py)."""
@@ -71,7 +72,7 @@ def run_file(path: Path, seed: int, n: int, with_sweep: bool, pool: Pool, *,
 
     def todo():
         yield 0, Mutant(CONTROL, "control", "unmutated"), None
-        for i in [only] if only is not None else range(n_sweep + n):
+        for i in [only] if only is not None else range(first, n_sweep + n):
             yield *target.mutant(seed, i, with_sweep), None
         for j, (key, label) in enumerate(replays):
             for m in target.parts[0].items:
@@ -101,8 +102,9 @@ def table(path: Path, results: list[Result], seed: int, n_sweep: int, cap_mb: in
     """One file's results: outcome x stage, then each error class, then RSS."""
     size = files_size(path)
     mutants = [r for r in results if r.index >= 0]
-    lines = [f"{path.name} ({size:,} bytes): {len(mutants)} mutants ({n_sweep} sweep + "
-             f"{len(mutants) - n_sweep} random), seed {seed}, {seconds:.0f} s",
+    swept = sum(r.index < n_sweep for r in mutants)
+    lines = [f"{path.name} ({size:,} bytes): {len(mutants)} mutants ({swept} sweep + "
+             f"{len(mutants) - swept} random), seed {seed}, {seconds:.0f} s",
              f"  {'outcome':<10}" + "".join(f"{s:>10}" for s in STAGES) + f"{'total':>10}"]
     for outcome in ("ok", "typed", *BAD):
         rows = [r for r in mutants if r.outcome == outcome]
@@ -126,6 +128,28 @@ def table(path: Path, results: list[Result], seed: int, n_sweep: int, cap_mb: in
     return "\n".join(lines)
 
 
+def merge(reports: list[Path], cap_mb: int) -> int:
+    """The tables of several ``--json`` reports of one seed (chunks of a run),
+    each mutant counted once; exit 1 when one is bad, as a run would."""
+    seeds, files, seconds = set(), {}, {}
+    for report in reports:
+        data = json.loads(report.read_text())
+        seeds.add(data["seed"])
+        for name, rep in data["files"].items():
+            got = files.setdefault(name, ({}, rep["n_sweep"]))[0]
+            for r in rep["results"]:
+                got[r["index"]] = Result(**r)
+            seconds[name] = seconds.get(name, 0.0) + rep.get("seconds", 0.0)
+    if len(seeds) != 1:
+        raise SystemExit(f"python -m tests.fuzz --merge: the reports have seeds {sorted(seeds)}")
+    (seed,), bad = seeds, 0
+    for name, (results, n_sweep) in files.items():
+        rows = sorted(results.values(), key=lambda r: r.index)
+        print(table(Path(name), rows, seed, n_sweep, cap_mb, seconds[name]))
+        bad += sum(r.outcome in BAD and not r.known and r.index >= 0 for r in rows)
+    return 1 if bad else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m tests.fuzz", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -145,6 +169,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cap-mb", type=int, default=300,
                    help="memory cap: an attempt's RSS may grow by its file's size plus this")
     p.add_argument("--only", type=int, default=None, help="run just this mutant index")
+    p.add_argument("--first", type=int, default=0,
+                   help="start at this mutant index: a long run in chunks (--first 2000 "
+                        "--mutants 3000 is mutants 2000-2999 of a run of 3000 or more)")
+    p.add_argument("--merge", type=Path, nargs="+", default=None, metavar="JSON",
+                   help="print the tables of the --json results of several runs (chunks of "
+                        "one run) together, and run nothing")
     p.add_argument("--keep", type=Path, default=None, help="also write the mutants here")
     p.add_argument("--known", nargs="?", const="", default=None, metavar="NAME,...",
                    help="also replay the mutant of each fixed loader failure and chat template "
@@ -158,6 +188,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.mutants < 0 or args.workers < 1 or args.timeout <= 0 or args.cap_mb < 1:
         p.error("need --mutants >= 0, --workers >= 1, --timeout > 0 and --cap-mb >= 1")
 
+    if args.merge:
+        return merge(args.merge, args.cap_mb)
     kinds = frozenset(args.sweep_kinds.split(",")) if args.sweep_kinds else None
     if kinds and not kinds <= {"truncate", "key", "vocab", "template"}:
         p.error(f"--sweep-kinds: unknown kind in {args.sweep_kinds!r}")
@@ -180,6 +212,7 @@ def main(argv: list[str] | None = None) -> int:
         for path, n in files:
             t0 = time.monotonic()
             results, n_sweep = run_file(path, seed, n, args.sweep, pool, only=args.only,
+                                        first=args.first,
                                         keep=args.keep, replays=replays,
                                         replay_timeout=args.known_timeout, sweep_kinds=kinds)
             print(table(path, results, seed, n_sweep, args.cap_mb, time.monotonic() - t0),
@@ -191,6 +224,7 @@ def main(argv: list[str] | None = None) -> int:
                       f"at {r.where}\n    {r.detail}")
             bad += len(new_bad)
             report["files"][str(path)] = {"size": files_size(path), "n_sweep": n_sweep,
+                                          "seconds": time.monotonic() - t0,
                                           "results": [r.to_json() for r in results]}
     if args.json:
         args.json.write_text(json.dumps(report))
