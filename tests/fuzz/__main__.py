@@ -58,12 +58,13 @@ def fuzz_seed(arg: int | None) -> int:
 
 
 def run_file(path: Path, seed: int, n: int, with_sweep: bool, pool: Pool, *,
-             only: int | None = None, first: int = 0, keep: Path | None = None,
+             only: int | None = None, chunk: tuple[int, int] | None = None,
+             keep: Path | None = None,
              replays: tuple[tuple[str, str], ...] = (), replay_timeout: float | None = None,
              sweep_kinds: frozenset[str] | None = None) -> tuple[list[Result], int]:
     """The control, every mutant of ``path`` (the sweep first when
-    ``with_sweep``, then ``n`` random ones, from index ``first``; or just
-    mutant ``only``), then the
+    ``with_sweep``, then ``n`` random ones; of those only indices ``chunk``
+    = [a, b) when given; or just mutant ``only``), then the
     sweep items named by ``replays`` (key, label), in the file (the first part
     of a split model). Returns the results, sorted by index, and the sweep's
     length. ``path`` may be the first part of a split model (targets.py)."""
@@ -72,7 +73,8 @@ def run_file(path: Path, seed: int, n: int, with_sweep: bool, pool: Pool, *,
 
     def todo():
         yield 0, Mutant(CONTROL, "control", "unmutated"), None
-        for i in [only] if only is not None else range(first, n_sweep + n):
+        a, b = chunk or (0, n_sweep + n)
+        for i in [only] if only is not None else range(a, min(b, n_sweep + n)):
             yield *target.mutant(seed, i, with_sweep), None
         for j, (key, label) in enumerate(replays):
             for m in target.parts[0].items:
@@ -169,9 +171,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cap-mb", type=int, default=300,
                    help="memory cap: an attempt's RSS may grow by its file's size plus this")
     p.add_argument("--only", type=int, default=None, help="run just this mutant index")
-    p.add_argument("--first", type=int, default=0,
-                   help="start at this mutant index: a long run in chunks (--first 2000 "
-                        "--mutants 3000 is mutants 2000-2999 of a run of 3000 or more)")
+    p.add_argument("--chunk", default=None, metavar="A:B",
+                   help="run only mutants A..B-1 of the run: a long run in chunks, merged "
+                        "with --merge")
     p.add_argument("--merge", type=Path, nargs="+", default=None, metavar="JSON",
                    help="print the tables of the --json results of several runs (chunks of "
                         "one run) together, and run nothing")
@@ -190,6 +192,12 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.merge:
         return merge(args.merge, args.cap_mb)
+    chunk = None
+    if args.chunk is not None:
+        a, _, b = args.chunk.partition(":")
+        if not (a.isdigit() and b.isdigit() and int(a) < int(b)):
+            p.error(f"--chunk: expected A:B with A < B, got {args.chunk!r}")
+        chunk = (int(a), int(b))
     kinds = frozenset(args.sweep_kinds.split(",")) if args.sweep_kinds else None
     if kinds and not kinds <= {"truncate", "key", "vocab", "template"}:
         p.error(f"--sweep-kinds: unknown kind in {args.sweep_kinds!r}")
@@ -212,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
         for path, n in files:
             t0 = time.monotonic()
             results, n_sweep = run_file(path, seed, n, args.sweep, pool, only=args.only,
-                                        first=args.first,
+                                        chunk=chunk,
                                         keep=args.keep, replays=replays,
                                         replay_timeout=args.known_timeout, sweep_kinds=kinds)
             print(table(path, results, seed, n_sweep, args.cap_mb, time.monotonic() - t0),
