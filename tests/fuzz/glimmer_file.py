@@ -51,9 +51,15 @@ def glimmer_200k_path() -> Path:
     """The file, built first if the cache lacks it."""
     tag = f"py{sys.version_info.major}{sys.version_info.minor}-seed{SEED}"
     path = cache_root() / f"glimmer-200k-{tag}.gguf"
-    if not path.exists():
+    if not (path.exists() and trained_json(path).exists()):
         build(path)
     return path
+
+
+def trained_json(path: Path) -> Path:
+    """The trained tokenizer's own ``tokenizer.json``, kept beside the file as
+    the reference its GGUF vocabulary is checked against."""
+    return path.with_suffix(".tokenizer.json")
 
 
 def _sources() -> list[Path]:
@@ -138,6 +144,7 @@ def build(path: Path, seed: int = SEED) -> None:
             "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": BOS, "eos_token": EOS,
             "pad_token": "<|pad|>", "chat_template": GLIMMER_ATEM}), encoding="utf-8")
         keys, types = tokenizer_keys(d)
+        reference = (d / "tokenizer.json").read_bytes()
     config = GlimmerConfig(
         context_length=512, hidden=256, ffn=256, n_layers=2, n_heads=2, n_kv_heads=1,
         head_dim=128, rms_eps=1e-6, sliding_window=64,
@@ -145,4 +152,7 @@ def build(path: Path, seed: int = SEED) -> None:
         vocab_size=N_TRAINED + N_SPECIAL, weight_precision="q4_k_xl")
     tmp_path = path.with_name(f"{path.name}.{os.getpid()}")
     write_tiny(tmp_path, config, seed, tokenizer=keys, tokenizer_types=types)
+    json_tmp = trained_json(tmp_path)
+    json_tmp.write_bytes(reference)
+    os.replace(json_tmp, trained_json(path))
     os.replace(tmp_path, path)
