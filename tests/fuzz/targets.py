@@ -117,7 +117,6 @@ class Target:
             if sweep_kinds is not None:   # a part of the sweep, renumbered
                 items = [replace(m, index=i) for i, m in
                          enumerate(m for m in items if m.kind in sweep_kinds)]
-            lay.sweep_cache = items
             self.parts.append(Part(path, lay, read_base(path, lay), items))
         self.file_size = sum(p.lay.file_size for p in self.parts)
 
