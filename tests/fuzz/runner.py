@@ -258,16 +258,17 @@ class Pool:
         self.running: dict[int, _Running] = {}
         self.done: list[Result] = []
 
-    def submit(self, write: Callable[[Path], Path | None], file_size: int, result: Result,
+    def submit(self, write: Callable[[Path], object], file_size: int, result: Result,
                timeout_s: float | None = None) -> None:
         """Write the mutant with ``write(slot_path)``, then run it in a child on
-        the path ``write`` returns (the slot when it returns None; a split
-        model's first part elsewhere). ``timeout_s`` overrides the pool's
-        timeout for this one."""
+        the path ``write`` returns if it returns one (a split model's first
+        part, beside the slot), else on the slot. ``timeout_s`` overrides the
+        pool's timeout for this one."""
         while not self.free:
             self._poll()
         slot = self.free.pop()
-        run_path = write(slot) or slot
+        written = write(slot)
+        run_path = written if isinstance(written, Path) else slot
         rfd, wfd = os.pipe()
         base = _rss()
         pid = os.fork()
