@@ -63,7 +63,11 @@ def demo_split3_path() -> Path:
             parts = split_with_gguf_py(demo, tmp / demo.stem, -(-n // SPLIT_PARTS))
             if len(parts) != SPLIT_PARTS:
                 raise RuntimeError(f"demo-split3: gguf-py wrote {len(parts)} parts")
-            tmp.rename(folder)    # the parts appear together, or not at all
+            try:
+                tmp.rename(folder)    # the parts appear together, or not at all
+            except OSError:
+                if not first.exists():   # else another process built them first
+                    raise
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return first
