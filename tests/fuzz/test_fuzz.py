@@ -164,6 +164,7 @@ def test_runner_detects_every_outcome():
     assert got == {
         "ok": ["ok", None, None],
         "typed": ["typed", "model", "GGUFFormatError"],
+        "context": ["typed", "model", "ContextLengthError"],
         "untyped": ["untyped", "model", "KeyError"],
         "crash": ["crash", "model", "signal SIGSEGV"],
         "exit": ["crash", "model", "exit 3"],
