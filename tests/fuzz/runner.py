@@ -28,7 +28,9 @@ an honest attempt, which needs a tenth of its CPU timeout at most, would
 need a CPU share under 1/100 to reach it.
 
 Outcomes: ``ok``; ``typed`` (a ``GGUFError`` subclass, ``MetadataError`` and
-``ChatTemplateError`` included, counted by class);
+``ChatTemplateError`` included, or a ``ContextLengthError``: a file whose
+context length is shorter than the chat prompt is refused in the generate
+stage naming both numbers; counted by class);
 ``untyped`` (any other exception, counted by class); ``crash``; ``hang``;
 ``over-cap`` (killed by the RSS watch, or a ``MemoryError`` or allocator
 failure under the address-space limit).
@@ -187,7 +189,7 @@ def _child(path: str, file_size: int, cap: int, wfd: int, target: Callable) -> N
         say(obj)
 
     try:
-        from muser_torch import GGUFError
+        from muser_torch import ContextLengthError, GGUFError
         target(path, say_stage)
         say({"hwm": _hwm(), "outcome": "ok"})
     except BaseException as e:  # noqa: BLE001  (classifying everything is the point)
@@ -195,7 +197,7 @@ def _child(path: str, file_size: int, cap: int, wfd: int, target: Callable) -> N
         where = f"{Path(tb[-1].filename).name}:{tb[-1].lineno}" if tb else None
         if _is_alloc_failure(e):
             outcome = "over-cap"
-        elif isinstance(e, GGUFError):
+        elif isinstance(e, (GGUFError, ContextLengthError)):
             outcome = "typed"
         else:
             outcome = "untyped"
@@ -258,21 +260,24 @@ class Pool:
         self.running: dict[int, _Running] = {}
         self.done: list[Result] = []
 
-    def submit(self, write: Callable[[Path], None], file_size: int, result: Result,
+    def submit(self, write: Callable[[Path], object], file_size: int, result: Result,
                timeout_s: float | None = None) -> None:
-        """Write the mutant with ``write(slot_path)``, then run it in a child
-        (``timeout_s`` overrides the pool's timeout for this one)."""
+        """Write the mutant with ``write(slot_path)``, then run it in a child on
+        the path ``write`` returns if it returns one (a split model's first
+        part, beside the slot), else on the slot. ``timeout_s`` overrides the
+        pool's timeout for this one."""
         while not self.free:
             self._poll()
         slot = self.free.pop()
-        write(slot)
+        written = write(slot)
+        run_path = written if isinstance(written, Path) else slot
         rfd, wfd = os.pipe()
         base = _rss()
         pid = os.fork()
         if pid == 0:
             os.close(rfd)
             try:
-                _child(str(slot), file_size, self.cap, wfd, self.target)
+                _child(str(run_path), file_size, self.cap, wfd, self.target)
             finally:
                 os._exit(70)
         os.close(wfd)

@@ -24,7 +24,7 @@ TIMEOUT_S, WALL_FACTOR = 1.0, 3.0
 
 def target(path: str, say) -> None:
     """Behave as the file says (its whole content is the behaviour's name)."""
-    from muser_torch.errors import GGUFFormatError
+    from muser_torch.errors import ContextLengthError, GGUFFormatError
     what = Path(path).read_text()
     say({"stage": "load"})
     if what == "ok":
@@ -34,6 +34,8 @@ def target(path: str, say) -> None:
         raise GGUFFormatError("a typed refusal")
     if what == "untyped":
         raise KeyError("an untyped exception")
+    if what == "context":                    # a prompt past the file's context: typed too
+        raise ContextLengthError("a sequence of 61 tokens exceeds the context of 20", 61, 20)
     if what == "crash":
         os.kill(os.getpid(), signal.SIGSEGV)
     if what == "spin":                       # past the CPU timeout
@@ -52,7 +54,7 @@ def target(path: str, say) -> None:
         os._exit(3)
 
 
-BEHAVIOURS = ("ok", "typed", "untyped", "crash", "spin", "hang", "alloc", "rss", "exit")
+BEHAVIOURS = ("ok", "typed", "context", "untyped", "crash", "spin", "hang", "alloc", "rss", "exit")
 
 
 def main() -> int:

@@ -22,15 +22,22 @@ from .. import slow
 from .__main__ import CONTROL, fuzz_seed
 from .known import LOADER_REGRESSIONS, TEMPLATE_REGRESSIONS
 from .runner import BAD
+from .targets import named_path
 from ..cache_dirs import kernels_only_cache
 
 ROOT = Path(__file__).resolve().parents[2]
-# Random mutants per file. A Gemma attempt builds the file's tokenizer (seconds of
-# CPU each); a demo attempt takes milliseconds. The default suite replays one of
-# the issue's templates in the Gemma file (the four render alone in
-# tests/text/test_chat_bounds.py); MUSER_SLOW_TESTS=1 replays all four and runs
-# more Gemma mutants.
-CI_FILES = ("demo-q4_k_xl:120", "demo-nvfp4:120", f"gemma3-270m:{8 if slow.ON else 2}")
+# Random mutants per file: the issue's 200-mutant slice where an attempt is cheap
+# (the demo lanes and the split demo: tens of milliseconds), fewer where each
+# attempt builds a large tokenizer from the mutated file (glimmer-200k's 202,048
+# tokens: about 3 s; Gemma's 262,144: about 10 s); MUSER_SLOW_TESTS=1 runs 200 of
+# every file. docs/fuzz.md has the measured costs. The default suite replays one
+# of the issue's templates in the files that render templates (the four render
+# alone in tests/text/test_chat_bounds.py); MUSER_SLOW_TESTS=1 replays all four.
+CI_FILES = ("demo-q4_k_xl:200", "demo-nvfp4:200", "demo-split3:200",
+            f"glimmer-200k:{200 if slow.ON else 30}", f"gemma3-270m:{200 if slow.ON else 2}")
+# The files whose tokenizer renders chat templates (name prefixes): there the
+# hostile templates must stop at their bounds; the byte-level demos ignore them.
+TEMPLATE_FILES = ("gemma", "glimmer-200k")
 TEMPLATES_REPLAYED = TEMPLATE_REGRESSIONS if slow.ON else TEMPLATE_REGRESSIONS[:1]
 # CPU seconds per attempt (runner.py: load slows an attempt's wall time, not its
 # CPU time). A hang never ends, so a generous limit still finds one: 10x or more
@@ -56,6 +63,8 @@ def fuzz(tmp_path_factory):
     seed = fuzz_seed(None)
     out = tmp_path_factory.mktemp("fuzz") / "results.json"
     files = [f for f in CI_FILES if HAVE_GEMMA or not f.startswith("gemma")]
+    for f in files:   # built here, so the child's kernels-only cache links them
+        named_path(f.partition(":")[0])
     known = ",".join(k.name for k in LOADER_REGRESSIONS + TEMPLATES_REPLAYED)
     proc = _run(["tests.fuzz", "--seed", str(seed), "--known", known, "--timeout", str(TIMEOUT_S),
                  "--known-timeout", str(KNOWN_TIMEOUT_S), "--json", str(out),
@@ -91,8 +100,8 @@ def test_the_reader_never_fails_badly(fuzz):
 
 def test_controls_and_counts(fuzz):
     """The unmutated files behave (so a broken harness cannot pass as a clean
-    run), each demo mutant set reaches every stage, and the peak RSS growth
-    stays within the cap."""
+    run), each demo mutant set reaches every stage, a split model's mutants
+    fall in each of its parts, and the peak RSS growth stays within the cap."""
     seed, files, tables = fuzz
     for name, rep in files.items():
         results = rep["results"]
@@ -103,6 +112,10 @@ def test_controls_and_counts(fuzz):
             stages = {r["stage"] for r in mutants if r["outcome"] == "typed"}
             assert {"load", "model"} <= stages and any(r["outcome"] == "ok" for r in mutants), \
                 f"fuzz seed {seed}: {name} never got past some stage\n{tables}"
+        if "-00001-of-" in name:   # a split model: each part is mutated, one at a time
+            count = int(name.rsplit("-of-", 1)[1].split(".")[0])
+            parts = {r["detail"].split(":")[0] for r in mutants}
+            assert parts == {f"part {k} of {count}" for k in range(1, count + 1)}, parts
         cap = rep["size"] + (300 << 20)
         assert max(r["rss_growth"] for r in mutants) <= cap, f"fuzz seed {seed}: {name}\n{tables}"
 
@@ -128,13 +141,13 @@ def _replays(rep: dict, known) -> list[dict]:
                                    for k in TEMPLATE_REGRESSIONS], ids=lambda k: k.name)
 def test_the_issue_templates_stop_at_their_bounds(fuzz, known):
     """The hostile templates of ``known.TEMPLATE_REGRESSIONS``, put into each file: where the file's tokenizer
-    renders templates (the Gemma file) each ends in a ChatTemplateError in the
+    renders templates (the Gemma and glimmer-200k files) each ends in a ChatTemplateError in the
     chat stage, within the memory cap; the byte-level demos ignore them."""
     seed, files, tables = fuzz
     for name, rep in files.items():
         (r,) = _replays(rep, known)
         assert r["rss_growth"] <= rep["size"] + (300 << 20), _replay(seed, name, r)
-        if name.startswith("gemma"):
+        if name.startswith(TEMPLATE_FILES):
             assert (r["outcome"], r["stage"], r["error"]) == ("typed", "chat", "ChatTemplateError"), \
                 _replay(seed, name, r)
             assert "stopped at its" in r["message"], r["message"]
@@ -151,6 +164,7 @@ def test_runner_detects_every_outcome():
     assert got == {
         "ok": ["ok", None, None],
         "typed": ["typed", "model", "GGUFFormatError"],
+        "context": ["typed", "model", "ContextLengthError"],
         "untyped": ["untyped", "model", "KeyError"],
         "crash": ["crash", "model", "signal SIGSEGV"],
         "exit": ["crash", "model", "exit 3"],
