@@ -141,12 +141,11 @@ def output_hook(fn):
     return fn
 
 
-def _output_hooks(layer) -> list | None:
-    """The layer's forward hooks when each is an ``output_hook``, else None."""
+def _only_output_hooks(layer) -> bool:
+    """Whether every hook of the layer is an ``output_hook`` (none is too)."""
     if layer._forward_pre_hooks or getattr(layer, "_forward_hooks_with_kwargs", None):
-        return None
-    hooks = list(layer._forward_hooks.values())
-    return hooks if all(getattr(h, "output_only", False) for h in hooks) else None
+        return False
+    return all(getattr(h, "output_only", False) for h in layer._forward_hooks.values())
 
 
 class NativeLayers:
@@ -210,8 +209,10 @@ class NativeLayers:
         else:
             run, name, where = lib.muser_extend_block, "muser::extend_block", (T, int(slots[0]),
                                                                               int(lengths[0]))
+        # a journaling cache (a verify) records what each layer's call overwrites and writes
         step_positions = positions.view(B, T)
-        journals = [self._journal_before(c, slots, step_positions) for c in self.caches]
+        overwritten = [None if c.journal is None else c.entries(slots, step_positions)
+                       for c in self.caches]
         for i, (ref, k) in enumerate(zip(self.refs, self.rope_slots)):
             c, s = angles[k][:2] if angles else (None, None)
             args = (ref, xp, *where, c, s, wp, threads, BACK_TO_BACK_THREAD_MIN_BYTES)
@@ -219,29 +220,16 @@ class NativeLayers:
             if rc:
                 raise RuntimeError(f"{name} failed ({rc}: -1 a projection it does not run, "
                                    f"-2 no memory, -3 a negative length or slot)")
-            if journals[i] is not None:
-                self._journal_after(self.caches[i], journals[i])
+            if overwritten[i] is not None:   # every new key is in the ring: T <= capacity
+                cache = self.caches[i]
+                cache.journal.append((slots, step_positions, *overwritten[i],
+                                      *cache.entries(slots, step_positions)))
             layer = self.layers[i]
             if layer._forward_hooks:
                 out = x.clone()
                 for hook in layer._forward_hooks.values():
                     hook(layer, None, out)
         return x
-
-    @staticmethod
-    def _journal_before(cache: KVCache, slots: torch.Tensor, positions: torch.Tensor):
-        """What ``KVCache.update`` records before a write, when the cache journals."""
-        if cache.journal is None:
-            return None
-        idx = positions % cache.capacity
-        rows = slots.unsqueeze(-1).expand_as(idx)
-        return slots, positions, cache.k[rows, idx], cache.v[rows, idx], rows, idx
-
-    @staticmethod
-    def _journal_after(cache: KVCache, before) -> None:
-        # every new key is in the ring after the step (a step never runs more rows than the ring holds)
-        slots, positions, old_k, old_v, rows, idx = before
-        cache.journal.append((slots, positions, old_k, old_v, cache.k[rows, idx], cache.v[rows, idx]))
 
 
 def _rebuilt_later() -> None:
@@ -254,7 +242,7 @@ def native_layers(model, x: torch.Tensor, slots: torch.Tensor | None) -> NativeL
     if (slots is None or x.dtype is not torch.float32 or not plain_eager(x)
             or not (T == 1 and B <= FUSED_MAX_TOKENS or B == 1 and T <= EXTEND_MAX_TOKENS)):
         return None
-    if any(_output_hooks(layer) is None for layer in model.layers):
+    if not all(_only_output_hooks(layer) for layer in model.layers):
         return None   # the library would skip them
     lib = _native_lib()
     if lib is None:

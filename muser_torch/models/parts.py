@@ -115,14 +115,19 @@ class KVCache(nn.Module):
         (-1 when the entry is still empty)."""
         return layer_ops.ring_positions(lengths, self.capacity)
 
+    def entries(self, slots: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Copies of the keys and values at the ring entries of ``positions
+        [B, T]`` in ``slots [B]`` (what a write there overwrites, or wrote)."""
+        idx = positions % self.capacity
+        rows = slots.unsqueeze(-1).expand_as(idx)
+        return self.k[rows, idx], self.v[rows, idx]
+
     def update(self, slots: torch.Tensor, positions: torch.Tensor,
                k: torch.Tensor, v: torch.Tensor) -> None:
         """Store the last ``min(T, capacity)`` of the new keys ``[B, T, n_kv, D]``
         at their ring entries, in place."""
         if self.journal is not None:
-            idx = positions % self.capacity
-            rows = slots.unsqueeze(-1).expand_as(idx)
-            self.journal.append((slots, positions, self.k[rows, idx], self.v[rows, idx],
+            self.journal.append((slots, positions, *self.entries(slots, positions),
                                  k.to(self.k.dtype), v.to(self.v.dtype)))
         layer_ops.kv_store(self.k, self.v, slots, positions, k, v)
 

@@ -158,6 +158,14 @@ static float bf16_round(float f) {
     return f;
 }
 
+/* The float kernels as the op's ladder picks them: fused up to its top rung,
+ * the GEMM above. */
+static int float_matmul(const linear_t *l, const float *x, int64_t T, float *y, int th) {
+    return T > MUSER_FUSED_MAX_TOKENS
+        ? muser_gemm(l->type, l->packed, l->scales, l->lut, l->s2, l->n_out, l->n_in, x, T, y, th)
+        : muser_matmul(l->type, l->packed, l->scales, l->lut, l->s2, l->n_out, l->n_in, x, T, y, th);
+}
+
 int muser_linear(const linear_t *l, const float *x, int64_t T, float *y, int nthreads,
                  int64_t min_bytes) {
     const type_entry_t *k = type_entry_for(l->type);
@@ -174,18 +182,10 @@ int muser_linear(const linear_t *l, const float *x, int64_t T, float *y, int nth
         if (!xr) return -2;
         for (int64_t i = 0; i < T * l->n_in; i++)
             xr[i] = l->type == MUSER_ID_BF16 ? bf16_round(x[i]) : f16_round(x[i]);
-        rc = T > MUSER_FUSED_MAX_TOKENS
-            ? muser_gemm(l->type, l->packed, l->scales, l->lut, l->s2, l->n_out, l->n_in, xr, T, y,
-                         (int)th)
-            : muser_matmul(l->type, l->packed, l->scales, l->lut, l->s2, l->n_out, l->n_in, xr, T,
-                           y, (int)th);
+        rc = float_matmul(l, xr, T, y, (int)th);
         free(xr);
-    } else if (T > MUSER_FUSED_MAX_TOKENS) {   /* the op's ladder: the GEMM above the fused rung */
-        rc = muser_gemm(l->type, l->packed, l->scales, l->lut, l->s2, l->n_out, l->n_in, x, T, y,
-                        (int)th);
     } else {
-        rc = muser_matmul(l->type, l->packed, l->scales, l->lut, l->s2, l->n_out, l->n_in, x, T,
-                          y, (int)th);
+        rc = float_matmul(l, x, T, y, (int)th);
     }
     if (rc || !l->bias) return rc;
     for (int64_t t = 0; t < T; t++)
@@ -207,7 +207,7 @@ typedef struct {
 } attn_job;
 
 /* o = softmax(s) V over n keys, s[i] = -inf for a key the query does not see;
- * value i is at val(i). */
+ * value i is ring entry i of V0 for i < n_ring, else new row i - n_ring of Vnew. */
 static void softmax_values(float *s, int64_t n, float *o, int64_t D, const float *V0,
                            int64_t n_ring, int64_t row, const float *Vnew) {
     float mx = -INFINITY;
