@@ -48,6 +48,7 @@ def register(subparsers) -> None:
     p.add_argument("--device", default="cpu", help="cpu, mps or cuda")
     add_dtype_arg(p)
     add_numerics_arg(p)
+    add_engine_arg(p)
     p.add_argument("--temperature", type=float, default=0.8)
     p.add_argument("--top-k", type=int, default=None)
     p.add_argument("--top-p", type=float, default=0.95)
@@ -85,6 +86,14 @@ def add_numerics_arg(p) -> None:
                    help="projection arithmetic: exact (float activations, matches transformers; "
                         "the default), ggml (8-bit activations as llama.cpp's CPU backend; the "
                         "native CPU kernels only)")
+
+
+def add_engine_arg(p) -> None:
+    from .models.engine import ENGINES
+    p.add_argument("--engine", choices=ENGINES, default=ENGINES[0],
+                   help="how decode steps run: auto (recorded once and replayed as CUDA graphs "
+                        "on CUDA, eager elsewhere; the default), graph (CUDA graphs or an error), "
+                        "eager (every kernel launched from Python)")
 
 
 def add_threads_arg(p) -> None:
@@ -252,7 +261,7 @@ def _generate(model, tok, ids: list[int], path: Path, device: torch.device,
     first = None
     for token in model.stream(torch.tensor(ids, device=device), args.max_new_tokens,
                               temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                              seed=args.seed, stop=sorted(stop)):
+                              seed=args.seed, stop=sorted(stop), engine=args.engine):
         t = int(token[0])
         if first is None:
             first = time.perf_counter()  # prefill done (and its token sampled)

@@ -78,3 +78,17 @@ def test_a_missing_module_outside_the_extras_is_not_hidden():
     assert missing_from(ModuleNotFoundError("no", name="muser_torch.nothing")) is None
     refusal = missing_from(ModuleNotFoundError("no", name="jinja2.sandbox"))
     assert str(refusal).endswith(f"(the 'jinja2' package is not installed): {INSTALL}")
+
+
+def test_a_transformers_older_than_the_floor_is_refused_by_name(monkeypatch):
+    """The H200's image had transformers 5.17, which lacks the pre-tokenizer
+    table the tokenizers read: one line naming both versions, not an ImportError."""
+    transformers = pytest.importorskip("transformers")
+    from muser_torch.errors import MissingExtraError
+    from muser_torch.text.requirements import _release, require
+    assert require("transformers") is transformers
+    monkeypatch.setattr(transformers, "__version__", "5.17.0")
+    with pytest.raises(MissingExtraError, match=r"needs transformers >= 5\.24 \(the hf extra; "
+                                                r"5\.17\.0 is installed\): pip install"):
+        require("transformers")
+    assert _release("5.24.0.dev0") == (5, 24, 0) and _release("5.9rc1") == (5, 9)

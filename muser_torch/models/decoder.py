@@ -119,7 +119,7 @@ class Decoder(nn.Module, Generation):
     # -- forward ----------------------------------------------------------------
 
     def forward(self, tokens: torch.Tensor, slots: torch.Tensor | None = None,
-                last_only: bool = False) -> torch.Tensor:
+                last_only: bool = False, *, checked: bool = True) -> torch.Tensor:
         """Logits ``[B, T, vocab]`` for token ids ``[B, T]`` (``[B, 1, vocab]``,
         the last position's, with ``last_only``: a prefill needs no more).
 
@@ -133,9 +133,12 @@ class Decoder(nn.Module, Generation):
         compiled step, or one on an accelerator (where a sync per step would
         stall the launch queue and break CUDA graph capture), trusts its
         caller: ``stream`` checks the whole run up front, the server's
-        scheduler each request."""
+        scheduler each request. The decode engine passes ``checked=False``: it
+        pads a batch with copies of its first row (the same slot twice), and its
+        callers have checked the room."""
         B, T = tokens.shape
-        if slots is not None and tokens.device.type == "cpu" and not torch.compiler.is_compiling():
+        if checked and slots is not None and tokens.device.type == "cpu" \
+                and not torch.compiler.is_compiling():
             self.check_room(slots, T)
         steps = torch.arange(T, device=tokens.device)
         order = None

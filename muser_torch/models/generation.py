@@ -7,9 +7,14 @@ from typing import Callable, Iterator, Sequence
 
 import torch
 
+from .engine import decode_engine
 from .sampling import sample
 
-__all__ = ["Generation", "sample"]
+__all__ = ["Generation", "sample", "SYNC_EVERY"]
+
+# Tokens an accelerator's stream samples between two looks of the host (stop
+# checks, handing tokens over): one look costs a queue drain on the device.
+SYNC_EVERY = 8
 
 
 class Generation:
@@ -50,31 +55,56 @@ class Generation:
     def stream(self, input_ids: torch.Tensor | Sequence[int], max_new_tokens: int,
                temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
                seed: int | None = None, stop: Sequence[int] | None = None,
-               decode_step: Callable | None = None) -> Iterator[torch.Tensor]:
+               decode_step: Callable | None = None, engine: str = "auto",
+               sync_every: int = SYNC_EVERY) -> Iterator[torch.Tensor]:
         """Yield ``[B]`` next tokens as they are produced (one tensor per step).
 
         ``input_ids`` is ``[T]`` or ``[B, T]``; the B prompts run in cache
         slots 0..B-1 (the cache is set up or reset here). A row that emits a
         token in ``stop`` (default: the tokenizer's stop ids, else its EOS) keeps emitting it;
-        the stream ends when every row has stopped. ``decode_step`` replaces
-        the one-token forward (e.g. a ``torch.compile``d ``model.forward``)."""
+        the stream ends when every row has stopped.
+
+        The steps run on the decode engine (``models/engine.py``): on CUDA,
+        recorded once as a CUDA graph and replayed (``engine="auto"``, the
+        default; ``"eager"`` launches every kernel from Python, ``"graph"``
+        insists on recording). ``decode_step`` replaces the one-token forward
+        (e.g. a ``torch.compile``d ``model.forward``, called as
+        ``decode_step(tokens [B, 1], slots)``).
+
+        On the CPU each token is checked for a stop as it comes. On an
+        accelerator sampling stays on the device and the host looks at the
+        tokens once per window (the first token alone, then ``sync_every`` at a
+        time) while the next window already runs, so a token reaches the caller
+        within one window, as a CPU tensor; steps run ahead past a stop by at
+        most two windows, never past ``max_new_tokens``."""
         ids, slots, stop = self._start(input_ids, max_new_tokens, temperature, top_k, top_p, stop)
-        B = ids.shape[0]
-        stop_t = torch.as_tensor(list(stop), dtype=torch.long, device=ids.device)
+        if sync_every < 1:
+            raise ValueError(f"stream: sync_every must be >= 1, got {sync_every}")
+        # The one-token step, called as step(tokens [B, 1], where) -> logits [B, 1, V].
+        runner = decode_engine(self, engine)
+        if decode_step is not None:
+            step, where = decode_step, slots
+        elif runner.records:
+            step, where = runner.step, slots.tolist()
+        else:   # the eager engine is the model's own forward (one call fewer in a token's walk)
+            step, where = self, slots
+
+        def next_logits(tok: torch.Tensor) -> torch.Tensor:
+            return step(tok.unsqueeze(-1), where)[:, -1]
         gen = None
         if seed is not None:
             gen = torch.Generator(device=ids.device).manual_seed(seed)
-        step = decode_step or self
+        picker = _Picker(ids.shape[0], stop, ids.device, (temperature, top_k, top_p, gen))
         logits = self(ids, slots, last_only=True)[:, -1]
-        done = torch.zeros(B, dtype=torch.bool, device=ids.device)
-        tok = torch.zeros(B, dtype=torch.long, device=ids.device)
-        for i in range(max_new_tokens):
-            tok = torch.where(done, tok, sample(logits, temperature, top_k, top_p, gen))
-            done = done | torch.isin(tok, stop_t)
-            yield tok
-            if bool(done.all()) or i + 1 == max_new_tokens:
-                return
-            logits = step(tok.unsqueeze(-1), slots)[:, -1]
+        if ids.device.type == "cpu":
+            for i in range(max_new_tokens):
+                tok = picker.pick(logits)
+                yield tok
+                if bool(picker.done.all()) or i + 1 == max_new_tokens:
+                    return
+                logits = step(tok.unsqueeze(-1), where)[:, -1]
+            return
+        yield from _windowed(picker, logits, next_logits, max_new_tokens, sync_every)
 
     def generate(self, input_ids, max_new_tokens: int, *, draft=None, return_stats: bool = False,
                  **kw):
@@ -94,7 +124,8 @@ class Generation:
             return self._generate_drafted(input_ids, max_new_tokens, draft, return_stats, **kw)
         ids = torch.as_tensor(input_ids, dtype=torch.long, device=self.lengths.device)
         out = list(self.stream(ids, max_new_tokens, **kw))
-        new = torch.stack(out, dim=-1) if out else ids.new_zeros(ids.reshape(-1, ids.shape[-1]).shape[0], 0)
+        new = torch.stack(out, dim=-1).to(ids.device) if out else \
+            ids.new_zeros(ids.reshape(-1, ids.shape[-1]).shape[0], 0)
         if ids.dim() == 1:
             return torch.cat((ids, new[0]))
         return torch.cat((ids, new), dim=-1)
@@ -120,3 +151,82 @@ class Generation:
         out = torch.cat((rows, torch.tensor([new], dtype=torch.long, device=rows.device)), dim=-1)
         out = out[0] if ids.dim() == 1 else out
         return (out, stats) if return_stats else out
+
+
+class _Picker:
+    """Next tokens on the device: each row samples until it emits a stop id,
+    then repeats it (``done`` marks those rows)."""
+
+    def __init__(self, rows: int, stop: Sequence[int], device: torch.device, how: tuple):
+        self.stop = torch.as_tensor(list(stop), dtype=torch.long, device=device)
+        self.how = how      # temperature, top_k, top_p, generator
+        self.done = torch.zeros(rows, dtype=torch.bool, device=device)
+        self.tok = torch.zeros(rows, dtype=torch.long, device=device)
+
+    def pick(self, logits: torch.Tensor) -> torch.Tensor:
+        self.tok = torch.where(self.done, self.tok, sample(logits, *self.how))
+        self.done = self.done | torch.isin(self.tok, self.stop)
+        return self.tok
+
+
+def _windowed(picker: _Picker, logits: torch.Tensor, next_logits: Callable, n: int,
+              sync_every: int) -> Iterator[torch.Tensor]:
+    """``stream``'s loop on an accelerator: windows of tokens sampled on the
+    device, each copied to the host without blocking; the host hands window k
+    over (and looks for the end) while window k+1 runs."""
+    ends = _Ends(picker.stop.tolist(), picker.done.shape[0])
+    pending = None
+    produced, size = 0, 1
+    while produced < n:
+        block = []
+        for _ in range(min(size, n - produced)):
+            block.append(picker.pick(logits))
+            produced += 1
+            if produced < n:
+                logits = next_logits(block[-1])
+        window = _Window(torch.stack(block))
+        if pending is not None:
+            yield from ends.cut(pending.tokens())
+            if ends.all:
+                return
+        pending, size = window, sync_every
+    if pending is not None:
+        yield from ends.cut(pending.tokens())
+
+
+class _Window:
+    """A window's tokens ``[w, B]`` on their way to the host: on CUDA a
+    pinned copy that runs behind the next window's steps."""
+
+    def __init__(self, tokens: torch.Tensor):
+        self.ready = None
+        if tokens.device.type == "cuda":
+            self.host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
+            self.host.copy_(tokens, non_blocking=True)
+            self.ready = torch.cuda.Event()
+            self.ready.record()
+        else:
+            self.host = tokens.cpu()
+
+    def tokens(self) -> torch.Tensor:
+        if self.ready is not None:
+            self.ready.synchronize()
+        return self.host
+
+
+class _Ends:
+    """The host's view of which rows have stopped."""
+
+    def __init__(self, stop: Sequence[int], rows: int):
+        self.stop = set(stop)
+        self.done = [False] * rows
+        self.all = False
+
+    def cut(self, window: torch.Tensor) -> list[torch.Tensor]:
+        """The window's steps up to the one at which every row has stopped."""
+        for i, row in enumerate(window.tolist()):
+            self.done = [d or t in self.stop for d, t in zip(self.done, row)]
+            if all(self.done):
+                self.all = True
+                return list(window[:i + 1])
+        return list(window)

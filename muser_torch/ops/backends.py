@@ -17,7 +17,7 @@ import warnings
 
 import torch
 
-__all__ = ["LOADED", "backend", "warm_up", "load_backends"]
+__all__ = ["LOADED", "backend", "warm_up", "graph_capture", "load_backends"]
 
 LOADED: dict = {}   # device type -> its loaded kernel module
 
@@ -39,6 +39,13 @@ def warm_up(model: torch.nn.Module, dtype: torch.dtype, max_tokens: int | None =
     devices = sorted({t.device.type for t in (*model.parameters(), *model.buffers())})
     prepare = [getattr(LOADED.get(d), "warm_up", None) for d in devices]
     return sum(fn(model, dtype, max_tokens=max_tokens) for fn in prepare if fn is not None)
+
+
+def graph_capture(device_type: str):
+    """The backend's ``graphs`` module (``capture(fn, pool)``, ``new_pool()``)
+    where steps on ``device_type`` can be recorded once and replayed (CUDA),
+    else None: the decode engine then runs its steps eagerly."""
+    return getattr(LOADED.get(device_type), "graphs", None)
 
 
 def load_backends() -> None:

@@ -189,11 +189,11 @@ KERNELS: dict[tuple[str, str], Callable] = {}
 BACKEND_NAMES = {"cuda": "CUDA", "mps": "Metal", "metal-emulator": "Metal"}
 
 
-def check_backend_type(qt: GGMLType, where: str, types: frozenset[GGMLType]) -> None:
-    """Refuse, by name, a type the ``where`` backend has no kernel for."""
+def check_backend_type(qt: GGMLType, where: str, types: frozenset[GGMLType], op: str) -> None:
+    """Refuse, by name, a type the ``where`` backend has no ``muser.<op>`` kernel for."""
     if qt not in types:
         name = BACKEND_NAMES.get(where, where)
-        raise ValueError(f"{qt.name} has no {name} kernel (the {name} kernels run "
+        raise ValueError(f"muser.{op}: {qt.name} has no {name} kernel (the {name} kernels run "
                          f"{', '.join(t.name for t in sorted(types))}; use the CPU for others)")
 
 
@@ -212,7 +212,7 @@ def checked(op: str, fn: Callable, types: frozenset[GGMLType] | None = None,
 
     def canonical(qt, packed, scales, scale_2):
         if types is not None:
-            check_backend_type(qt, where, types)
+            check_backend_type(qt, where, types, op)
         if qt in NEEDS_COMPANIONS:
             return companion_args(scales, scale_2, packed.device)
         return scales, scale_2

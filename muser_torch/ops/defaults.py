@@ -40,7 +40,7 @@ def _backend_for(op: str, device: torch.device, qtype: int):
                              "(the Metal kernels) is not installed")
         from . import metal
         if hasattr(metal, op):
-            check_backend_type(GGMLType.parse(qtype), "metal-emulator", metal.SUPPORTED)
+            check_backend_type(GGMLType.parse(qtype), "metal-emulator", metal.SUPPORTED, op)
             return metal
     from . import cpu
     return cpu

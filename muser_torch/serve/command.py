@@ -8,7 +8,8 @@ import socket
 import sys
 from pathlib import Path
 
-from ..run import (add_chat_limit_args, add_dtype_arg, add_numerics_arg, add_threads_arg,
+from ..run import (add_chat_limit_args, add_dtype_arg, add_engine_arg, add_numerics_arg,
+                   add_threads_arg,
                    chat_limits, load_draft, load_model, model_path, resolve_device)
 from ..text import requirements
 DEFAULT_SLOTS = 4
@@ -37,6 +38,7 @@ def register(subparsers) -> None:
     p.add_argument("--alias", default=None, help="the model's id in the API (default: the file name)")
     add_dtype_arg(p)
     add_numerics_arg(p)
+    add_engine_arg(p)
     add_threads_arg(p)
     add_chat_limit_args(p)
     p.set_defaults(func=main)
@@ -93,7 +95,8 @@ def main(args: argparse.Namespace) -> int:
 
     model = load_model(path, device, args, command="serve")
     draft = None if args.draft is None else load_draft(args.draft, model, args)
-    scheduler = Scheduler(model, args.slots, args.queue, args.ctx_size, draft=draft)
+    scheduler = Scheduler(model, args.slots, args.queue, args.ctx_size, draft=draft,
+                          engine=args.engine)
     app = create_app(scheduler, args.alias or path.name, limits)
     server = uvicorn.Server(uvicorn.Config(app, log_level="info", timeout_graceful_shutdown=5))
     host, port = sock.getsockname()[:2]

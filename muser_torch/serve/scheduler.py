@@ -34,6 +34,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
+from ..models.engine import decode_engine
 from ..models.speculative import speculative_rounds
 from ..text.stream import TextStream
 from .sampling import SamplingParams, StopStrings, TokenLogprob, TokenPicker
@@ -114,7 +115,8 @@ class Scheduler:
     each. ``start`` runs the loop on its thread; ``stop`` ends it and fails
     whatever is left."""
 
-    def __init__(self, model: Any, slots: int, queue: int, context: int, draft: Any = None) -> None:
+    def __init__(self, model: Any, slots: int, queue: int, context: int, draft: Any = None,
+                 engine: str = "auto") -> None:
         if slots < 1 or queue < 0:
             raise ValueError(f"need slots >= 1 and queue >= 0, got {slots} and {queue}")
         if draft is not None and slots != 1:
@@ -129,6 +131,8 @@ class Scheduler:
         self.queue = queue
         self.device = model.lengths.device
         model.setup_cache(slots, self.context)
+        # the batched one-token steps: on CUDA, replayed CUDA graphs per batch bucket
+        self.engine = decode_engine(model, engine)
         self.stats = Stats()
         self._waiting: collections.deque[Job] = collections.deque()
         self._running: dict[int, Job] = {}          # slot -> job
@@ -260,9 +264,8 @@ class Scheduler:
             for job in jobs:
                 self._round(job)
             return
-        tokens = torch.tensor([[j.last] for j in jobs], dtype=torch.long, device=self.device)
-        slots = torch.tensor([j.slot for j in jobs], dtype=torch.long, device=self.device)
-        logits = self.model(tokens, slots)[:, -1]
+        tokens = torch.tensor([j.last for j in jobs], dtype=torch.long, device=self.device)
+        logits = self.engine.step(tokens, [j.slot for j in jobs])[:, -1]
         self.stats.steps += 1
         self.stats.max_batch = max(self.stats.max_batch, len(jobs))
         for i, job in enumerate(jobs):

@@ -18,6 +18,10 @@ EXTRAS = {"transformers": "hf", "tokenizers": "hf", "jinja2": "hf", "sentencepie
           "accelerate": "peers", "triton": "cuda",
           "fastapi": "serve", "uvicorn": "serve", "sse_starlette": "serve"}
 
+# the floors of pyproject.toml's pins that the code needs (transformers 5.24 added the
+# BPE pre-tokenizer table the tokenizers read); an older install is refused by name
+FLOORS = {"transformers": (5, 24)}
+
 
 def install_command(extra: str) -> str:
     """The README's install of ``extra`` (from a checkout of the repository)."""
@@ -40,8 +44,30 @@ def missing_from(e: ModuleNotFoundError) -> MissingExtraError | None:
 
 
 def require(module: str) -> ModuleType:
-    """Import ``module`` (a key of EXTRAS), or say which extra installs it."""
+    """Import ``module`` (a key of EXTRAS), or say which extra installs it (or
+    that the installed one is older than the code needs)."""
     try:
-        return importlib.import_module(module)
+        imported = importlib.import_module(module)
     except ImportError:
         raise missing(module.split(".")[0], "this file's tokenizer") from None
+    floor = FLOORS.get(module)
+    version = getattr(imported, "__version__", "")
+    if floor is not None and _release(version) < floor:
+        extra = EXTRAS[module]
+        raise MissingExtraError(f"this file's tokenizer needs {module} >= "
+                                f"{'.'.join(map(str, floor))} (the {extra} extra; {version} is "
+                                f"installed): {install_command(extra)}")
+    return imported
+
+
+def _release(version: str) -> tuple[int, ...]:
+    """The leading numbers of a version string: '5.17.0.dev0' -> (5, 17, 0)."""
+    out = []
+    for part in version.split("."):
+        digits = part[:len(part) - len(part.lstrip("0123456789"))]
+        if not digits:
+            break
+        out.append(int(digits))
+        if digits != part:      # '9rc1': the release ends here
+            break
+    return tuple(out)

@@ -22,6 +22,7 @@ from muser_torch.cli import main as cli
 from ..convert.checkpoints import write_glimmer_checkpoint
 from ..convert.peers import assert_same_file, run_converter
 from .conftest import SEED
+from ..versions import require_transformers
 from .draft_files import (assert_draft_logits_match, assistant_config, first_round, transformers_rounds,
                           write_assistant_checkpoint)
 
@@ -74,6 +75,7 @@ def test_the_draft_file_has_the_dflash_layout(checkpoints, converted):
 
 
 def test_first_round_draft_logits_match_transformers(checkpoints, converted):
+    require_transformers("the MuseGlimmerAssistantModel reference")
     from transformers import MuseGlimmerAssistantModel, MuseGlimmerForConditionalGeneration
     target_dir, cfg, assistant_dir, _ = checkpoints
     target_path, draft_path = converted

@@ -16,6 +16,8 @@ import torch
 import muser_torch
 from muser_torch.text.byte_tokenizer import ByteTokenizer
 
+from ..versions import require_transformers
+
 from .conftest import SEED
 from .draft_files import assert_draft_logits_match, assistant_config, first_round
 
@@ -53,6 +55,7 @@ def _reference_hidden(ref, noise: torch.Tensor, context: torch.Tensor) -> torch.
 
 @torch.no_grad()
 def test_the_trainable_drafter_and_its_file_compute_what_transformers_computes(tmp_path):
+    require_transformers("the MuseGlimmerAssistantModel reference")
     script = _script()
     args = script.parse_args(["--window", "5"])
     args.dev = torch.device("cpu")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from ..versions import require_transformers
 from .conftest import SEED
 
 # name -> (arch, write_random_gguf options). RoPE scalings as the converter
@@ -35,7 +36,7 @@ ARCH_VARIANTS = ("llama", "qwen2", "qwen3")
 @pytest.fixture(scope="session")
 def hf_file(tmp_path_factory):
     """variant -> path, written on first use."""
-    pytest.importorskip("transformers")
+    require_transformers("the llama-family files (their GPT-2-style vocabularies)")
     pytest.importorskip("accelerate", reason="transformers' GGUF loader needs accelerate")
     from ..formats.ggml_ref import lib as ggml_lib
     ggml_lib()

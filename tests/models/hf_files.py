@@ -45,6 +45,7 @@ from muser_torch.convert.rules import llama3_rope_factors as converter_llama3_ro
 from muser_torch.convert.rules import permute_rows
 
 from ..formats.ggml_ref import quantize_chunk
+from ..versions import require_transformers
 
 ARCHS = ("llama", "qwen2", "qwen3")
 
@@ -282,6 +283,7 @@ def write_random_gguf(path: "str | os.PathLike[str]", arch: str, *, seed: int,
     default :func:`default_tokenizer` of about ``vocab`` tokens. ``edit(metadata, tensors)`` may change
     the two dicts (GGUF name -> save_gguf spec) just before writing, for bad
     files."""
+    require_transformers("a random file of the llama family (its GPT-2-style vocabulary)")
     if arch not in ARCHS:
         raise ValueError(f"arch must be one of {ARCHS}, got {arch!r}")
     tokenizer = default_tokenizer(arch, vocab) if tokenizer is None else tokenizer

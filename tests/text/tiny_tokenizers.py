@@ -24,6 +24,8 @@ import random
 from pathlib import Path
 from typing import Any
 
+from ..versions import require_transformers
+
 # llama.cpp token types
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, BYTE = 1, 2, 3, 4, 6
 SPACE = "\u2581"
@@ -118,6 +120,7 @@ def gpt2_metadata(seed: int = 0, vocab_size: int = 1200, pre: str = "qwen2",
     ``<|im_start|>``, ``<|im_end|>`` (CONTROL) and ``<think>``, ``</think>``
     (USER_DEFINED). BOS and pad are ``<|endoftext|>``, EOS ``<|im_end|>``."""
     from tokenizers import Regex, Tokenizer, models, pre_tokenizers, trainers
+    require_transformers("a GPT-2-style test vocabulary (GGUF_PRE_TOKENIZER_SPLITS)")
     from transformers.integrations.gguf.gguf_tokenizer_mapping import GGUF_PRE_TOKENIZER_SPLITS
 
     tok = Tokenizer(models.BPE())

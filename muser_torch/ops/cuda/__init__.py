@@ -62,6 +62,7 @@ from ...formats.types import GGMLType
 from ..checks import register_kernels, register_layer_kernels
 from ..ladder import no_rung, takes
 from . import compiled
+from . import graphs  # noqa: F401  (ops.graph_capture asks for it)
 from . import int8dot as i8
 from . import layer
 from . import kquant as tk

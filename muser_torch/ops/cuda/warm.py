@@ -73,7 +73,9 @@ def warm_up(module: nn.Module, dtype: torch.dtype, tokens: tuple[int, ...] = WAR
                 x = torch.zeros((n, args[3]), dtype=dtype, device=args[0].device)
                 torch.ops.muser.qmatmul(x, *args)
         vocab = getattr(getattr(module, "config", None), "vocab_size", None)
-        if vocab:            # a Decoder: forwards without slots change no cache state
+        # a Decoder: forwards without slots change no cache state. A DFlash
+        # draft has a config but no forward of token ids (its blocks run in rounds).
+        if vocab and type(module).forward is not nn.Module.forward:
             for n in WARM_FORWARDS:
                 if max_tokens is None or n <= max_tokens:
                     module(torch.zeros((1, n), dtype=torch.long, device=weights[0][0].device))
