@@ -53,10 +53,15 @@ class TokenPicker:
         seed = params.seed if params.seed is not None else secrets.randbits(63)
         self.generator = torch.Generator(device=device).manual_seed(seed)
 
-    def pick(self, logits: torch.Tensor) -> int:
+    def draw(self, logits: torch.Tensor) -> torch.Tensor:
+        """The next token ``[1]``, left on the logits' device (a batch's draws
+        then reach the host in one copy)."""
         p = self.params
         top_p = p.top_p if p.top_p < 1 else None
-        return int(sample(logits, p.temperature, p.top_k, top_p, self.generator)[0])
+        return sample(logits, p.temperature, p.top_k, top_p, self.generator)
+
+    def pick(self, logits: torch.Tensor) -> int:
+        return int(self.draw(logits)[0])
 
     def logprob(self, logits: torch.Tensor, token: int) -> TokenLogprob:
         lp = torch.log_softmax(logits[0].float(), dim=-1)

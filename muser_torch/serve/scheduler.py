@@ -268,8 +268,11 @@ class Scheduler:
         logits = self.engine.step(tokens, [j.slot for j in jobs])[:, -1]
         self.stats.steps += 1
         self.stats.max_batch = max(self.stats.max_batch, len(jobs))
+        # each job draws from its own row with its own generator, on the device;
+        # the batch's tokens then reach the host in one copy
+        picked = torch.cat([j.picker.draw(logits[i:i + 1]) for i, j in enumerate(jobs)]).tolist()
         for i, job in enumerate(jobs):
-            self._advance(job, logits[i:i + 1])
+            self._take(job, picked[i], logits[i:i + 1])
 
     def _advance(self, job: Job, logits: torch.Tensor) -> None:
         """Sample ``job``'s next token from its row and act on it."""
