@@ -4,7 +4,8 @@
 server-sent events with ``"stream": true``), ``GET /v1/models`` and
 ``GET /health``. Every error is OpenAI's shape, ``{"error": {"message",
 "type", "param", "code"}}``: 400 for a bad body (``schemas``), a prompt
-past the context or a chat template that fails; 413 for a body over
+past the context or a chat template that fails; 401 for a ``/v1`` request
+without the server's API key (when it has one); 413 for a body over
 ``max_body`` bytes; 503 when the queue is full; 500 when decoding fails.
 
 A request's events come from the scheduler thread through
@@ -16,6 +17,7 @@ scheduler frees its slot at its next turn.
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import time
 from dataclasses import replace
@@ -38,10 +40,13 @@ PING_SECONDS = 15
 
 
 def create_app(scheduler: Scheduler, model_id: str, chat_limits: ChatLimits | None = None,
-               max_body: int = MAX_BODY_BYTES) -> FastAPI:
+               max_body: int = MAX_BODY_BYTES, api_key: str | None = None) -> FastAPI:
     """The app serving ``scheduler``'s model as ``model_id``; the caller starts
-    and stops the scheduler."""
+    and stops the scheduler. With ``api_key``, every ``/v1`` request must
+    carry ``Authorization: Bearer <api_key>`` (else a 401); ``/health`` stays open."""
     app = FastAPI(title="muser-torch", docs_url=None, redoc_url=None, openapi_url=None)
+    if api_key is not None:
+        _require_key(app, api_key)
     limits = chat_limits or ChatLimits()
     tok = scheduler.tokenizer
     tokens = TokenText(tok)
@@ -105,6 +110,24 @@ def create_app(scheduler: Scheduler, model_id: str, chat_limits: ChatLimits | No
         return await _whole(job, events, reply, request)
 
     return app
+
+
+def _require_key(app: FastAPI, api_key: str) -> None:
+    """Refuse ``/v1`` requests without the key: OpenAI's 401, the key compared
+    in constant time (no timing tells how much of a guess was right)."""
+    if not api_key:
+        raise ValueError("an API key must not be empty")
+    want = f"Bearer {api_key}".encode()
+
+    @app.middleware("http")
+    async def _check_key(request: Request, call_next):
+        if request.url.path.startswith("/v1"):
+            got = request.headers.get("authorization", "").encode()
+            if not hmac.compare_digest(got, want):
+                body = error_body("a valid API key is required: Authorization: Bearer <key>", 401)
+                body["error"]["code"] = "invalid_api_key"
+                return JSONResponse(body, status_code=401)
+        return await call_next(request)
 
 
 async def _read_body(request: Request, limit: int) -> bytes:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import socket
 import sys
 from pathlib import Path
@@ -15,6 +16,8 @@ from ..text import requirements
 DEFAULT_SLOTS = 4
 DEFAULT_QUEUE = 64
 DEFAULT_CTX = 4096
+API_KEY_VARIABLE = "MUSER_API_KEY"
+LOOPBACK = ("127.0.0.1", "::1", "localhost")
 
 
 def register(subparsers) -> None:
@@ -36,6 +39,9 @@ def register(subparsers) -> None:
                    help="tokens of context per slot, prompt and answer together (default "
                         f"{DEFAULT_CTX}, at most the model's context length)")
     p.add_argument("--alias", default=None, help="the model's id in the API (default: the file name)")
+    p.add_argument("--api-key", default=None, metavar="KEY",
+                   help=f"require 'Authorization: Bearer KEY' on every /v1 request (default: "
+                        f"${API_KEY_VARIABLE}, which keeps the key out of ps; none: no key)")
     add_dtype_arg(p)
     add_numerics_arg(p)
     add_engine_arg(p)
@@ -69,6 +75,18 @@ def check_args(args: argparse.Namespace) -> None:
         raise ValueError(f"--ctx-size must be >= 2 (a prompt token and a new one), got {args.ctx_size}")
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port must be in [0, 65535], got {args.port}")
+    if args.api_key is None:
+        args.api_key = os.environ.get(API_KEY_VARIABLE) or None
+    if args.api_key is not None and (not args.api_key.strip() or args.api_key != args.api_key.strip()):
+        raise ValueError("--api-key: the key must not be empty or begin or end with white space")
+
+
+def open_to_others(host: str, api_key: str | None) -> str | None:
+    """The warning for serving an address other hosts can reach without a key."""
+    if api_key is not None or host in LOOPBACK or host.startswith("127."):
+        return None
+    return (f"listening on {host} without an API key: anyone who reaches the port can use the "
+            f"model (--api-key KEY, or ${API_KEY_VARIABLE})")
 
 
 def listen(host: str, port: int) -> socket.socket:
@@ -97,7 +115,10 @@ def main(args: argparse.Namespace) -> int:
     draft = None if args.draft is None else load_draft(args.draft, model, args)
     scheduler = Scheduler(model, args.slots, args.queue, args.ctx_size, draft=draft,
                           engine=args.engine)
-    app = create_app(scheduler, args.alias or path.name, limits)
+    app = create_app(scheduler, args.alias or path.name, limits, api_key=args.api_key)
+    warning = open_to_others(args.host, args.api_key)
+    if warning:
+        print(f"muser-torch serve: WARNING: {warning}", file=sys.stderr, flush=True)
     server = uvicorn.Server(uvicorn.Config(app, log_level="info", timeout_graceful_shutdown=5))
     host, port = sock.getsockname()[:2]
     print(f"muser-torch serve: {path.name} on http://{_url_host(host)}:{port}/v1 ({device}, "
