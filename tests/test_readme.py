@@ -70,6 +70,7 @@ ELSEWHERE = {
     # the OpenAI API that muser-torch serve speaks
     "chat.completion.chunk": "the OpenAI object type of a streamed chat event",
     "usage.prompt_tokens": "a field of an OpenAI response", "usage.completion_tokens": "a field of an OpenAI response",
+    "usage.prompt_tokens_details.cached_tokens": "a field of an OpenAI response",
     "t/4": "arithmetic in prose, not a path",
 }
 # Instances the docs name by their usual variable: ``model.generate`` is a Decoder's.

@@ -102,6 +102,28 @@ class Decoder(nn.Module, Generation):
         else:
             self.lengths[torch.as_tensor(slots, device=self.lengths.device)] = 0
 
+    def reusable(self, cached: int, common: int) -> int:
+        """How many leading positions a slot that holds ``cached`` tokens can
+        keep for a new sequence whose first ``common`` tokens (<= ``cached``)
+        are those: ``common``, or 0 when a sliding-window ring has wrapped and
+        cutting back would need positions it overwrote. (A ring of capacity c
+        keeps positions >= cached - c; the next token after a kept prefix of
+        ``common`` sees the positions >= common - c.)"""
+        if common >= cached:
+            return cached
+        for layer in self.layers:
+            cache = layer.attention.kv_cache
+            if layer.attention.window is not None and cache is not None and cached > cache.capacity:
+                return 0
+        return common
+
+    def keep(self, slot: int, length: int) -> None:
+        """Cut cached sequence ``slot`` back to its first ``length`` positions
+        (``reusable`` says how many may be kept); the next step continues there."""
+        if not 0 <= length <= self.max_seq_len:
+            raise ValueError(f"keep: length must be in [0, {self.max_seq_len}], got {length}")
+        self.lengths[slot] = length
+
     def check_room(self, slots: torch.Tensor, n_new: int) -> None:
         """Raise ``ContextLengthError`` unless every slot can take ``n_new``
         more tokens (ValueError for a missing cache or bad slot ids)."""

@@ -25,7 +25,8 @@ def error_body(message: str, status: int, param: str | None = None) -> dict:
 
 def usage(finish: Finish) -> dict:
     return {"prompt_tokens": finish.prompt_tokens, "completion_tokens": finish.completion_tokens,
-            "total_tokens": finish.prompt_tokens + finish.completion_tokens}
+            "total_tokens": finish.prompt_tokens + finish.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": finish.cached_tokens}}
 
 
 class TokenText:

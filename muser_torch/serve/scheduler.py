@@ -63,6 +63,7 @@ class Finish:
     reason: str
     prompt_tokens: int
     completion_tokens: int
+    cached_tokens: int = 0     # of the prompt, reused from the slot's cache
 
 
 @dataclass(frozen=True)
@@ -83,6 +84,7 @@ class Job:
     _cancelled: threading.Event = field(default_factory=threading.Event, repr=False)
     # scheduler-side state, touched only by the scheduler thread
     slot: int = -1
+    cached: int = 0          # prompt tokens the slot's cache already held
     generated: int = 0
     limit: int = 0
     last: int = -1
@@ -137,6 +139,9 @@ class Scheduler:
         self._waiting: collections.deque[Job] = collections.deque()
         self._running: dict[int, Job] = {}          # slot -> job
         self._free = list(range(slots))
+        # the token ids each slot's cache holds, in order (what a new prompt may reuse);
+        # a slot whose cache is in doubt (a failed step, a draft's rounds) holds []
+        self._held: list[list[int]] = [[] for _ in range(slots)]
         self._lock = threading.Condition()
         self._stopping = False
         self._thread: threading.Thread | None = None
@@ -195,13 +200,33 @@ class Scheduler:
                 admitted = []
                 while self._waiting and self._free:
                     job = self._waiting.popleft()
-                    job.slot = self._free.pop(0)
+                    job.slot = self._free.pop(self._best_slot(job.prompt))
                     self._running[job.slot] = job
                     admitted.append(job)
             with torch.no_grad():
                 for job in admitted:
                     self._guarded(self._prefill, [job], job)
                 self._guarded(self._decode, list(self._running.values()))
+
+    def _best_slot(self, prompt: Sequence[int]) -> int:
+        """The index in ``_free`` of the free slot whose cache can give ``prompt``
+        the longest prefix (the first free one when none can)."""
+        # caller holds the lock
+        reuse = [self._reusable(slot, prompt) for slot in self._free]
+        return max(range(len(reuse)), key=lambda i: (reuse[i], -i))
+
+    def _reusable(self, slot: int, prompt: Sequence[int]) -> int:
+        """Leading tokens of ``prompt`` the slot's cache holds and may keep (one
+        token at least is left to prefill: its logits pick the first new token)."""
+        held = self._held[slot]
+        if self.draft is not None or not held:
+            return 0
+        common = 0
+        for a, b in zip(held, prompt[:len(prompt) - 1]):
+            if a != b:
+                break
+            common += 1
+        return self.model.reusable(len(held), common)
 
     def _guarded(self, work: Callable, jobs: list[Job], *args: Any) -> None:
         """Run ``work(*args)``; if the model fails, fail ``jobs`` (free their
@@ -212,6 +237,7 @@ class Scheduler:
             failure = Failure(f"decoding failed: {type(e).__name__}: {e}")
             with self._lock:
                 for job in jobs:
+                    self._held[job.slot] = []     # what the failed step wrote is unknown
                     if self._running.get(job.slot) is job:
                         self._end(job, failure)
 
@@ -231,7 +257,9 @@ class Scheduler:
         room = self.context - len(job.prompt)
         job.limit = room if job.params.max_tokens is None else min(job.params.max_tokens, room)
         slot = torch.tensor([job.slot], device=self.device)
-        self.model.reset(slot)
+        job.cached = self._reusable(job.slot, job.prompt)
+        self._held[job.slot] = []
+        self.model.keep(job.slot, job.cached)     # 0: the slot starts over
         ids = torch.tensor([list(job.prompt)], dtype=torch.long, device=self.device)
         if self.draft is not None:
             p = job.params
@@ -241,7 +269,8 @@ class Scheduler:
                                             sorted(self.stop_ids))
             self._round(job)
             return
-        logits = self.model(ids, slot, last_only=True)[:, -1]
+        logits = self.model(ids[:, job.cached:], slot, last_only=True)[:, -1]
+        self._held[job.slot] = list(job.prompt)
         self._advance(job, logits)
 
     def _round(self, job: Job) -> None:
@@ -266,6 +295,8 @@ class Scheduler:
             return
         tokens = torch.tensor([j.last for j in jobs], dtype=torch.long, device=self.device)
         logits = self.engine.step(tokens, [j.slot for j in jobs])[:, -1]
+        for job in jobs:
+            self._held[job.slot].append(job.last)
         self.stats.steps += 1
         self.stats.max_batch = max(self.stats.max_batch, len(jobs))
         # each job draws from its own row with its own generator, on the device;
@@ -310,7 +341,7 @@ class Scheduler:
     def _finish(self, job: Job, reason: str, last: Piece) -> None:
         _send(job, last)
         with self._lock:
-            self._end(job, Finish(reason, len(job.prompt), job.generated))
+            self._end(job, Finish(reason, len(job.prompt), job.generated, job.cached))
             self.stats.finished += 1
 
     def _end(self, job: Job, event: Event) -> None:
