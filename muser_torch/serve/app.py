@@ -17,6 +17,7 @@ scheduler frees its slot at its next turn.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hmac
 import json
 import time
@@ -29,6 +30,7 @@ from sse_starlette import EventSourceResponse
 from starlette.exceptions import HTTPException
 
 from ..text.chat_limits import ChatLimits
+from .grammar import Grammars
 from .prompts import chat_prompt, completion_prompt
 from .responses import Reply, TokenText, error_body
 from .scheduler import Failure, Finish, Job, Piece, QueueFull, Scheduler
@@ -52,6 +54,10 @@ def create_app(scheduler: Scheduler, model_id: str, chat_limits: ChatLimits | No
     tokens = TokenText(tok)
     vocab_size = scheduler.model.config.vocab_size
     started = int(time.time())
+
+    @functools.cache
+    def grammars() -> Grammars:     # the vocabulary's token bytes, made on the first schema
+        return Grammars(tok, vocab_size)
 
     @app.exception_handler(RequestError)
     async def _request_error(_: Request, e: RequestError) -> JSONResponse:
@@ -95,10 +101,17 @@ def create_app(scheduler: Scheduler, model_id: str, chat_limits: ChatLimits | No
             raise RequestError("logprobs are not offered by a server with a draft (--draft): "
                                "its rounds accept tokens without a logits row each",
                                param="logprobs")
+        constraint = None
+        if req.params.json_schema is not None:
+            if scheduler.draft is not None:
+                raise RequestError("response_format: a server with a draft (--draft) answers "
+                                   "free text only", param="response_format")
+            constraint = await asyncio.to_thread(grammars().constraint, req.params.json_schema)
         params = replace(req.params, stop=req.params.stop + stops)
         events: asyncio.Queue = asyncio.Queue()
         loop = asyncio.get_running_loop()
-        job = Job(ids, params, lambda ev: loop.call_soon_threadsafe(events.put_nowait, ev))
+        job = Job(ids, params, lambda ev: loop.call_soon_threadsafe(events.put_nowait, ev),
+                  constraint=constraint)
         try:
             scheduler.submit(job)
         except QueueFull as e:

@@ -32,6 +32,7 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     logprobs: bool = False
     top_logprobs: int = 0
+    json_schema: str | None = None    # JSON text: every response follows it (serve/grammar.py)
 
 
 @dataclass(frozen=True)

@@ -92,6 +92,7 @@ class Job:
     text: TextStream | None = None
     stops: StopStrings | None = None
     rounds: Iterator[list[int]] | None = None     # with a draft: the job's speculative rounds
+    constraint: Any = None       # a grammar.Constraint: the response's JSON schema
 
     def cancel(self) -> None:
         """The client is gone: the job leaves at the scheduler's next turn."""
@@ -301,22 +302,25 @@ class Scheduler:
         self.stats.max_batch = max(self.stats.max_batch, len(jobs))
         # each job draws from its own row with its own generator, on the device;
         # the batch's tokens then reach the host in one copy
-        picked = torch.cat([j.picker.draw(logits[i:i + 1]) for i, j in enumerate(jobs)]).tolist()
+        picked = torch.cat([j.picker.draw(_allowed(j, logits[i:i + 1]))
+                            for i, j in enumerate(jobs)]).tolist()
         for i, job in enumerate(jobs):
             self._take(job, picked[i], logits[i:i + 1])
 
     def _advance(self, job: Job, logits: torch.Tensor) -> None:
         """Sample ``job``'s next token from its row and act on it."""
-        token = job.picker.pick(logits)
+        token = job.picker.pick(_allowed(job, logits))
         self._take(job, token, logits)
 
     def _take(self, job: Job, token: int, logits: torch.Tensor | None = None) -> bool:
         """Act on ``job``'s next token (``logits``: its row, for logprobs);
         False when the job ended."""
         job.generated += 1
-        if token in self.stop_ids:
+        if token in self.stop_ids:     # (a complete schema allows only these)
             self._finish(job, "stop", Piece(self._tail(job)[0], (token,)))
             return False
+        if job.constraint is not None:
+            job.constraint.take(token)
         logprobs = (job.picker.logprob(logits, token),) \
             if job.params.logprobs and logits is not None else ()
         text, hit = job.stops.feed(job.text.push(token))
@@ -356,6 +360,11 @@ class Scheduler:
             self._free.sort()
         job.last = -1
         _close_rounds(job)
+
+
+def _allowed(job: Job, logits: torch.Tensor) -> torch.Tensor:
+    """``job``'s logits row with what its JSON schema forbids next at -inf."""
+    return logits if job.constraint is None else job.constraint.mask(logits)
 
 
 def _close_rounds(job: Job) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 from .sampling import SamplingParams
@@ -138,6 +138,27 @@ def _content(v: Any, name: str) -> str:
     return "".join(texts)
 
 
+def response_format(v: Any, name: str) -> str | None:
+    """The JSON schema a response must follow, as JSON text (None: free text).
+    ``{"type": "json_object"}`` is any JSON object; ``{"type": "json_schema",
+    "json_schema": {"name", "schema", "strict"}}`` the schema given."""
+    _kind(v, name, (dict,), "an object with a 'type'")
+    kind = v.get("type")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return json.dumps({"type": "object"})
+    if kind != "json_schema":
+        raise RequestError(f"{name}.type must be 'text', 'json_object' or 'json_schema', "
+                           f"got {kind!r}", param=f"{name}.type")
+    spec = _kind(v.get("json_schema"), f"{name}.json_schema", (dict,),
+                 "an object with 'name' and 'schema'")
+    string(spec.get("name"), f"{name}.json_schema.name")
+    schema = spec.get("schema", {})
+    _kind(schema, f"{name}.json_schema.schema", (dict, bool), "a JSON schema (an object)")
+    return json.dumps(schema)
+
+
 def completion_prompt(v: Any, name: str) -> str | list[int]:
     """A string, a list of token ids, or a list of one string."""
     if isinstance(v, str):
@@ -175,7 +196,7 @@ CHAT: dict[str, Rule] = {
     "top_logprobs": integer(0, MAX_TOP_LOGPROBS),
     "tools": only([], what="tool calling"),
     "tool_choice": only("none", what="tool calling"),
-    "response_format": only({"type": "text"}, what="a response format other than text"),
+    "response_format": response_format,
 }
 COMPLETION: dict[str, Rule] = {
     "prompt": completion_prompt,
@@ -218,8 +239,9 @@ def chat_request(data: dict) -> ChatRequest:
     if top and not f.get("logprobs"):
         raise RequestError("top_logprobs needs logprobs: true", param="top_logprobs")
     max_tokens = f.get("max_completion_tokens", f.get("max_tokens"))
-    return ChatRequest(f["messages"], _params(f, max_tokens, f.get("logprobs", False), top),
-                       f.get("stream", False), f.get("stream_options", False))
+    params = replace(_params(f, max_tokens, f.get("logprobs", False), top),
+                     json_schema=f.get("response_format"))
+    return ChatRequest(f["messages"], params, f.get("stream", False), f.get("stream_options", False))
 
 
 def completion_request(data: dict) -> CompletionRequest:
