@@ -24,6 +24,7 @@ A step's logits are the engine's buffer: read (sample) them before the next step
 """
 from __future__ import annotations
 
+import weakref
 from typing import Callable, Sequence
 
 import torch
@@ -64,7 +65,10 @@ class DecodeEngine:
     is the eager function itself, to run the buckets' logic there."""
 
     def __init__(self, model: torch.nn.Module, recorder=None):
-        self.model = model
+        # a weak reference: the model keeps its engines (decode_engine), and a
+        # cycle would keep a deleted model, and the file it maps, alive until
+        # the garbage collector runs
+        self._model = weakref.ref(model)
         self.recorder = recorder
         self.captures = 0          # steps recorded so far (a test reads it)
         self._buckets: dict[int, _Bucket] = {}
@@ -72,6 +76,13 @@ class DecodeEngine:
         self._pool = None
         self._eager_ids: list[int] | None = None
         self._eager_slots: torch.Tensor | None = None
+
+    @property
+    def model(self) -> torch.nn.Module:
+        model = self._model()
+        if model is None:
+            raise ReferenceError("decode engine: its model was deleted")
+        return model
 
     @property
     def records(self) -> bool:

@@ -215,3 +215,23 @@ def test_windows_hand_over_the_per_token_loops_tokens():
         assert got == want, where
         assert script.calls <= n - 1, where
         assert script.calls <= len(want) - 1 + 2 * sync_every, where
+
+
+def test_a_deleted_model_is_freed_at_once(gemma_file):
+    """The model keeps its engine and the engine only a weak reference back: a
+    model deleted after generating is gone without waiting for the garbage
+    collector (its file's memory map goes with it)."""
+    import gc
+    import weakref
+    model = load("gemma3", gemma_file, "cpu")
+    model.generate(torch.tensor([1, 2, 3]), 3)
+    engine = decode_engine(model, "auto")
+    gone = weakref.ref(model)
+    gc.disable()
+    try:
+        del model
+        assert gone() is None, "a reference cycle keeps the model alive"
+    finally:
+        gc.enable()
+    with pytest.raises(ReferenceError, match="its model was deleted"):
+        engine.step(torch.tensor([1]), [0])
