@@ -54,8 +54,14 @@ def warm_up(module: nn.Module, dtype: torch.dtype, tokens: tuple[int, ...] = WAR
     if not weights:
         return 0.0
     cache = os.environ.get("TRITON_CACHE_DIR", "~/.triton/cache")
-    print(f"muser-torch: loading the CUDA kernels of {len(weights)} weight shapes (Triton compiles "
-          f"each on the first load, then they come from its cache in {cache})",
+    cached = os.path.isdir(os.path.expanduser(cache)) and any(os.scandir(os.path.expanduser(cache)))
+    # measured on the H200 (docs/performance.md): 28-34 s for 10-11 shapes with
+    # nothing cached, 5-6 s with Triton's cache warm
+    expect = len(weights) * (0.5 if cached else 3.0)
+    where = (f"from Triton's cache in {cache}" if cached else
+             f"Triton compiles each on this first load; later loads read them from {cache}")
+    print(f"muser-torch: loading the CUDA kernels of {len(weights)} weight shapes, about "
+          f"{expect:.0f} s ({where})",
           file=sys.stderr, flush=True)
     t0 = time.perf_counter()
     from . import compiled
