@@ -7,12 +7,11 @@ rows runs in the smallest power of two that holds it, its extra rows copies
 of its first row (the same token into the same slot at the same position:
 they write what that row writes, and touch no other slot); a B for which
 that power would reach the cache's slot count runs as it is (a batch of every
-slot takes ``Decoder.forward``'s in-place path, which needs distinct
-slots). Where the
-backend can record a step (``ops.graph_capture``: CUDA graphs), a bucket's
-first call runs eagerly (compiling and warming every kernel), its second
-records the step and every call replays it: one launch for the whole step.
-Elsewhere (CPU, MPS) the engine is the model's own eager forward.
+slot takes ``Decoder.forward``'s in-place path, which needs distinct slots).
+Where the backend can record a step (``ops.graph_capture``: CUDA graphs), a
+bucket's first call runs eagerly (compiling and warming every kernel), its
+second records the step and every call replays it: one launch for the whole
+step. Elsewhere (CPU, MPS) the engine is the model's own eager forward.
 
 What a recorded step holds (the cache tensors, the weights, the numerics each
 projection chose) is fixed when it is recorded, so the engine keeps a key of
