@@ -5,9 +5,19 @@ import os
 
 import pytest
 
+from muser_torch.cache import cache_dir
+
+from .cache_dirs import keep_kernel_builds, keep_large_tokenizers, link_shared_tokenizers, session_cache
 from .extra_packages import missing_extra_package
 from .slow import ON as SLOW_TESTS
 from .slow import REASON as SLOW_REASON
+
+# The run's own MUSER_CACHE_DIR, never the user's (tests/cache_dirs.py says what is shared
+# and why); set before any test runs, so child processes inherit it too.
+_USER_CACHE = cache_dir()
+_SESSION_CACHE = session_cache(_USER_CACHE)
+os.environ["MUSER_CACHE_DIR"] = str(_SESSION_CACHE)
+link_shared_tokenizers(_SESSION_CACHE)
 
 # A machine that cannot install the test extra (an offline device image with an older
 # transformers) sets this: its skips for missing packages stay skips, listed at the end.
@@ -58,6 +68,8 @@ def pytest_terminal_summary(terminalreporter):
 
 
 def pytest_sessionfinish(session, exitstatus):
+    keep_large_tokenizers(_SESSION_CACHE, _USER_CACHE)
+    keep_kernel_builds(_SESSION_CACHE, _USER_CACHE)
     # the verdict of the whole run: what the test extra should have installed was not there
     passing = (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED)
     if _missing and not PARTIAL_EXTRA and exitstatus in passing:
