@@ -30,8 +30,7 @@ def test_native_builds_and_claims_its_types():
 
 def test_a_build_says_so_once(tmp_path, monkeypatch, capfd):
     """A build into an empty cache prints a line saying so, naming the cache,
-    and one with its seconds;
-    with the cache warm nothing is printed. The compiler's work is stood in for
+    and one with its seconds; with the cache warm nothing is printed. The compiler's work is stood in for
     by a copy of this session's library (it is what a build makes)."""
     from muser_torch.ops.cpu import build
     assert cpu.native_available()
