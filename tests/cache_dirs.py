@@ -41,10 +41,10 @@ LARGE = 4 << 20               # a tokenizer entry worth keeping between runs (Ge
 SHARED_TOKENIZERS = 4         # of them, the newest kept
 
 
-def session_cache(user: Path) -> Path:
+def session_cache(user: Path, parent: Path | None = None) -> Path:
     """A new ``MUSER_CACHE_DIR`` for this run, the user's kernel builds linked in
     (the shared tokenizers: ``link_shared_tokenizers``)."""
-    base = Path(tempfile.mkdtemp(prefix="muser-test-cache-"))
+    base = Path(tempfile.mkdtemp(prefix="muser-test-cache-", dir=parent))
     (base / user.name).mkdir()
     if user.is_dir():
         for entry in user.iterdir():

@@ -24,7 +24,7 @@ def test_kernel_builds_go_back_and_tokenizers_do_not(tmp_path):
     user = tmp_path / "home" / "muser_torch"
     (user / "cpu_kernels-old").mkdir(parents=True)
     (user / "cpu_kernels-old" / "lib.so").write_bytes(b"old")
-    session = session_cache(user)
+    session = session_cache(user, tmp_path)
     mine = session / "muser_torch"
     assert (mine / "cpu_kernels-old").resolve() == (user / "cpu_kernels-old").resolve()
     (mine / "cpu_kernels-new").mkdir()
@@ -41,7 +41,7 @@ def test_large_tokenizers_are_shared_between_runs_and_small_ones_are_not(tmp_pat
     from . import cache_dirs
     monkeypatch.setattr(cache_dirs, "SHARED", tmp_path / "shared")
     user = tmp_path / "home" / "muser_torch"
-    first = session_cache(user)
+    first = session_cache(user, tmp_path)
     folder = first / "muser_torch" / "tokenizers"
     folder.mkdir()
     for key, size in (("big", cache_dirs.LARGE), ("small", 100)):
@@ -49,7 +49,7 @@ def test_large_tokenizers_are_shared_between_runs_and_small_ones_are_not(tmp_pat
         (folder / f"{key}.meta").write_text("{}")
     cache_dirs.keep_large_tokenizers(first, user)
     assert sorted(p.name for p in (tmp_path / "shared" / "tokenizers").iterdir()) == ["big.json", "big.meta"]
-    second = session_cache(user)
+    second = session_cache(user, tmp_path)
     monkeypatch.setenv("MUSER_CACHE_DIR", str(second))
     cache_dirs.link_shared_tokenizers(second)
     linked = second / "muser_torch" / "tokenizers" / "big.json"
