@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from .errors import ContextLengthError
+from .errors import ContextLengthError, DraftMismatchError
 from .nn import NUMERICS, check_numerics
 from .text.chat_limits import DEFAULT_MAX_CHARS, DEFAULT_SECONDS, MESSAGES_FACTOR, ChatLimits
 from .text.stream import TextStream
@@ -32,7 +32,7 @@ def register(subparsers) -> None:
     p.add_argument("model", nargs="?", type=Path, default=None,
                    help="GGUF file (default: the bundled demo, demo/glimmer-demo-<lane>.gguf)")
     p.add_argument("--lane", choices=tuple(DEMO), default="q4_k_xl",
-                   help="which bundled demo to run when MODEL is not given")
+                   help="which bundled demo to run when MODEL is not given (default %(default)s)")
     p.add_argument("--prompt", default=None,
                    help="text to continue (default 'def '); with --chat, the user's message "
                         "(without it, --chat reads messages from standard input until EOF)")
@@ -40,19 +40,26 @@ def register(subparsers) -> None:
                    help="render the file's chat template around the prompt and answer as the assistant")
     add_chat_limit_args(p)
     p.add_argument("--backend", choices=("native", "metal-emulator"), default="native",
-                   help="CPU tensors: the native kernels, or the .metal kernels through the emulator")
-    p.add_argument("--max-new-tokens", type=int, default=200)
+                   help="CPU tensors: the native kernels, or the .metal kernels through the emulator "
+                        "(default %(default)s)")
+    p.add_argument("--max-new-tokens", type=int, default=200, metavar="N",
+                   help="tokens to generate at most (default %(default)s)")
     p.add_argument("--draft", type=Path, default=None, metavar="DRAFT",
                    help="a DFlash draft GGUF for MODEL: speculative decoding (one sequence; the "
-                        "text is printed when done, with the draft's mean accepted tokens per round)")
-    p.add_argument("--device", default="cpu", help="cpu, mps or cuda")
+                        "text is printed when done, with the draft's mean accepted tokens per round; "
+                        "default: none, each token from MODEL alone)")
+    p.add_argument("--device", default="cpu", help="cpu, mps or cuda (default %(default)s)")
     add_dtype_arg(p)
     add_numerics_arg(p)
     add_engine_arg(p)
-    p.add_argument("--temperature", type=float, default=0.8)
-    p.add_argument("--top-k", type=int, default=None)
-    p.add_argument("--top-p", type=float, default=0.95)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--temperature", type=float, default=0.8, metavar="T",
+                   help="sampling temperature; 0 is greedy (default %(default)s)")
+    p.add_argument("--top-k", type=int, default=None, metavar="K",
+                   help="sample among the K most probable tokens only (default: no top-k cut)")
+    p.add_argument("--top-p", type=float, default=0.95, metavar="P",
+                   help="sample among the most probable tokens whose mass reaches P; 1 keeps all "
+                        "(default %(default)s)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the sampling (default %(default)s)")
     add_threads_arg(p)
     p.set_defaults(func=main)
 
@@ -72,7 +79,7 @@ def add_dtype_arg(p) -> None:
     p.add_argument("--dtype", choices=("auto", *DTYPES), default="auto",
                    help="activation dtype; auto = from_gguf's default: float32 on CPU (torch's "
                         "CPU float16 matmul is ~30x slower), the architecture's on an "
-                        "accelerator (float16; Gemma 3 bfloat16)")
+                        "accelerator (float16; Gemma 3 bfloat16); default %(default)s")
 
 
 def resolve_dtype(name: str) -> torch.dtype | None:
@@ -97,7 +104,7 @@ def add_engine_arg(p) -> None:
 
 
 def add_threads_arg(p) -> None:
-    p.add_argument("--threads", type=int, default=None,
+    p.add_argument("--threads", type=int, default=None, metavar="N",
                    help="CPU threads for torch (default: torch's choice). A small model "
                         "decodes fastest on 1: its ops are too short to amortize waking a pool.")
 
@@ -132,11 +139,22 @@ def synchronize(device: torch.device) -> None:
 
 def model_path(model: Path | None, lane: str) -> Path:
     """``model``, or the bundled demo of ``lane`` when it is None; it must exist."""
-    path = model or DEMO[lane]
-    if not path.exists():
-        raise ValueError(f"model file {path} does not exist"
-                         + ("" if model else " (the bundled demo ships in the repository's models/)"))
-    return path
+    from .gguf_io import check_file
+    if model is not None:
+        return check_file(model)
+    try:
+        return check_file(DEMO[lane])
+    except FileNotFoundError as e:
+        raise FileNotFoundError(f"{e} (the bundled demo ships in the repository's demo/)") from None
+
+
+def draft_path(draft: Path) -> Path:
+    """``--draft``'s file, checked as MODEL is, before anything loads."""
+    from .gguf_io import check_file
+    try:
+        return check_file(draft)
+    except OSError as e:
+        raise type(e)(f"--draft {e}") from None
 
 
 def check_sampling_args(args: argparse.Namespace) -> None:
@@ -177,8 +195,13 @@ def load_model(path: Path, device: torch.device, args: argparse.Namespace, comma
     from .models import from_gguf
 
     apply_threads(args.threads)
-    model = from_gguf(path, device=device, dtype=resolve_dtype(args.dtype),
-                      progress=path.stat().st_size > 256 << 20, numerics=args.numerics)
+    try:
+        model = from_gguf(path, device=device, dtype=resolve_dtype(args.dtype),
+                          progress=path.stat().st_size > 256 << 20, numerics=args.numerics)
+    except DraftMismatchError:   # with no target given, only a draft's own file is refused so
+        raise DraftMismatchError(f"{path} is a DFlash draft, not a model: run the model it drafts "
+                                 f"for with this file as its draft, muser-torch {command} MODEL.gguf "
+                                 f"--draft {path}") from None
     if model.tokenizer is None:
         raise ValueError(f"{path} carries no tokenizer (no tokenizer.ggml.* keys, or "
                          f"tokenizer.ggml.model 'none'); {command} needs a tokenizer")
@@ -197,6 +220,8 @@ def main(args: argparse.Namespace) -> int:
     # Every argument is checked before the model loads and the prompt is echoed.
     check_sampling_args(args)
     path = model_path(args.model, args.lane)
+    if args.draft is not None:
+        draft_path(args.draft)
     device = resolve_device(args.device)
     if args.backend == "metal-emulator" and device.type != "cpu":
         raise ValueError(f"--backend metal-emulator runs on CPU tensors; got --device {device.type}")
@@ -208,6 +233,10 @@ def main(args: argparse.Namespace) -> int:
     if args.draft is not None:
         model.draft = load_draft(args.draft, model, args)
     tok = model.tokenizer
+    if device.type == "cpu" and args.backend == "native":
+        # A first run compiles the CPU kernels here, before any text: the notice and
+        # its seconds stand on their own lines on stderr, out of the prompt's time.
+        ops.cpu.build_now()
     with ops.use_backend(args.backend):
         if args.chat:
             return _chat(model, tok, path, device, args)
@@ -277,10 +306,14 @@ def _generate(model, tok, ids: list[int], path: Path, device: torch.device,
     n = len(new) + (1 if first is not None and len(new) < args.max_new_tokens else 0)
     decode_s = end - (first or end)
     per_token = model.weight_bytes_per_token()
-    rate = (n - 1) / decode_s if n > 1 and decode_s > 0 else float("nan")
-    print(f"[{path.name} on {device}: prompt {len(ids)} tokens in {(first or end) - start:.3f} s; "
-          f"{n} new tokens, decode {rate:.1f} tok/s; {per_token / 1e6:.2f} MB of weights read "
-          f"per token ({per_token * rate / 1e9:.2f} GB/s)]", file=sys.stderr)
+    # a rate needs two tokens (the first one's time is the prompt's); with fewer, none is shown
+    decode = ""
+    if n > 1 and decode_s > 0:
+        rate = (n - 1) / decode_s
+        decode = f", decode {rate:.1f} tok/s ({per_token * rate / 1e9:.2f} GB/s)"
+    prompt_s = f"in {first - start:.3f} s" if first is not None else "(not run: no token asked)"
+    print(f"[{path.name} on {device}: prompt {len(ids)} tokens {prompt_s}; {n} new tokens{decode}; "
+          f"{per_token / 1e6:.2f} MB of weights read per token]", file=sys.stderr)
     return text.shown
 
 

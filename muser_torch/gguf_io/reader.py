@@ -230,7 +230,20 @@ def load_gguf(path: "str | os.PathLike[str]", *, progress: bool = False) -> GGUF
     return join(first, lambda part: _load_one(part, progress))
 
 
+def check_file(path: "str | os.PathLike[str]") -> Path:
+    """``path`` when it names a file; else an OSError in one line, worded the
+    same for every command (``run``, ``inspect``, ``serve``, ``from_gguf``)
+    rather than the system's ``[Errno 21] Is a directory``."""
+    path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(f"{path} is a directory, not a GGUF file")
+    if not path.exists():
+        raise FileNotFoundError(f"{path} does not exist")
+    return path
+
+
 def _load_one(path: Path, progress: bool) -> GGUFFile:
+    check_file(path)
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
         if size == 0:

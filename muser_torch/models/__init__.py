@@ -46,7 +46,9 @@ def from_gguf(path: str | os.PathLike, device: torch.device | str | None = None,
     gguf = load_gguf(path)
     name = architecture_of(gguf.metadata, gguf.path.name).name
     if name in DRAFTS:
-        if device is not None or dtype is not None:
+        # without a target, from_file says that the file is a draft (DraftMismatchError)
+        # whatever device or dtype came with it: that is what a caller has to learn first
+        if target is not None and (device is not None or dtype is not None):
             raise ValueError("from_gguf: a draft runs on its target's device and dtype; "
                              "pass neither device nor dtype")
         draft = DRAFTS[name].from_file(gguf, target)

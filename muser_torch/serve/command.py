@@ -11,7 +11,7 @@ from pathlib import Path
 
 from ..run import (add_chat_limit_args, add_dtype_arg, add_engine_arg, add_numerics_arg,
                    add_threads_arg,
-                   chat_limits, load_draft, load_model, model_path, resolve_device)
+                   chat_limits, draft_path, load_draft, load_model, model_path, resolve_device)
 from ..text import requirements
 DEFAULT_SLOTS = 4
 DEFAULT_QUEUE = 64
@@ -65,8 +65,8 @@ def check_args(args: argparse.Namespace) -> None:
         args.slots = 1 if args.draft is not None else DEFAULT_SLOTS
     if args.draft is not None and args.slots != 1:
         raise ValueError(f"--draft decodes one request at a time: use --slots 1, not {args.slots}")
-    if args.draft is not None and not args.draft.is_file():
-        raise ValueError(f"--draft {args.draft}: no such file")
+    if args.draft is not None:
+        draft_path(args.draft)
     if args.slots < 1:
         raise ValueError(f"--slots must be >= 1, got {args.slots}")
     if args.queue < 0:

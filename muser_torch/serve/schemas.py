@@ -47,7 +47,10 @@ def integer(low: int | None = None, high: int | None = None) -> Rule:
     def check(v: Any, name: str) -> int:
         _kind(v, name, (int,), "an integer")
         if (low is not None and v < low) or (high is not None and v > high):
-            raise RequestError(f"{name} must be in [{low}, {high}], got {v}", param=name)
+            # an open side is left unsaid: ">= 1", never "[1, None]"
+            span = (f"in [{low}, {high}]" if low is not None and high is not None
+                    else f">= {low}" if low is not None else f"<= {high}")
+            raise RequestError(f"{name} must be {span}, got {v}", param=name)
         return v
     return check
 

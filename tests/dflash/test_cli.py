@@ -49,6 +49,17 @@ def test_run_refuses_a_draft_for_another_model(files, tmp_path, capsys):
     assert "the draft's vocabulary has 300 tokens, its target's 258" in err and err.count("\n") == 1
 
 
+def test_a_draft_given_as_the_model_is_named_a_draft(files, capsys):
+    """Not the device/dtype rule of drafts (none was given): the file is a
+    draft, and --draft is how to run it."""
+    _, draft = files
+    assert cli(["run", draft, "--max-new-tokens", "2"]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"muser-torch run: error: {draft} is a DFlash draft, not a model: run the model "
+                   f"it drafts for with this file as its draft, muser-torch run MODEL.gguf "
+                   f"--draft {draft}\n"), err
+
+
 def test_bench_model_with_a_draft_prints_acceptance_and_both_speeds(files, capsys):
     target, draft = files
     rc = cli(["bench", "model", target, "--prompt-len", "8", "--decode", "20", "--warmup", "1",

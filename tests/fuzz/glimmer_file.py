@@ -15,7 +15,7 @@ tokens, reserved ones). Its ``tokenizer.json`` and ``tokenizer_config.json``
 template), and ``<|eot|>`` is written as ``eot_token_id``, as the converter
 does.
 
-The file is built on first use into ``cache_dir() / "fuzz-files"`` (about a
+The file is built on first use into ``~/.cache/muser-torch/fuzz-files`` (about a
 minute: the training), named by the seed and the Python version whose sources
 it learned from, and reused after that.
 """
@@ -43,8 +43,9 @@ WORDS_PER_SCRIPT = 60_000
 
 
 def cache_root() -> Path:
-    from muser_torch.cache import cache_dir
-    return cache_dir() / "fuzz-files"
+    """The project's own cache (``tests/cache_dirs.py``), never the user's."""
+    from ..cache_dirs import SHARED
+    return SHARED / "fuzz-files"
 
 
 def glimmer_200k_path() -> Path:

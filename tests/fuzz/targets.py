@@ -4,7 +4,7 @@ Named files: the two demo lanes (in the checkout), ``gemma3-270m`` (the test
 extra's real file), ``glimmer-200k`` (``glimmer_file.py``) and ``demo-split3``
 (the q4_k_xl demo lane split in 3 parts by gguf-py's writer, the layout
 llama.cpp's ``gguf-split`` writes); the last two are built on first use into
-``cache_dir() / "fuzz-files"``.
+``~/.cache/muser-torch/fuzz-files`` (``glimmer_file.cache_root``).
 
 A ``Target`` is one file or the parts of a split model (its first part,
 ``<prefix>-00001-of-0000N.gguf``, names it). A mutant changes one part:

@@ -27,7 +27,7 @@ def _refused(capsys, argv: list[str]) -> str:
     (["--chat-template-seconds", "0"], "--chat-template-*: chat template seconds must be"),
     (["--device", "tpu"], "--device must be cpu, mps or cuda"),
     (["--draft", DEMO_FILE, "--slots", "2"], "--draft decodes one request at a time: use --slots 1, not 2"),
-    (["--draft", "no-such-draft.gguf"], "--draft no-such-draft.gguf: no such file"),
+    (["--draft", "no-such-draft.gguf"], "--draft no-such-draft.gguf does not exist"),
 ])
 def test_bad_arguments(capsys, args, message):
     assert message in _refused(capsys, [DEMO_FILE, "--port", "0", *args])

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from muser_torch.serve.sampling import SamplingParams
-from muser_torch.serve.schemas import (RequestError, chat_request, completion_request,
-                                       parse_json)
+from muser_torch.serve.schemas import CHAT as CHAT_RULES
+from muser_torch.serve.schemas import (COMMON, COMPLETION, RequestError, chat_request,
+                                       completion_request, parse_json)
 
 CHAT = {"messages": [{"role": "user", "content": "hi"}]}
 TEXT = {"prompt": "def "}
@@ -45,12 +46,13 @@ BAD = [
     (CHAT | {"max_tokens": "20"}, "max_tokens", "must be an integer, got a string"),
     (CHAT | {"max_tokens": 2.0}, "max_tokens", "must be an integer, got a number"),
     (CHAT | {"max_tokens": True}, "max_tokens", "must be an integer, got a boolean"),
-    (CHAT | {"max_tokens": 0}, "max_tokens", "must be in [1, None]"),
+    (CHAT | {"max_tokens": 0}, "max_tokens", "max_tokens must be >= 1, got 0"),
+    (CHAT | {"max_tokens": -1}, "max_tokens", "max_tokens must be >= 1, got -1"),
     (CHAT | {"temperature": "hot"}, "temperature", "must be a number"),
     (CHAT | {"temperature": 2.5}, "temperature", "must be in [0.0, 2.0]"),
     (CHAT | {"temperature": float("nan")}, "temperature", "must be in"),
     (CHAT | {"top_p": 0}, "top_p", "must be in (0.0, 1.0]"),
-    (CHAT | {"top_k": -1}, "top_k", "must be in [0, None]"),
+    (CHAT | {"top_k": -1}, "top_k", "top_k must be >= 0, got -1"),
     (CHAT | {"seed": 1 << 64}, "seed", "must be in"),
     (CHAT | {"stop": 5}, "stop", "a string or a list of strings"),
     (CHAT | {"stop": ["a", 5]}, "stop[1]", "must be a string"),
@@ -89,7 +91,19 @@ def test_bad_fields_name_themselves(body, param, message):
         parse(body)
     assert e.value.status == 400 and message in str(e.value)
     assert e.value.param == param
-    assert "\n" not in str(e.value)
+    assert "\n" not in str(e.value) and "None" not in str(e.value)
+
+
+def test_no_refusal_names_none():
+    """Every rule of every field refuses a wrong value with a RequestError
+    whose message never shows an open bound as None."""
+    for table in (COMMON, CHAT_RULES, COMPLETION):
+        for name, rule in table.items():
+            for v in (-10 ** 30, 10 ** 30, -1, -1.5, float("inf"), None, "x", [None], {"a": None}):
+                try:
+                    rule(v, name)
+                except RequestError as e:
+                    assert "None" not in str(e), (name, v, str(e))
 
 
 @pytest.mark.parametrize("body,message", [(b"{", "not valid JSON"), (b"\xff", "not valid JSON"),

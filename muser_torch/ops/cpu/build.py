@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import warnings
 from pathlib import Path
 
@@ -126,7 +127,11 @@ def _build() -> ctypes.CDLL:
     if not (build / _LIB).exists():   # the one wait of a first run: say so, only then
         print(f"muser-torch: compiling CPU kernels (once, cached in {build.parent})",
               file=sys.stderr, flush=True)
+        start = time.perf_counter()
         _compile(cc, flags, sources, header, build)
+        # its own line with its time, so no caller counts it as its own work
+        print(f"muser-torch: compiled CPU kernels in {time.perf_counter() - start:.1f} s",
+              file=sys.stderr, flush=True)
     lib = ctypes.CDLL(str(build / _LIB))
     p, i, i64, f = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float
     lib.muser_geometry.argtypes = [i, i, i]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import re
 import shutil
 from pathlib import Path
 
@@ -28,8 +29,8 @@ def test_native_builds_and_claims_its_types():
 
 
 def test_a_build_says_so_once(tmp_path, monkeypatch, capfd):
-    """A build into an empty cache prints one line saying so, naming the cache;
-    with the cache warm nothing is printed. The compiler's work is stood in for
+    """A build into an empty cache prints a line saying so, naming the cache,
+    and one with its seconds; with the cache warm nothing is printed. The compiler's work is stood in for
     by a copy of this session's library (it is what a build makes)."""
     from muser_torch.ops.cpu import build
     assert cpu.native_available()
@@ -48,7 +49,9 @@ def test_a_build_says_so_once(tmp_path, monkeypatch, capfd):
     build._build()
     warm = capfd.readouterr().err
     assert len(compiles) == 1 and compiles[0].parent == tmp_path / "muser_torch", compiles
-    assert cold == f"muser-torch: compiling CPU kernels (once, cached in {tmp_path / 'muser_torch'})\n", cold
+    notice, done = cold.splitlines()     # each on a line of its own, the second with the seconds
+    assert notice == f"muser-torch: compiling CPU kernels (once, cached in {tmp_path / 'muser_torch'})", cold
+    assert re.fullmatch(r"muser-torch: compiled CPU kernels in \d+\.\d s", done), cold
     assert warm == "", warm
 
 
