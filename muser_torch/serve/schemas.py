@@ -152,8 +152,9 @@ def response_format(v: Any, name: str) -> str | None:
     if kind == "json_object":
         return json.dumps({"type": "object"})
     if kind != "json_schema":
-        raise RequestError(f"{name}.type must be 'text', 'json_object' or 'json_schema', "
-                           f"got {kind!r}", param=f"{name}.type")
+        got = "it has none" if kind is None else f"got {_json_type(kind)} {json.dumps(kind)[:40]}"
+        raise RequestError(f"{name}.type must be 'text', 'json_object' or 'json_schema'; {got}",
+                           param=f"{name}.type")
     spec = _kind(v.get("json_schema"), f"{name}.json_schema", (dict,),
                  "an object with 'name' and 'schema'")
     string(spec.get("name"), f"{name}.json_schema.name")

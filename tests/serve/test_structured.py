@@ -59,7 +59,9 @@ def test_json_object_answers_are_objects(demo_model):
 
 @pytest.mark.parametrize("fmt,message", [
     (_format({"type": "nonsense"}), "response_format"),
-    ({"type": "xml"}, "response_format.type must be 'text', 'json_object' or 'json_schema'"),
+    ({"type": "xml"}, "response_format.type must be 'text', 'json_object' or 'json_schema'; "
+                      "got a string \"xml\""),
+    ({}, "response_format.type must be .*; it has none"),
     ({"type": "json_schema", "json_schema": {"schema": {}}}, "response_format.json_schema.name"),
 ])
 def test_a_bad_format_is_a_400(demo_model, fmt, message):
