@@ -24,8 +24,9 @@ def check_bound(name: str, value: float, bound: float, context: str = "") -> Non
 
 def check_floor(name: str, value: float, floor: float, context: str = "") -> None:
     """Assert ``value > floor``: a measure that must stay large, such as a
-    planted defect's error (the sweep's margin is then value / floor)."""
+    planted defect's error (the sweep's margin is then value / floor). NaN
+    passes: a defect that makes garbage is a defect seen."""
     value = float(value)
     if sink is not None:
         sink.append((name, value, float(floor), "min"))
-    assert value > floor, f"{name}: {value:.3g}, not above the floor {floor:.3g} {context}".rstrip()
+    assert not value <= floor, f"{name}: {value:.3g}, not above the floor {floor:.3g} {context}".rstrip()

@@ -27,7 +27,7 @@ from muser_torch.ops import metal
 from ...formats.ggml_ref import quantize_chunk
 from ...bounds import check_bound, check_floor
 from ..ggml_matmul import ggml_activations, ggml_mul_mat
-from .helpers import TOKEN_COUNTS, fresh_seed, rel_err
+from .helpers import TOKEN_COUNTS, fresh_seed, rel_err, swap_first_two_blocks
 
 pytestmark = pytest.mark.usefixtures("emulate")
 
@@ -73,9 +73,7 @@ def test_a_swapped_pair_of_blocks_breaks_both_bounds(qtype):
     w = torch.randn(n_out, n_in, generator=g) * torch.exp(torch.randn(n_out, 1, generator=g))
     packed = quantize_chunk(w, int(qtype))
     W = _gguf_values(packed, qtype, n_in).double()
-    half = packed.shape[1] // (n_in // qtype.block_elems)
-    bad = packed.clone()
-    bad[:, :half], bad[:, half:2 * half] = packed[:, half:2 * half], packed[:, :half]
+    bad = swap_first_two_blocks(packed, n_in // qtype.block_elems)
     x = torch.randn(1, n_in, generator=g)
     where = f"{qtype.name} (seed {seed})"
     check_floor("ours on swapped blocks: rel err to float64",
