@@ -14,7 +14,10 @@ Tests draw their data in one of two ways, and the sweep runs each its own way:
 - **per session** (a module-level ``SEED``: ``tests/models``, ``tests/glimmer``,
   ``tests/dflash``, ``tests/text``; it also seeds files that session fixtures
   write): one pytest process per seed, with MUSER_TEST_SEED set, so fixtures
-  and tests see the same seed and a failing seed replays as printed.
+  and tests see the same seed and a failing seed replays as printed. A test
+  marked ``seed_at_run_time`` reads its module's SEED only while it runs (no
+  session fixture's data comes from it): it runs per test, the plugin setting
+  the module's SEED as well.
 
 Tests report their measured values through ``tests.bounds.check_bound``; the
 plugin writes one JSON line per test and seed. The table gives, per test and
@@ -57,9 +60,16 @@ def pytest_addoption(parser):
     group.addoption("--seed-sweep-plan", help="write the selected tests, per-test or per-session seeded, here")
 
 
-def _session_seeded(item) -> bool:
-    seed = getattr(getattr(item, "module", None), "SEED", None)
+def _module_seed(module) -> bool:
+    seed = getattr(module, "SEED", None)
     return isinstance(seed, int) and not isinstance(seed, bool)
+
+
+def _session_seeded(item) -> bool:
+    """Seeded per session: a module-level SEED, unless the test is marked
+    ``seed_at_run_time`` (it reads SEED only while it runs: no session fixture
+    holds data drawn from it), when the plugin sets the module's SEED per test."""
+    return _module_seed(getattr(item, "module", None)) and item.get_closest_marker("seed_at_run_time") is None
 
 
 def _seeds(config) -> list[int]:
@@ -86,13 +96,14 @@ def pytest_configure(config):
 
 def pytest_generate_tests(metafunc):
     seeds = _seeds(metafunc.config)
-    module = metafunc.module
-    if not seeds or isinstance(getattr(module, "SEED", None), int):
+    if not seeds or _module_seed(metafunc.module) and \
+            metafunc.definition.get_closest_marker("seed_at_run_time") is None:
         return
     metafunc.fixturenames.append("_sweep_seed")
     metafunc.parametrize("_sweep_seed", seeds, ids=[f"seed{s}" for s in seeds])
 
 
+@pytest.hookimpl(trylast=True)          # after -k and the markers have deselected
 def pytest_collection_modifyitems(config, items):
     if not hasattr(config, "_seed_sweep"):
         return
@@ -132,6 +143,9 @@ def pytest_runtest_setup(item):
         if _key(item.nodeid) in state["unseeded"]:
             pytest.skip("draws no seed")
         os.environ[SEED_ENV] = str(callspec.params["_sweep_seed"])
+        if _module_seed(item.module):            # a seed_at_run_time test: its module's SEED too
+            state["module_seed"] = item.module, item.module.SEED
+            item.module.SEED = callspec.params["_sweep_seed"]
 
 
 def pytest_runtest_logreport(report):
@@ -161,8 +175,11 @@ def pytest_runtest_logfinish(nodeid, location):
     state = config._seed_sweep
     key = _key(nodeid)
     per_test = key != nodeid
-    seed = int(os.environ.pop(SEED_ENV)) if per_test else int(os.environ.get(SEED_ENV, -1))
-    drew = _SeedReads.read or not per_test
+    seed = int(os.environ.pop(SEED_ENV, -1)) if per_test else int(os.environ.get(SEED_ENV, -1))
+    module_seed = state.pop("module_seed", None)
+    if module_seed is not None:
+        module_seed[0].SEED = module_seed[1]
+    drew = _SeedReads.read or not per_test or module_seed is not None
     if per_test and key not in state["seen"]:
         state["seen"].add(key)
         if not drew and run["outcome"] != "failed":

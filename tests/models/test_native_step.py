@@ -23,7 +23,8 @@ from muser_torch.ops.cpu import FUSED_MAX_TOKENS, native_available
 from ..bounds import check_bound, check_floor
 from ..glimmer.conftest import TINY
 from .conftest import SEED, rel_err
-from .family_files import hf_file  # noqa: F401 (fixture)
+from .family_files import VARIANTS, hf_file  # noqa: F401 (fixture)
+from .hf_files import write_random_gguf
 
 pytestmark = pytest.mark.skipif(not native_available(), reason="no native CPU library")
 
@@ -108,11 +109,22 @@ def _per_layer_errors(model, prefill: int, steps: int = 1, rows: int = 1,
     return errs
 
 
+def _own_file(tmp_path):
+    """variant -> path, written from SEED when the test runs (as ``hf_file``
+    writes it once a session), so that the seed sweep can vary it per test."""
+    def get(variant: str) -> str:
+        arch, opts = VARIANTS[variant]
+        seed = SEED + sorted(VARIANTS).index(variant)
+        return str(write_random_gguf(tmp_path / f"{variant}.gguf", arch, seed=seed, **opts))
+    return get
+
+
+@pytest.mark.seed_at_run_time
 @pytest.mark.parametrize("which", MODELS)
-def test_each_block_is_its_torch_layer(which, gemma_path, hf_file):
+def test_each_block_is_its_torch_layer(which, gemma_path, tmp_path):
     """One token (decode.c's decode step) and runs of several (its extension:
     Glimmer's tiny window is 8, so its runs are 8 and its rings wrap)."""
-    model = _model(which, gemma_path, hf_file)
+    model = _model(which, gemma_path, _own_file(tmp_path))
     prefill = 20 if which == "gemma3" else 11
     run = 8 if which.startswith("glimmer") else EXTEND_MAX_TOKENS
     exact = _per_layer_errors(model, prefill) + _per_layer_errors(model, prefill, rows=run)
@@ -148,13 +160,14 @@ def _not_exact(errors: list[float]) -> float:
     return sum(e >= 1e-5 for e in errors) / len(errors)
 
 
+@pytest.mark.seed_at_run_time
 @pytest.mark.parametrize("which", [m for m in MODELS if m != "glimmer-nvfp4"])
-def test_a_block_on_the_other_numerics_breaks_the_rule(which, gemma_path, hf_file):
+def test_a_block_on_the_other_numerics_breaks_the_rule(which, gemma_path, tmp_path):
     """The planted-defect twin of the ggml rule above: the torch forward in
     exact numerics against the library's ggml block (as a block that ignored
     the model's numerics would compute) puts every pair off, past the rule's
     0.5. (The NVFP4 Glimmer computes the same in both numerics.)"""
-    model = _model(which, gemma_path, hf_file)
+    model = _model(which, gemma_path, _own_file(tmp_path))
     set_numerics(model, "ggml")
     prefill = 20 if which == "gemma3" else 11
     run = 8 if which.startswith("glimmer") else EXTEND_MAX_TOKENS
