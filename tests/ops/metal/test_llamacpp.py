@@ -11,7 +11,6 @@ path); the full sweep, every path at several row counts, runs with ``MUSER_SLOW_
 from __future__ import annotations
 
 import functools
-import random
 
 import pytest
 
@@ -19,7 +18,9 @@ from muser_torch_metal_emulator import emulator
 from muser_torch_metal_emulator.emulator import MetalEmulatorError
 
 from ... import slow
+from ...bounds import check_bound
 from . import llamacpp_mul_mat as L
+from .helpers import fresh_seed
 
 NE00 = 256          # one K-quant super-block row: every path takes it (ext needs ne00 % 128 == 0)
 NE01 = 40           # a multiple of every mv kernel's row tile; not of mm's 64 (its bc_out edge path)
@@ -49,19 +50,16 @@ def _kernels(library: str) -> tuple[str, ...]:
                          ids=[f"{t}-{p}-{n}" for t, p, n in CASES])
 def test_llamacpp_kernel_matches_ggml_cpu(k, case):
     t, path, ne11 = case
-    seed = random.SystemRandom().randrange(1 << 31)
+    seed = fresh_seed()
     schedule = emulator.SCHEDULES[k % len(emulator.SCHEDULES)]     # one lane schedule per case, in turn
     w, x = L.case(t, NE00, NE01, ne11, seed)
     plan = L.PLANS[path](t, NE00, NE01, ne11)
     with emulator.schedule(schedule, seed=seed):
         got = L.run_metal(plan, w, x, NE01, kernels=_kernels(plan.library))
     ref = L.ggml_mul_mat(t, w, x, NE00, NE01)
-    err = L.nmse(got, ref)
-    assert err < L.GGML_MUL_MAT_NMSE, (f"{plan.kernel} ({t}, {ne11} rows): NMSE {err:.3g} against ggml's CPU "
-                                       f"mul_mat (schedule {schedule}, seed {seed})")
-    err64 = L.float64_error(t, w, x, got)
-    assert err64 < L.ERROR_BOUND[path], (f"{plan.kernel} ({t}, {ne11} rows): error {err64:.3g} of |x||W| against "
-                                         f"float64 (schedule {schedule}, seed {seed})")
+    where = f"{plan.kernel} ({t}, {ne11} rows, schedule {schedule}, seed {seed})"
+    check_bound("NMSE against ggml's CPU mul_mat", L.nmse(got, ref), L.GGML_MUL_MAT_NMSE, where)
+    check_bound("error of |x||W| against float64", L.float64_error(t, w, x, got), L.ERROR_BOUND[path], where)
 
 
 def test_mv_reads_past_the_last_row_of_src0():
@@ -69,6 +67,6 @@ def test_mv_reads_past_the_last_row_of_src0():
     per threadgroup), so with 37 rows it reads the row after the tensor (ggml-metal allocates no
     padding for MUL_MAT; on a GPU the read lands in whatever follows, and only valid rows are
     written). The Q4_0, Q8_0, Q4_K and Q6_K mat-vec kernels do the same with their tiles."""
-    w, x = L.case("q5_K", NE00, 37, 1, random.SystemRandom().randrange(1 << 31))
+    w, x = L.case("q5_K", NE00, 37, 1, fresh_seed())
     with pytest.raises(MetalEmulatorError, match=r"kernel_mul_mv_q5_K_f32: out-of-bounds access to buffer\(1\)"):
         L.run_metal(L.mv_plan("q5_K", NE00, 37, 1), w, x, 37, kernels=_kernels("mul_mv") or None)
