@@ -49,6 +49,10 @@ SEED_ID = re.compile(r"^seed\d+$")
 # conftest's SEED (tests/serve draws its sampling seeds from os.urandom instead).
 DRAWS = re.compile(r"MUSER_TEST_SEED|fresh_seed|from \.+\w*\.?conftest import .*\bSEED\b")
 MARGIN = 2.0
+# The plugin's state in a pytest process: the running test's outcome (by node
+# id) and the config (the hooks that report a run get no item).
+_RUNS: dict = {}
+_CONFIG: list = []
 
 
 # ---------------------------------------------------------------- the plugin (-p tests.seeds)
@@ -155,9 +159,6 @@ def pytest_runtest_logreport(report):
         run["outcome"] = report.outcome
 
 
-_RUNS: dict = {}
-
-
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_protocol(item, nextitem):
     state = getattr(item.config, "_seed_sweep", None)
@@ -192,9 +193,6 @@ def pytest_runtest_logfinish(nodeid, location):
     with open(config.getoption("--seed-sweep-out"), "a") as f:
         f.write(json.dumps({"test": key, "seed": seed, "outcome": run["outcome"],
                             "bounds": records}) + "\n")
-
-
-_CONFIG: list = []
 
 
 @pytest.hookimpl(trylast=True)
@@ -240,8 +238,9 @@ def _table(lines: list[dict], n_seeds: int) -> tuple[str, bool]:
             if k not in worst or margin < worst[k][0]:
                 worst[k] = (margin, value, bound, kind, r["seed"])
     ok = True
-    out = [f"{n_seeds} seeds; per test and bound: the bound, the worst value, its margin and seed",
-           "", "| test | bound | limit | worst | margin | seed | runs | failed |", "|---|---|---:|---:|---:|---:|---:|---|"]
+    out = [f"{n_seeds} seeds; per test and bound: the bound, the worst value, its margin and seed", "",
+           "| test | bound | limit | worst | margin | seed | runs | failed |",
+           "|---|---|---:|---:|---:|---:|---:|---|"]
     for test in sorted(runs):
         failed = fails.get(test, [])
         ok &= not failed
