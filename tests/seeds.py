@@ -176,11 +176,11 @@ def pytest_runtest_logfinish(nodeid, location):
     state = config._seed_sweep
     key = _key(nodeid)
     per_test = key != nodeid
-    seed = int(os.environ.pop(SEED_ENV, -1)) if per_test else int(os.environ.get(SEED_ENV, -1))
     module_seed = state.pop("module_seed", None)
     if module_seed is not None:
         module_seed[0].SEED = module_seed[1]
-    drew = _SeedReads.read or not per_test or module_seed is not None
+    drew = _SeedReads.read or not per_test or module_seed is not None      # before the reads below
+    seed = int(os.environ.pop(SEED_ENV, -1)) if per_test else int(os.environ.get(SEED_ENV, -1))
     if per_test and key not in state["seen"]:
         state["seen"].add(key)
         if not drew and run["outcome"] != "failed":
