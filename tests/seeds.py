@@ -252,7 +252,7 @@ def _table(lines: list[dict], n_seeds: int) -> tuple[str, bool]:
             margin, value, bound, kind, seed = worst[(test, name)]
             ok &= margin >= MARGIN
             limit = f"< {bound:.3g}" if kind == "max" else f"> {bound:.3g}"
-            out.append(f"| `{test}` | {name} | {limit} | {value:.3g} | {margin:.3g}x | {seed} | "
+            out.append(f"| `{test}` | {name.replace('|', chr(92) + '|')} | {limit} | {value:.3g} | {margin:.3g}x | {seed} | "
                        f"{runs[test]} | {fail_text} |")
             fail_text = ""
     return "\n".join(out), ok
