@@ -54,3 +54,13 @@ def reference(packed, qtype, n_in, scales, scale_2) -> torch.Tensor:
 def rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
     y, ref = y.cpu().double(), ref.cpu().double()   # MPS has no float64
     return float((y - ref).norm() / ref.norm().clamp_min(1e-300))
+
+
+def swap_first_two_blocks(packed: torch.Tensor, blocks_per_row: int) -> torch.Tensor:
+    """``packed`` with each row's first two blocks swapped, scales and codes:
+    what a wrong block stride or a swapped scale reads (the planted defect of
+    the bounds against float64)."""
+    size = packed.shape[1] // blocks_per_row
+    bad = packed.clone()
+    bad[:, :size], bad[:, size:2 * size] = packed[:, size:2 * size], packed[:, :size]
+    return bad

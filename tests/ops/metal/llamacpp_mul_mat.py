@@ -23,9 +23,6 @@ from . import llamacpp_metal as lm
 GGML_TYPES = {"q4_0": 2, "q8_0": 8, "q4_K": 12, "q5_K": 13, "q6_K": 14}
 BLOCK = {"q4_0": 32, "q8_0": 32, "q4_K": 256, "q5_K": 256, "q6_K": 256}
 KINDS = ("mv", "ext", "mm", "mma")
-# test-backend-ops' tolerance for MUL_MAT (test_mul_mat::max_nmse_err): the normalized mean squared error
-# between a backend and the CPU.
-GGML_MUL_MAT_NMSE = 5e-4
 # Against float64 x @ dequantize(W).T (gguf's numpy dequantizer), per output element relative to
 # sum |x||W|: float32 arithmetic for every path but mul_mm, which stages both operands in half
 # (unit roundoff 2^-11) before its simdgroup multiplies.
@@ -192,7 +189,3 @@ def float64_error(t: str, w: torch.Tensor, x: torch.Tensor, got: torch.Tensor) -
     ref = x.double() @ W.T
     return float(((got.double() - ref).abs() / (x.double().abs() @ W.abs().T)).max())
 
-
-def nmse(got: torch.Tensor, ref: torch.Tensor) -> float:
-    d = got.double() - ref.double()
-    return float((d * d).sum() / (ref.double() ** 2).sum())

