@@ -104,7 +104,8 @@ def keep_large_tokenizers(session: Path, user: Path) -> None:
 def kernels_only_cache() -> str:
     """A new folder to pass as ``MUSER_CACHE_DIR``: ``cache_dir()``'s entries
     linked into it, its tokenizers left out."""
-    base = Path(tempfile.mkdtemp(prefix="muser-cache-"))
+    # inside the run's own folder (MUSER_CACHE_DIR, dropped at the end), not loose in /tmp
+    base = Path(tempfile.mkdtemp(prefix="kernels-only-", dir=os.environ.get("MUSER_CACHE_DIR")))
     fresh, real = base / cache_dir().name, cache_dir()
     fresh.mkdir()
     if real.is_dir():
