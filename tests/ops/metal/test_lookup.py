@@ -40,14 +40,21 @@ def _gguf_values(packed: torch.Tensor, qtype: GGMLType, n_in: int) -> torch.Tens
     return torch.from_numpy(np.ascontiguousarray(out)).reshape(packed.shape[0], n_in)
 
 
-@pytest.mark.parametrize("qtype", list(LOOKUP), ids=lambda t: t.name)
-def test_every_rung_against_ggml_mul_mat(qtype):
+def _random_weights(qtype):
+    """A fresh seed, its generator (for the activations), ggml's bytes of a
+    weight whose rows differ in scale, and their float64 values."""
     n_out, n_in = LOOKUP[qtype]
     seed = fresh_seed()
     g = torch.Generator().manual_seed(seed)
     w = torch.randn(n_out, n_in, generator=g) * torch.exp(torch.randn(n_out, 1, generator=g))
     packed = quantize_chunk(w, int(qtype))
-    W = _gguf_values(packed, qtype, n_in).double()
+    return seed, g, packed, _gguf_values(packed, qtype, n_in).double()
+
+
+@pytest.mark.parametrize("qtype", list(LOOKUP), ids=lambda t: t.name)
+def test_every_rung_against_ggml_mul_mat(qtype):
+    n_out, n_in = LOOKUP[qtype]
+    seed, g, packed, W = _random_weights(qtype)
     assert torch.equal(metal.dequantize(packed, int(qtype), n_out, n_in), W.float()), f"seed {seed}"
     for n_tok in TOKEN_COUNTS:
         x = torch.randn(n_tok, n_in, generator=g)
@@ -68,11 +75,7 @@ def test_a_swapped_pair_of_blocks_breaks_both_bounds(qtype):
     the rung whose sums are shortest. Every row, so that no row scaled far
     above the others hides the defect in the norm."""
     n_out, n_in = LOOKUP[qtype]
-    seed = fresh_seed()
-    g = torch.Generator().manual_seed(seed)
-    w = torch.randn(n_out, n_in, generator=g) * torch.exp(torch.randn(n_out, 1, generator=g))
-    packed = quantize_chunk(w, int(qtype))
-    W = _gguf_values(packed, qtype, n_in).double()
+    seed, g, packed, W = _random_weights(qtype)
     bad = swap_first_two_blocks(packed, n_in // qtype.block_elems)
     x = torch.randn(1, n_in, generator=g)
     where = f"{qtype.name} (seed {seed})"
