@@ -130,19 +130,19 @@ class DecodeEngine:
             entry.tokens[rows:].copy_(entry.tokens[:1].expand(entry.size - rows, 1))
         return self._run(entry)[:rows]
 
-    def _run(self, bucket: _Bucket) -> torch.Tensor:
+    def _run(self, entry: _Bucket) -> torch.Tensor:
         def forward() -> torch.Tensor:
-            return self.model(bucket.tokens, bucket.slots, checked=False)
-        bucket.calls += 1
-        if bucket.replay is not None:
-            return bucket.replay()
-        if bucket.calls == 1:
+            return self.model(entry.tokens, entry.slots, checked=False)
+        entry.calls += 1
+        if entry.replay is not None:
+            return entry.replay()
+        if entry.calls == 1:
             return forward()        # eager: compiles and warms every kernel the step launches
         if self._pool is None:
             self._pool = self.recorder.new_pool()
-        bucket.replay = self.recorder.capture(forward, self._pool)
+        entry.replay = self.recorder.capture(forward, self._pool)
         self.captures += 1
-        return bucket.replay()
+        return entry.replay()
 
 
 def decode_engine(model: torch.nn.Module, engine: "str | DecodeEngine" = "auto") -> DecodeEngine:
