@@ -132,6 +132,7 @@ class Generation:
 
     def _generate_drafted(self, input_ids, max_new_tokens: int, draft, return_stats: bool,
                           decode_step=None, **kw):
+        from .dflash import Drafter
         from .speculative import speculative_generate
         ids = torch.as_tensor(input_ids, dtype=torch.long, device=self.lengths.device)
         rows = ids.unsqueeze(0) if ids.dim() == 1 else ids
@@ -142,12 +143,18 @@ class Generation:
             raise ValueError("generate: draft= verifies blocks with the model's own forward; "
                              "decode_step does not apply")
         t, k, p = kw.get("temperature", 0.0), kw.get("top_k"), kw.get("top_p")
-        unknown = set(kw) - {"temperature", "top_k", "top_p", "seed", "stop"}
+        unknown = set(kw) - {"temperature", "top_k", "top_p", "seed", "stop", "engine"}
         if unknown:
             raise TypeError(f"generate() got an unexpected keyword argument {sorted(unknown)[0]!r}")
+        # room for a whole verify block past the last token, where the context
+        # allows: a recorded round always scores the whole block
+        block = draft.config.block_size if isinstance(draft, Drafter) else 0
+        room = min(rows.shape[1] + max_new_tokens + block, self.config.context_length)
+        if self.lengths.numel() < 1 or self.max_seq_len < room:
+            self.setup_cache(max(1, self.lengths.numel()), room)
         rows, _, stop = self._start(rows, max_new_tokens, t, k, p, kw.get("stop"))
         new, stats = speculative_generate(self, draft, rows, max_new_tokens, t, k, p, kw.get("seed"),
-                                          stop)
+                                          stop, kw.get("engine", "auto"))
         out = torch.cat((rows, torch.tensor([new], dtype=torch.long, device=rows.device)), dim=-1)
         out = out[0] if ids.dim() == 1 else out
         return (out, stats) if return_stats else out

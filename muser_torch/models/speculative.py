@@ -31,6 +31,8 @@ from typing import Any, Iterator, Sequence
 import torch
 
 from .dflash import DraftContext, Drafter
+from .draft_rounds import DraftRounds, draft_rounds
+from .engine import decode_engine
 from .native_step import output_hook
 from .sampling import distribution, sample
 
@@ -120,25 +122,32 @@ def _accept_sampled(cands: torch.Tensor, q: torch.Tensor, p: torch.Tensor,
 def speculative_generate(target: Any, draft: Drafter, ids: torch.Tensor, max_new_tokens: int,
                          temperature: float = 0.0, top_k: int | None = None,
                          top_p: float | None = None, seed: int | None = None,
-                         stop: Sequence[int] = ()) -> tuple[list[int], DraftStats]:
+                         stop: Sequence[int] = (), engine: str = "auto") -> tuple[list[int], DraftStats]:
     """The new tokens after ``ids`` (``[1, T]``, already checked) and the
     rounds' statistics. The target's cache must hold slot 0 with room for
     ``T + max_new_tokens`` positions, empty."""
     stats = DraftStats()
     out = [t for new in speculative_rounds(target, draft, ids, max_new_tokens, temperature, top_k,
-                                           top_p, seed, stop, stats) for t in new]
+                                           top_p, seed, stop, stats, engine, ahead=True)
+           for t in new]
     return out, stats
 
 
 def speculative_rounds(target: Any, draft: Drafter, ids: torch.Tensor, max_new_tokens: int,
                        temperature: float = 0.0, top_k: int | None = None,
                        top_p: float | None = None, seed: int | None = None,
-                       stop: Sequence[int] = (), stats: DraftStats | None = None
-                       ) -> Iterator[list[int]]:
+                       stop: Sequence[int] = (), stats: DraftStats | None = None,
+                       engine: str = "auto", ahead: bool = False) -> Iterator[list[int]]:
     """``speculative_generate`` one round at a time: yields each round's
     emitted tokens (the prefill's one token first), as a server streams them.
     Closing the generator early removes the taps and leaves slot 0's cache
-    consistent up to what was yielded."""
+    consistent up to what was yielded.
+
+    ``engine`` as ``Generation.stream``'s: where the target's steps are
+    recorded (CUDA), greedy rounds of a ``Drafter`` run as one recorded round
+    each (``draft_rounds.py``) unless ``"eager"``; the tokens are the same.
+    ``ahead`` (for a caller that reads every round): the next round runs
+    while the host looks at this one."""
     if draft.target is not target:
         raise ValueError("generate: draft= was loaded for another model "
                          "(muser_torch.from_gguf(draft_path, target=this_model))")
@@ -157,6 +166,17 @@ def speculative_rounds(target: Any, draft: Drafter, ids: torch.Tensor, max_new_t
     def pick(logits: torch.Tensor) -> int:
         return int(sample(logits[None], temperature, top_k, top_p, gen)[0])
 
+    recorded = _recorded_rounds(target, draft, engine, greedy, ids.shape[1], max_new_tokens)
+    if recorded is not None:
+        with Taps(target, draft.tap_layers) as taps:
+            logits = target(ids, slots)[0]
+            tapped = taps.take()
+        last = pick(logits[-1])
+        recorded.begin(tapped, last, max_new_tokens - 1, stop_set)
+        yield [last]
+        if last not in stop_set:
+            yield from recorded.rounds(max_new_tokens - 1, stop_set, stats, ahead)
+        return
     with Taps(target, draft.tap_layers) as taps:
         logits = target(ids, slots)[0]
         draft.extend(ctx, taps.take())
@@ -197,6 +217,16 @@ def speculative_rounds(target: Any, draft: Drafter, ids: torch.Tensor, max_new_t
             draft.extend(ctx, taps.take()[:, :keep])
             last, emitted = new[-1], emitted + keep
             yield new
+
+
+def _recorded_rounds(target: Any, draft: Any, engine: str, greedy: bool, n_prompt: int,
+                     max_new_tokens: int) -> "DraftRounds | None":
+    """The recorded rounds for this run, or None for the eager loop."""
+    runner = decode_engine(target, engine)   # checks the name; records on CUDA
+    if not (runner.records and greedy and isinstance(draft, Drafter)):
+        return None
+    rounds = draft_rounds(draft, runner.recorder)
+    return rounds if rounds.why_not(n_prompt, max_new_tokens) is None else None
 
 
 def _cut_at_stop(cands: torch.Tensor, stop: set[int]) -> torch.Tensor:
