@@ -63,7 +63,7 @@ BAD = [
     (CHAT | {"n": 2}, "n", "more than one choice is not supported"),
     (CHAT | {"presence_penalty": 0.5}, "presence_penalty", "not supported"),
     (CHAT | {"logit_bias": {"5": 1}}, "logit_bias", "not supported"),
-    (CHAT | {"tools": [{"type": "function"}]}, "tools", "tool calling is not supported"),
+    (CHAT | {"tools": [{"type": "function"}]}, "tools[0].function", "must be an object"),
     (CHAT | {"top_logprobs": 2}, "top_logprobs", "needs logprobs: true"),
     (CHAT | {"logprobs": True, "top_logprobs": 21}, "top_logprobs", "must be in [0, 20]"),
     ({}, "messages", "messages is required"),
