@@ -102,10 +102,8 @@ def chatml_tools(tools: Sequence[dict]) -> str:
     """What the default ChatML template's system turn says of ``tools``, in
     Hermes' form (our words; the form is the one Qwen's templates teach)."""
     lines = "\n".join(json.dumps(t, ensure_ascii=False) for t in tools)
-    return ("# Tools\n\nYou may call one or more of these functions, whose signatures are "
-            f"within <tools></tools>:\n<tools>\n{lines}\n</tools>\n\n"
-            "To call one, write a JSON object with its name and arguments within "
-            "<tool_call></tool_call>:\n<tool_call>\n"
+    return (f"# Tools\n\nFunctions you may call, one signature a line:\n<tools>\n{lines}\n</tools>"
+            "\n\nTo call one, write its name and arguments as JSON in a block:\n<tool_call>\n"
             '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>')
 
 
