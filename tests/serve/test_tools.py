@@ -96,6 +96,21 @@ def test_required_streamed_equals_whole(tool_model):
     assert not any(c.choices and c.choices[0].delta.content for c in chunks)
 
 
+def test_auto_streams_free_text_as_its_whole_answer(tool_model):
+    """"auto" on garbage: no calls, the content streamed equals the whole
+    answer's, with a logprob for each token."""
+    ask = dict(model=MODEL_ID, messages=USER, tools=TOOLS, max_tokens=24, temperature=0,
+               logprobs=True)
+    with serving(tool_model, context=CONTEXT) as live:
+        whole = live.client().chat.completions.create(**ask).choices[0]
+        chunks = [c for c in live.client().chat.completions.create(**ask, stream=True) if c.choices]
+    assert whole.message.tool_calls is None and whole.finish_reason in ("stop", "length")
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == whole.message.content
+    streamed = [e.token for c in chunks if c.choices[0].logprobs for e in c.choices[0].logprobs.content]
+    assert streamed == [e.token for e in whole.logprobs.content]
+    assert chunks[-1].choices[0].finish_reason == whole.finish_reason
+
+
 def test_required_may_call_several(chatml_tools_model):
     """Hermes' form holds several calls; each is valid, all in one answer."""
     with serving(chatml_tools_model, context=CONTEXT) as live:
