@@ -150,7 +150,7 @@ def _tool_calls(v: Any, name: str) -> list[dict]:
         text = string(fn.get("arguments", "{}"), f"{where}.function.arguments")
         try:
             arguments = json.loads(text)
-        except ValueError:
+        except (ValueError, RecursionError):
             arguments = None
         if not isinstance(arguments, dict):
             raise RequestError(f"{where}.function.arguments must be a JSON object as text, got "

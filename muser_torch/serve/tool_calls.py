@@ -113,7 +113,7 @@ class CallParser:
                 return calls or None
             try:
                 obj, i = decoder.raw_decode(text, i)
-            except ValueError:
+            except (ValueError, RecursionError):   # deep nesting is not a call
                 return None
             call = self._call(obj)
             if call is None:
@@ -147,7 +147,7 @@ class CallParser:
     def _body_call(self, body: str) -> ToolCall | None:
         try:
             return self._call(json.loads(body))
-        except ValueError:
+        except (ValueError, RecursionError):
             return None
 
     # -- both ---------------------------------------------------------------------------------
@@ -161,7 +161,7 @@ class CallParser:
         if isinstance(args, str):       # arguments written as JSON text
             try:
                 args = json.loads(args)
-            except ValueError:
+            except (ValueError, RecursionError):
                 return None
         if not isinstance(args, dict):
             return None

@@ -55,7 +55,8 @@ def test_hermes_arguments_as_json_text_and_absent():
     _block({"name": "search", "arguments": [1, 2]}),                                # not an object
     _block({"name": "search", "arguments": "not json"}),
     "<tool_call>\n{\"name\": \"search\", \"arguments\": {\"q\": \"cut",              # never closed
-])
+    "<tool_call>\n" + "[" * 100_000 + "\n</tool_call>",                             # too deep for json
+], ids=["broken", "not-offered", "array", "text", "unclosed", "deep"])
 def test_hermes_a_bad_call_stays_content_as_written(bad):
     text = "Before. " + bad
     assert parse(HERMES, NAMES, text) == (text, [])
@@ -90,7 +91,8 @@ def test_llama3_json_form():
     '{"name": "search", "parameters": {"q": "x"}',                            # cut
     '{"q": "x"}',
     'Sure: {"name": "search", "parameters": {"q": "x"}}',                      # the form is the whole answer
-])
+    "{" + '"a": [' * 100_000,                                                   # too deep for json
+], ids=["text-after", "not-offered", "cut", "no-name", "text-before", "deep"])
 def test_llama3_anything_but_calls_is_content(text):
     assert parse(LLAMA3, NAMES, text) == (text, [])
 
