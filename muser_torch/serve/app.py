@@ -95,7 +95,7 @@ def create_app(scheduler: Scheduler, model_id: str, chat_limits: ChatLimits | No
         offered = req.tools.tools if req.tools is not None else None
         # a chat template is the file's code: rendered off the event loop, within limits
         ids, stops = await asyncio.to_thread(chat_prompt, tok, req.messages, limits, offered)
-        return await _respond("chat", req, ids, stops, request, "messages", family)
+        return await _respond("chat", req, ids, stops, request, "messages", req.tools, family)
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Any:
@@ -105,7 +105,7 @@ def create_app(scheduler: Scheduler, model_id: str, chat_limits: ChatLimits | No
 
     async def _respond(kind: str, req: ChatRequest | CompletionRequest, ids: list[int],
                        stops: tuple[str, ...], request: Request, param: str,
-                       family: Family | None = None) -> Any:
+                       tools: ToolRequest | None = None, family: Family | None = None) -> Any:
         if len(ids) >= scheduler.context:
             raise RequestError(f"the prompt has {len(ids)} tokens, but a slot's context holds "
                                f"{scheduler.context} with room for at least one new token",
@@ -120,7 +120,6 @@ def create_app(scheduler: Scheduler, model_id: str, chat_limits: ChatLimits | No
                 raise RequestError("response_format: a server with a draft (--draft) answers "
                                    "free text only", param="response_format")
             constraint = await asyncio.to_thread(grammars().constraint, req.params.json_schema)
-        tools = getattr(req, "tools", None)
         if tools is not None and tools.constrained:
             if scheduler.draft is not None:
                 raise RequestError("tool_choice: a server with a draft (--draft) answers free "
