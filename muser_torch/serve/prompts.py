@@ -8,7 +8,10 @@ llama.cpp's server falls back to:
     <|im_start|>assistant\\n                      (the generation prompt)
 
 encoded with the tokenizer's own BOS rule, and ``<|im_end|>`` then stops
-generation as a stop string (the file has no token for it). A completion's
+generation as a stop string (the file has no token for it). Offered tools go
+into its system turn in Hermes' form, and an assistant's past calls into its
+turn the same way (``tools.chatml_tools``); a file's own template gets them as
+its ``tools`` variable and its messages' ``tool_calls``. A completion's
 prompt is text (encoded with the tokenizer's BOS rule) or token ids.
 """
 from __future__ import annotations
@@ -18,24 +21,43 @@ from typing import Any, Sequence
 from ..errors import ChatTemplateError
 from ..text.chat_limits import ChatLimits
 from .schemas import RequestError
+from .tools import chatml_call, chatml_tools
 
 CHATML_END = "<|im_end|>"
 
 
-def render_chatml(messages: Sequence[dict]) -> str:
-    turns = [f"<|im_start|>{m['role']}\n{m.get('content') or ''}{CHATML_END}\n" for m in messages]
+def render_chatml(messages: Sequence[dict], tools: Sequence[dict] | None = None) -> str:
+    messages = list(messages)
+    if tools:
+        if messages[0]["role"] == "system":
+            first = messages.pop(0)
+            system = f"{first.get('content') or ''}\n\n{chatml_tools(tools)}"
+        else:
+            system = chatml_tools(tools)
+        messages.insert(0, {"role": "system", "content": system})
+    turns = []
+    for m in messages:
+        text = m.get("content") or ""
+        calls = [chatml_call(c) for c in m.get("tool_calls", ())]
+        text = "\n".join(([text] if text else []) + calls)
+        turns.append(f"<|im_start|>{m['role']}\n{text}{CHATML_END}\n")
     return "".join(turns) + "<|im_start|>assistant\n"
 
 
-def chat_prompt(tok: Any, messages: Sequence[dict],
-                limits: ChatLimits) -> tuple[list[int], tuple[str, ...]]:
+def chat_prompt(tok: Any, messages: Sequence[dict], limits: ChatLimits,
+                tools: Sequence[dict] | None = None) -> tuple[list[int], tuple[str, ...]]:
     """The prompt ids of ``messages`` (checked dicts, ``schemas``) and the stop
     strings the template implies (ChatML's end of turn; none for the file's own
-    template, whose end-of-turn token is among the tokenizer's stop ids)."""
+    template, whose end-of-turn token is among the tokenizer's stop ids).
+    ``tools``: the functions offered (OpenAI's shape), None for none."""
     if getattr(tok, "chat_template", None) is None:
-        return _encode(tok, render_chatml(messages), bos=None), (CHATML_END,)
+        return _encode(tok, render_chatml(messages, tools), bos=None), (CHATML_END,)
+    # the template sees tools only when some are offered (a tokenizer without
+    # the keyword still renders plain chats)
+    extra = {"tools": list(tools)} if tools else {}
     try:
-        text = tok.apply_chat_template(messages, add_generation_prompt=True, limits=limits)
+        text = tok.apply_chat_template(messages, add_generation_prompt=True, limits=limits,
+                                       **extra)
     except ChatTemplateError as e:
         raise RequestError(f"the model's chat template refused these messages: {e}",
                            param="messages") from None

@@ -91,10 +91,12 @@ class GGUFTokenizer:
 
     def apply_chat_template(self, messages: Sequence[Mapping[str, Any]],
                             add_generation_prompt: bool = True,
-                            limits: "ChatLimits | None" = None) -> str:
+                            limits: "ChatLimits | None" = None,
+                            tools: Sequence[Mapping[str, Any]] | None = None) -> str:
         """The prompt the file's ``tokenizer.chat_template`` makes of ``messages``
         (dicts with "role" and "content"), rendered within ``limits`` (default
-        ``ChatLimits()``: 2 s of CPU, 1 MB). Encode it with ``bos=False``: the
+        ``ChatLimits()``: 2 s of CPU, 1 MB), with ``tools`` (OpenAI's function
+        specs) as the template's ``tools``. Encode it with ``bos=False``: the
         template writes BOS itself where the model wants one (``encode_chat``)."""
         if self._compiled is None:
             if self.chat_template is None:
@@ -102,7 +104,7 @@ class GGUFTokenizer:
             from .chat import ChatTemplate
             self._compiled = ChatTemplate(self.chat_template, self.special_tokens, limits)
         return self._compiled.render(messages, add_generation_prompt=add_generation_prompt,
-                                     limits=limits)
+                                     limits=limits, tools=None if tools is None else list(tools))
 
     def encode_chat(self, messages: Sequence[Mapping[str, Any]],
                     add_generation_prompt: bool = True,

@@ -3,7 +3,7 @@
 as llama.cpp's converter writes one. Greedy answers are ``model.generate``'s
 without the draft, token for token, over the scheduler and over HTTP; stop
 tokens and ``max_tokens`` end a round's tokens where they fall; a request
-for logprobs and a second slot are refused."""
+for logprobs, a tool_choice that needs a grammar and a second slot are refused."""
 from __future__ import annotations
 
 import os
@@ -80,6 +80,10 @@ def test_over_http_greedy_and_no_logprobs(demo_model, demo_draft):
         assert got.usage.completion_tokens == len(want)
         with pytest.raises(openai.BadRequestError, match="logprobs are not offered"):
             client.completions.create(model=MODEL_ID, prompt=prompt, max_tokens=4, logprobs=2)
+        with pytest.raises(openai.BadRequestError, match="answers free text only"):   # no grammar
+            client.chat.completions.create(
+                model=MODEL_ID, messages=[{"role": "user", "content": "hi"}], max_tokens=4,
+                tools=[{"type": "function", "function": {"name": "f"}}], tool_choice="required")
         streamed = "".join(c.choices[0].text for c in client.completions.create(
             model=MODEL_ID, prompt=prompt, max_tokens=16, temperature=0, stream=True))
         assert streamed == text_of(demo_model, want), f"seed {SEED}"
