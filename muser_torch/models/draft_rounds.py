@@ -21,6 +21,7 @@ is not a ``Drafter`` and targets whose sliding rings are shorter than a block
 run the eager round."""
 from __future__ import annotations
 
+import warnings
 import weakref
 from typing import Iterator, Sequence
 
@@ -37,7 +38,7 @@ class DraftRounds:
 
     def __init__(self, draft: Drafter, recorder):
         self._draft = weakref.ref(draft)
-        self.recorder = recorder
+        self.recorder = self.recorded_by = recorder   # recorder: None once recording failed
         self.captures = 0          # rounds recorded so far (a test reads it)
         self._key: tuple | None = None
         self._calls = 0
@@ -132,7 +133,16 @@ class DraftRounds:
             return self._round()   # the first runs eagerly: compiles and warms every kernel
         if self._replay is None:
             self._pool = self.recorder.new_pool()
-            self._replay = self.recorder.capture(self._round, self._pool)
+            try:
+                self._replay = self.recorder.capture(self._round, self._pool)
+            except Exception as err:   # noqa: BLE001 -- any failure to record: said, then unrecorded
+                # A recording computes nothing, so the state is as the last round left
+                # it and the same round runs unrecorded from here on (slower, same tokens).
+                warnings.warn(f"DFlash rounds could not be recorded as a CUDA graph "
+                              f"({type(err).__name__}: {err}); they run unrecorded",
+                              RuntimeWarning, stacklevel=2)
+                self.recorder = None
+                return self._round()
             self.captures += 1
         return self._replay()
 
@@ -165,6 +175,6 @@ class DraftRounds:
 def draft_rounds(draft: Drafter, recorder) -> DraftRounds:
     """``draft``'s recorded rounds (made once, kept on the draft)."""
     rounds = draft.__dict__.get("_draft_rounds")
-    if rounds is None or rounds.recorder is not recorder:
+    if rounds is None or rounds.recorded_by is not recorder:
         rounds = draft.__dict__["_draft_rounds"] = DraftRounds(draft, recorder)
     return rounds

@@ -175,3 +175,18 @@ def test_the_ring_gives_the_drafts_own_block(pair):
         draft.extend(ctx, rows[:, :keep]) if keep else None
         draft.extend_ring(ring, rows, torch.tensor([keep]))
     assert int(ring.length) == ctx.length
+
+
+class FailingRecorder(CountingRecorder):
+    def capture(self, fn, pool):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+
+def test_a_round_that_cannot_be_recorded_says_so_and_runs_unrecorded(files):
+    target, draft = _load(files)
+    prompt = _prompt(7, 1)
+    want = target.generate(prompt, 40).tolist()
+    with pytest.warns(RuntimeWarning, match=r"DFlash rounds could not be recorded as a CUDA graph "
+                                            r"\(RuntimeError: operation not permitted"):
+        got = target.generate(prompt, 40, draft=draft, engine=DecodeEngine(target, FailingRecorder()))
+    assert got.tolist() == want, f"seed {SEED}"
