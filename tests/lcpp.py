@@ -30,3 +30,12 @@ def llama_cpp_logits(path, ids: list[int], n_greedy: int, threads: int = 1,
     lines = {line.split()[0]: line.split()[1:] for line in out.splitlines() if line.strip()}
     return (torch.tensor([float(v) for v in lines["LOGITS"]], dtype=torch.float64),
             [int(v) for v in lines["GREEDY"]])
+
+
+def llama_cpp_tokenize(path, text: str, timeout: int = 600) -> list[int]:
+    """llama.cpp's ``llama_tokenize`` of ``text`` (add_special true, parse_special
+    false: a control token's text stays text), through ``lcpp_logits``' tokenize mode."""
+    out = subprocess.run([BINARY, str(path), "tokenize", text], capture_output=True, text=True,
+                         timeout=timeout, check=True).stdout
+    line = next(line for line in out.splitlines() if line.startswith("IDS"))
+    return [int(v) for v in line.split()[1:]]

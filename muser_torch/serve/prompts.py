@@ -8,8 +8,13 @@ llama.cpp's server falls back to:
     <|im_start|>assistant\\n                      (the generation prompt)
 
 encoded with the tokenizer's own BOS rule, and ``<|im_end|>`` then stops
-generation as a stop string (the file has no token for it). A completion's
-prompt is text (encoded with the tokenizer's BOS rule) or token ids.
+generation as a stop string (the file has no token for it).
+
+Either way the markup becomes the file's control tokens where it has them and
+each message's text stays text, even where it spells a control token
+(``text/special.py``): a client cannot close its own turn and open the
+model's. A completion's prompt is text, where a control token's text is text
+too (encoded with the tokenizer's BOS rule), or token ids, which may be any.
 """
 from __future__ import annotations
 
@@ -32,17 +37,21 @@ def chat_prompt(tok: Any, messages: Sequence[dict],
     """The prompt ids of ``messages`` (checked dicts, ``schemas``) and the stop
     strings the template implies (ChatML's end of turn; none for the file's own
     template, whose end-of-turn token is among the tokenizer's stop ids)."""
-    if getattr(tok, "chat_template", None) is None:
-        return _encode(tok, render_chatml(messages), bos=None), (CHATML_END,)
     try:
-        text = tok.apply_chat_template(messages, add_generation_prompt=True, limits=limits)
+        if getattr(tok, "chat_template", None) is not None:
+            # the template writes BOS itself where the model wants one
+            ids, stops = tok.encode_chat(messages, add_generation_prompt=True, limits=limits), ()
+        elif hasattr(tok, "marker"):   # a file's tokenizer: ChatML's markup may be its tokens
+            text = render_chatml(tok.marker().mark_messages(messages))
+            ids, stops = tok.encode_marked(text, bos=None, eos=False), (CHATML_END,)
+        else:   # the byte tokenizer: no token has special text
+            ids, stops = tok.encode(render_chatml(messages)), (CHATML_END,)
     except ChatTemplateError as e:
         raise RequestError(f"the model's chat template refused these messages: {e}",
                            param="messages") from None
     except ValueError as e:   # messages the renderer cannot take
         raise RequestError(str(e), param="messages") from None
-    # the template writes BOS itself where the model wants one
-    return _encode(tok, text, bos=False), ()
+    return _nonempty(ids), stops
 
 
 def completion_prompt(tok: Any, prompt: str | list[int], vocab_size: int) -> list[int]:
@@ -60,7 +69,10 @@ def completion_prompt(tok: Any, prompt: str | list[int], vocab_size: int) -> lis
 
 def _encode(tok: Any, text: str, bos: bool | None) -> list[int]:
     # bos None: the tokenizer's own rule (the file's add_bos; the byte tokenizer adds BOS)
-    ids = tok.encode(text) if bos is None else tok.encode(text, bos=bos, eos=False)
+    return _nonempty(tok.encode(text) if bos is None else tok.encode(text, bos=bos, eos=False))
+
+
+def _nonempty(ids: list[int]) -> list[int]:
     if not ids:
         raise RequestError("the prompt encodes to no tokens", param="prompt")
     return ids

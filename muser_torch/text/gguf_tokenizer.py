@@ -17,6 +17,10 @@ way llama.cpp reads the file, where transformers' conversion leaves them out:
 
 BOS and EOS are added here, not by the backend, so ``encode(bos=..., eos=...)``
 decides; their defaults are the file's ``add_bos_token`` / ``add_eos_token``.
+
+Control-token text in ``encode``'s input is text, as llama.cpp's parse_special
+false has it; ``special.py`` holds the rule, and how a chat prompt keeps the
+template's markup as control tokens and the messages' text as text.
 """
 from __future__ import annotations
 
@@ -26,7 +30,7 @@ from ..errors import ChatTemplateError, MetadataError
 from .chat_limits import ChatLimits
 from .metadata import (CHAT_TEMPLATE_KEY, LLAMA3_FAMILY_PRE, MODEL_KEY, PREFIX, VocabMetadata,
                        read_vocab_metadata)
-from . import spm_bpe, tokenizer_cache
+from . import special, spm_bpe, tokenizer_cache
 from .requirements import require
 
 MODELS = ("gpt2", "llama")
@@ -50,6 +54,11 @@ class GGUFTokenizer:
         # What a chat template sees as bos_token, eos_token, unk_token, pad_token.
         self.special_tokens = {role: vocab.tokens[i] for role, i in vocab.special_ids.items()}
         self._compiled = None
+        # Control-token text is text unless asked for (``encode``'s parse_special,
+        # the markup of a chat): the backend never matches it, ``special`` does.
+        self.backend.encode_special_tokens = True
+        self.controls = special.control_table(vocab.tokens, vocab.token_types)
+        self._marker: "special.Marker | None" = None
 
     @classmethod
     def from_metadata(cls, md: Mapping[str, Any]) -> "GGUFTokenizer":
@@ -68,18 +77,22 @@ class GGUFTokenizer:
         """The vocabulary entry of ``token_id`` as the file spells it."""
         return self.vocab.tokens[self._check_id(token_id)]
 
-    def encode(self, text: str, bos: bool | None = None, eos: bool | None = None) -> list[int]:
-        """Token ids of ``text``. Special tokens written in the text (``<bos>``,
-        ``<start_of_turn>``, ...) become their ids, as transformers and a chat
-        prompt expect. ``bos``/``eos`` default to the file's add_bos/add_eos."""
+    def encode(self, text: str, bos: bool | None = None, eos: bool | None = None,
+               parse_special: bool = False) -> list[int]:
+        """Token ids of ``text``. As llama.cpp's ``llama_tokenize``: the text of a
+        control token (``<end_of_turn>``, ``<|im_end|>``) is text unless
+        ``parse_special``, which makes it the token; a USER_DEFINED token
+        (``<think>``) is matched whole either way (``special.py``). A chat
+        prompt comes from ``encode_chat``, which does both at once.
+        ``bos``/``eos`` default to the file's add_bos/add_eos."""
         if not isinstance(text, str):
             raise ValueError(f"encode takes a str, got {type(text).__name__}")
         if not isinstance(bos, (bool, type(None))) or not isinstance(eos, (bool, type(None))):
             raise ValueError(f"bos and eos are True, False or None, got {bos!r} and {eos!r}")
-        bos = self.add_bos if bos is None else bos
-        eos = self.add_eos if eos is None else eos
-        ids = self.backend.encode(text, add_special_tokens=False).ids
-        return self._special(bos, "bos") + ids + self._special(eos, "eos")
+        if not isinstance(parse_special, bool):
+            raise ValueError(f"parse_special is True or False, got {parse_special!r}")
+        parts = special.split_controls(text, self.controls) if parse_special else [text]
+        return self._with_ends(self._encode_parts(parts), bos, eos)
 
     def decode(self, ids: Iterable[int]) -> str:
         """The text of ``ids``, special tokens (BOS, EOS, turn markers) left out.
@@ -94,8 +107,10 @@ class GGUFTokenizer:
                             limits: "ChatLimits | None" = None) -> str:
         """The prompt the file's ``tokenizer.chat_template`` makes of ``messages``
         (dicts with "role" and "content"), rendered within ``limits`` (default
-        ``ChatLimits()``: 2 s of CPU, 1 MB). Encode it with ``bos=False``: the
-        template writes BOS itself where the model wants one (``encode_chat``)."""
+        ``ChatLimits()``: 2 s of CPU, 1 MB), as text to read. Its ids come from
+        ``encode_chat``, which tells the template's markup from the messages' text;
+        ``encode(prompt, bos=False, parse_special=True)`` gives the same ids only
+        while no message spells a control token."""
         if self._compiled is None:
             if self.chat_template is None:
                 raise ChatTemplateError(f"this file has no {CHAT_TEMPLATE_KEY}, so it cannot chat")
@@ -107,9 +122,57 @@ class GGUFTokenizer:
     def encode_chat(self, messages: Sequence[Mapping[str, Any]],
                     add_generation_prompt: bool = True,
                     limits: "ChatLimits | None" = None) -> list[int]:
-        """``encode(apply_chat_template(messages), bos=False, eos=False)``."""
-        return self.encode(self.apply_chat_template(messages, add_generation_prompt, limits),
-                           bos=False, eos=False)
+        """The ids of the chat prompt ``apply_chat_template`` renders: the markup the
+        template writes becomes control tokens, each message's text stays text even
+        where it spells one (``special.py``). A message that holds U+FDD0 / U+FDD1,
+        or whose role or name spells a control token, is refused (``ValueError``);
+        a template that cuts a message's text apart, a ``ChatTemplateError``."""
+        marked = self.marker().mark_messages(messages)
+        return self.encode_marked(self.apply_chat_template(marked, add_generation_prompt, limits),
+                                  bos=False, eos=False)
+
+    def encode_marked(self, rendered: str, bos: bool | None = None,
+                      eos: bool | None = None) -> list[int]:
+        """The ids of a prompt rendered from ``marker().mark_messages(...)``:
+        control tokens matched in the markup only, the text between two of them
+        (markup and message text together) tokenized as one fragment."""
+        pieces = special.spans(rendered)
+        markup = special.MARKS.join(t for is_text, t in pieces if not is_text)
+        found = {t: i for t, i in self.controls.items() if t in markup}   # once, not per span
+        parts: list[str | int] = []
+        for is_text, t in pieces:
+            parts += [t] if is_text else special.split_controls(t, found)
+        return self._with_ends(self._encode_parts(parts), bos, eos)
+
+    def marker(self) -> "special.Marker":
+        """This vocabulary's ``special.Marker`` (built on first use)."""
+        if self._marker is None:
+            types = self.vocab.token_types or ()
+            user = [t for t, k in zip(self.vocab.tokens, types) if k == special.USER_DEFINED]
+            self._marker = special.Marker(self.controls, user)
+        return self._marker
+
+    def _encode_parts(self, parts: Sequence[str | int]) -> list[int]:
+        """Text pieces and control ids to ids: adjacent text joined into one
+        fragment, each fragment through the backend, which leaves control-token
+        text as text (``encode_special_tokens``) and matches USER_DEFINED tokens."""
+        ids: list[int] = []
+        text = ""
+        for p in list(parts) + [-1]:
+            if isinstance(p, str):
+                text += p
+                continue
+            if text:
+                ids += self.backend.encode(text, add_special_tokens=False).ids
+                text = ""
+            if p >= 0:
+                ids.append(p)
+        return ids
+
+    def _with_ends(self, ids: list[int], bos: bool | None, eos: bool | None) -> list[int]:
+        bos = self.add_bos if bos is None else bos
+        eos = self.add_eos if eos is None else eos
+        return self._special(bos, "bos") + ids + self._special(eos, "eos")
 
     def _special(self, wanted: bool, which: str) -> list[int]:
         if not wanted:
@@ -158,6 +221,8 @@ def build_backend(vocab: VocabMetadata) -> Any:
         raise MetadataError(f"{PREFIX}*: the {vocab.model!r} tokenizer could not be built "
                             f"from this vocabulary: {type(e).__name__}: {e}") from None
 
+    if vocab.model == "gpt2" and vocab.pre not in spm_bpe.SPM_BPE_PRE:
+        backend = _added_tokens_as_written(backend, vocab)
     if vocab.model == "llama":
         _set_space_prefix(backend, vocab.add_space_prefix)
     elif vocab.pre in LLAMA3_FAMILY_PRE:
@@ -171,6 +236,45 @@ def build_backend(vocab: VocabMetadata) -> Any:
         raise MetadataError(f"{PREFIX}tokens has {len(vocab.tokens)} entries but only {n} distinct "
                             f"tokens after conversion; ids past a duplicate would be misread")
     return backend
+
+
+def _added_tokens_as_written(backend: Any, vocab: VocabMetadata) -> Any:
+    """The backend with every CONTROL and USER_DEFINED token of a byte-level
+    vocabulary registered at its id, spelled as the file spells it.
+
+    llama.cpp's converter writes an added token as its text ("<｜User｜>") and
+    every other token in GPT-2's byte alphabet; llama.cpp matches the added
+    ones by that text. transformers' conversion respells a token whose text
+    leaves the byte alphabet (here "<ï½ľUserï½ľ>") and registers it only when
+    no respelling was needed, so DeepSeek-R1's turn markers were left to the
+    BPE, 21 byte pieces where three control ids belong. The vocabulary entry
+    of each such id is renamed back to the file's text (the file's own merges
+    never build an added token), then registered."""
+    import json
+    from tokenizers import AddedToken, Tokenizer
+
+    types = vocab.token_types or ()
+    have = backend.get_added_tokens_decoder()
+    missing = [i for i, k in enumerate(types)
+               if k in (special.CONTROL, special.USER_DEFINED) and i not in have]
+    if not missing:
+        return backend
+    data = json.loads(backend.to_str())
+    spelled = data["model"]["vocab"]
+    by_id = {i: t for t, i in spelled.items()}
+    for i in missing:
+        text = vocab.tokens[i]
+        if spelled.get(text, i) != i:   # checked again below as a count of distinct tokens
+            raise MetadataError(f"{PREFIX}tokens: the added token {text!r} (id {i}) is also "
+                                f"token {spelled[text]}'s byte-level spelling")
+        spelled.pop(by_id.get(i), None)
+        spelled[text] = i
+    fresh = Tokenizer.from_str(json.dumps(data))
+    fresh.add_special_tokens([AddedToken(vocab.tokens[i], special=True, normalized=False)
+                              for i in missing if types[i] == special.CONTROL])
+    fresh.add_tokens([AddedToken(vocab.tokens[i], special=False, normalized=False)
+                      for i in missing if types[i] == special.USER_DEFINED])
+    return fresh
 
 
 def _without_tokens_past(backend: Any, n: int) -> Any:
