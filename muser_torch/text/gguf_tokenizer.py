@@ -1,19 +1,22 @@
 """Tokenizers of llama.cpp files: the sentencepiece "llama" and the BPE "gpt2" models.
 
-Nothing here tokenizes by hand. The vocabulary, scores, merges and token types
-go, as our reader returns them, into transformers' own GGUF conversion
+A "llama" vocabulary (Llama 2, Mistral, Gemma 3) is tokenized by ``spm.py``,
+llama.cpp's own algorithm over the file's tokens, scores and token types:
+built in a fraction of a second, with no JSON and no third-party package, and
+token for token llama.cpp's, where the ``tokenizers`` BPE that transformers
+derives from the scores splits runs of whitespace its own way.
+
+A "gpt2" vocabulary goes, as our reader returns it, into transformers' own GGUF conversion
 (``transformers.integrations.gguf.gguf_tokenizer_mapping.convert_gguf_tokenizer``,
 what ``AutoTokenizer.from_pretrained(dir, gguf_file=...)`` runs), which hands
-back a Hugging Face ``tokenizers.Tokenizer``. Two settings are then made the
-way llama.cpp reads the file, where transformers' conversion leaves them out:
-
-- sentencepiece's space prefix follows ``tokenizer.ggml.add_space_prefix``
-  (llama.cpp default: on). llama.cpp prepends "▁" to every run of text at the
-  start or after a special token, also when the text already starts with a
-  space, which transformers' Llama pre-tokenizer does not; the normalizer here
-  is the one transformers' Phi-3 conversion uses for exactly that reason;
-- BPE files of the llama3 family use whole words found in the vocabulary
-  before any merge (llama.cpp's ``ignore_merges``).
+back a Hugging Face ``tokenizers.Tokenizer``, built once and cached
+(``tokenizer_cache.py``). Settings are then made the way llama.cpp reads the
+file, where transformers' conversion leaves them out: BPE files of the llama3
+family use whole words found in the vocabulary before any merge (llama.cpp's
+``ignore_merges``); the added tokens keep the file's spelling
+(``_added_tokens_as_written``). ``build_backend`` still converts a "llama"
+vocabulary too, with the space prefix set as llama.cpp's (``_set_space_prefix``),
+for the tests that hold the old path beside the new.
 
 BOS and EOS are added here, not by the backend, so ``encode(bos=..., eos=...)``
 decides; their defaults are the file's ``add_bos_token`` / ``add_eos_token``.
@@ -31,6 +34,7 @@ from .chat_limits import ChatLimits
 from .metadata import (CHAT_TEMPLATE_KEY, LLAMA3_FAMILY_PRE, MODEL_KEY, PREFIX, VocabMetadata,
                        read_vocab_metadata)
 from . import special, spm_bpe, tokenizer_cache
+from .spm import SpmTokenizer, check_byte_tokens
 from .requirements import require
 
 MODELS = ("gpt2", "llama")
@@ -38,12 +42,13 @@ SPACE = "\u2581"   # sentencepiece's visible space
 
 
 class GGUFTokenizer:
-    """A file's tokenizer. Build it with ``from_metadata``; ``backend`` is the
-    ``tokenizers.Tokenizer`` doing the work."""
+    """A file's tokenizer. Build it with ``from_metadata``; ``backend`` does the
+    work: an ``SpmTokenizer`` for "llama", a ``tokenizers.Tokenizer`` for "gpt2"."""
 
     def __init__(self, vocab: VocabMetadata, backend: Any) -> None:
         self.vocab = vocab
         self.backend = backend
+        self._spm = isinstance(backend, SpmTokenizer)
         self.model = vocab.model
         self.bos_id: int | None = vocab.bos_id
         self.eos_id: int | None = vocab.eos_id
@@ -56,8 +61,11 @@ class GGUFTokenizer:
         self._compiled = None
         # Control-token text is text unless asked for (``encode``'s parse_special,
         # the markup of a chat): the backend never matches it, ``special`` does.
-        self.backend.encode_special_tokens = True
-        self.controls = special.control_table(vocab.tokens, vocab.token_types)
+        if self._spm:   # the types as llama.cpp's loader leaves them
+            self.controls = backend.controls
+        else:
+            self.backend.encode_special_tokens = True
+            self.controls = special.control_table(vocab.tokens, vocab.token_types)
         self._marker: "special.Marker | None" = None
 
     @classmethod
@@ -66,6 +74,8 @@ class GGUFTokenizer:
         if model not in MODELS:
             raise MetadataError(f"{MODEL_KEY} is {model!r}; this class builds {list(MODELS)}")
         vocab = read_vocab_metadata(md, model)
+        if model == "llama":
+            return cls(vocab, spm_backend(vocab))
         require("tokenizers")   # a cached tokenizer needs no transformers; a build does
         return cls(vocab, tokenizer_cache.load_or_build(md, vocab, build_backend))
 
@@ -91,6 +101,8 @@ class GGUFTokenizer:
             raise ValueError(f"bos and eos are True, False or None, got {bos!r} and {eos!r}")
         if not isinstance(parse_special, bool):
             raise ValueError(f"parse_special is True or False, got {parse_special!r}")
+        if self._spm:   # llama.cpp's own partition, every special token longest first
+            return self._with_ends(self.backend.encode(text, parse_special), bos, eos)
         parts = special.split_controls(text, self.controls) if parse_special else [text]
         return self._with_ends(self._encode_parts(parts), bos, eos)
 
@@ -100,6 +112,8 @@ class GGUFTokenizer:
         decoder drops the leading space of what it decodes, so decode the full
         sequence and take the new suffix when streaming, not token by token."""
         checked = [self._check_id(i) for i in ids]
+        if self._spm:
+            return self.backend.decode(checked)
         return self.backend.decode(checked, skip_special_tokens=True)
 
     def apply_chat_template(self, messages: Sequence[Mapping[str, Any]],
@@ -163,11 +177,17 @@ class GGUFTokenizer:
                 text += p
                 continue
             if text:
-                ids += self.backend.encode(text, add_special_tokens=False).ids
+                ids += self._text_ids(text)
                 text = ""
             if p >= 0:
                 ids.append(p)
         return ids
+
+    def _text_ids(self, text: str) -> list[int]:
+        """The ids of one fragment of text, control-token text kept as text."""
+        if self._spm:
+            return self.backend.encode(text, parse_special=False)
+        return self.backend.encode(text, add_special_tokens=False).ids
 
     def _with_ends(self, ids: list[int], bos: bool | None, eos: bool | None) -> list[int]:
         bos = self.add_bos if bos is None else bos
@@ -191,8 +211,22 @@ class GGUFTokenizer:
         return i
 
 
+def spm_backend(vocab: VocabMetadata) -> SpmTokenizer:
+    """The ``SpmTokenizer`` of a checked "llama" vocabulary."""
+    check_byte_tokens(vocab.tokens, vocab.token_types)
+    backend = SpmTokenizer(vocab.tokens, vocab.scores, vocab.token_types, vocab.add_space_prefix)
+    if len(backend.ids) != len(vocab.tokens):
+        # llama.cpp keeps the last id of a repeated text; a file that repeats
+        # one is refused here as the "gpt2" path refuses it, not guessed at
+        raise MetadataError(f"{PREFIX}tokens has {len(vocab.tokens)} entries but only "
+                            f"{len(backend.ids)} distinct tokens; a repeated token is ambiguous")
+    return backend
+
+
 def build_backend(vocab: VocabMetadata) -> Any:
-    """The ``tokenizers.Tokenizer`` for checked metadata (see the module docstring)."""
+    """The ``tokenizers.Tokenizer`` for checked metadata (see the module docstring):
+    the "gpt2" vocabularies' (and the "llama" ones' where a caller asks for it,
+    as the tests' comparison of the old path does)."""
     require("tokenizers")
     require("transformers")
     from transformers.integrations.gguf.gguf_tokenizer_mapping import (

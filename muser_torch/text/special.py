@@ -67,7 +67,8 @@ def split_controls(text: str, table: Mapping[str, int]) -> list[str | int]:
     ``tokenizer_st_partition`` with parse_special true cuts it: the longest
     token first (ties by id), each occurrence left to right, then the next
     token in what is left."""
-    present = sorted((t for t in table if t in text), key=lambda t: (-len(t), table[t]))
+    present = sorted((t for t in table if t in text),
+                     key=lambda t: (-len(t.encode("utf-8")), table[t]))   # llama.cpp: bytes
     parts: list[str | int] = [text] if text else []
     for t in present:
         out: list[str | int] = []
