@@ -29,6 +29,8 @@ import torch
 
 from .. import changes
 from .dflash import Drafter, DraftRing
+from .host_copy import HostCopy
+from .taps import Taps, caches
 
 __all__ = ["DraftRounds", "draft_rounds"]
 
@@ -102,7 +104,6 @@ class DraftRounds:
             self.stop_mask[torch.tensor(sorted(stop), device=self.stop_mask.device)] = True
 
     def _round(self) -> torch.Tensor:
-        from .speculative import Taps, _caches as caches   # speculative imports this module
         draft = self.draft
         target, block = draft.target, draft.config.block_size
         cands = draft.propose_ring(self.ring, self.anchor).argmax(-1)           # [B - 1]
@@ -152,18 +153,17 @@ class DraftRounds:
         runs (for a caller that reads to the end: a round in flight when the
         generator is closed would leave tokens in the cache that it never
         yielded)."""
-        from .generation import _Window
-        from .speculative import _cut_at_stop
         block, stop_set = self.draft.config.block_size, set(stop)
         pending = None
         while left > 0:
-            window = _Window(self._step())
+            window = HostCopy(self._step())
             if not ahead:
                 pending, window = window, None
             if pending is not None:
                 out = pending.tokens().tolist()
                 best, cands, keep = out[:block], out[block:2 * block - 1], out[-1]
-                stats.proposed.append(_cut_at_stop(torch.tensor(cands), stop_set).tolist())
+                hits = [i for i, t in enumerate(cands) if t in stop_set]   # cut as the eager round
+                stats.proposed.append(cands[:hits[0] + 1] if hits else cands)
                 stats.accepted.append(keep - 1)
                 new, left = best[:keep], left - keep
                 yield new

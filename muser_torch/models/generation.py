@@ -8,6 +8,7 @@ from typing import Callable, Iterator, Sequence
 import torch
 
 from .engine import decode_engine
+from .host_copy import HostCopy
 from .sampling import sample
 
 __all__ = ["Generation", "sample", "SYNC_EVERY"]
@@ -191,7 +192,7 @@ def _windowed(picker: _Picker, logits: torch.Tensor, next_logits: Callable, n: i
             produced += 1
             if produced < n:
                 logits = next_logits(block[-1])
-        window = _Window(torch.stack(block))
+        window = HostCopy(torch.stack(block))
         if pending is not None:
             yield from ends.cut(pending.tokens())
             if ends.all:
@@ -199,26 +200,6 @@ def _windowed(picker: _Picker, logits: torch.Tensor, next_logits: Callable, n: i
         pending, size = window, sync_every
     if pending is not None:
         yield from ends.cut(pending.tokens())
-
-
-class _Window:
-    """A window's tokens ``[w, B]`` on their way to the host: on CUDA a
-    pinned copy that runs behind the next window's steps."""
-
-    def __init__(self, tokens: torch.Tensor):
-        self.ready = None
-        if tokens.device.type == "cuda":
-            self.host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
-            self.host.copy_(tokens, non_blocking=True)
-            self.ready = torch.cuda.Event()
-            self.ready.record()
-        else:
-            self.host = tokens.cpu()
-
-    def tokens(self) -> torch.Tensor:
-        if self.ready is not None:
-            self.ready.synchronize()
-        return self.host
 
 
 class _Ends:

@@ -33,10 +33,10 @@ import torch
 from .dflash import DraftContext, Drafter
 from .draft_rounds import DraftRounds, draft_rounds
 from .engine import decode_engine
-from .native_step import output_hook
+from .taps import Taps, caches
 from .sampling import distribution, sample
 
-__all__ = ["DraftStats", "Taps", "speculative_generate", "speculative_rounds"]
+__all__ = ["DraftStats", "speculative_generate", "speculative_rounds"]
 
 
 @dataclass
@@ -52,42 +52,6 @@ class DraftStats:
     def mean_accepted(self) -> float:
         """Mean accepted candidates per round (0.0 with no round)."""
         return sum(self.accepted) / len(self.accepted) if self.accepted else 0.0
-
-
-class Taps:
-    """Records the outputs of ``layers`` of ``target`` during its forwards
-    (forward hooks); ``take()`` returns them concatenated, ``[B, T, taps x
-    hidden]``, and forgets them."""
-
-    def __init__(self, target: Any, layers: Sequence[int]):
-        self.target, self.layers = target, tuple(layers)
-        self.seen: dict[int, torch.Tensor] = {}
-        self.handles: list = []
-
-    def __enter__(self) -> "Taps":
-        for i in sorted(set(self.layers)):
-            self.handles.append(self.target.layers[i].register_forward_hook(self._hook(i)))
-        return self
-
-    def _hook(self, i: int):
-        @output_hook   # reads only the output: the CPU library's step may call it
-        def record(module, args, out):
-            self.seen[i] = out
-        return record
-
-    def __exit__(self, *exc) -> None:
-        for h in self.handles:
-            h.remove()
-        self.handles.clear()
-
-    def take(self) -> torch.Tensor:
-        out = torch.cat([self.seen[i] for i in self.layers], dim=-1)
-        self.seen.clear()
-        return out
-
-
-def _caches(target: Any) -> list:
-    return [layer.attention.kv_cache for layer in target.layers]
 
 
 def _accept_greedy(cands: torch.Tensor, logits: torch.Tensor) -> list[int]:
@@ -199,7 +163,7 @@ def speculative_rounds(target: Any, draft: Drafter, ids: torch.Tensor, max_new_t
             stats.proposed.append(cands.tolist())
             cands = cands[:left - 1]
             n = int(target.lengths[0])
-            for cache in _caches(target):
+            for cache in caches(target):
                 cache.journal = []
             block = torch.cat((torch.tensor([anchor], device=ids.device), cands))[None]
             logits = target(block, slots)[0].float()
@@ -210,7 +174,7 @@ def speculative_rounds(target: Any, draft: Drafter, ids: torch.Tensor, max_new_t
                                       distribution(logits, temperature, top_k, top_p), gen)
             new = _cut_list_at_stop(new, stop_set)
             keep = len(new)   # the anchor and the accepted candidates stay in the cache
-            for cache in _caches(target):
+            for cache in caches(target):
                 cache.rewind(keep)
             target.lengths[0] = n + keep
             stats.accepted.append(keep - 1)

@@ -172,7 +172,7 @@ def test_a_tool_round_trip(tool_model):
         turn[1]]
     prompt = _transformers_prompt(tool_model, USER + reference, TOOLS)
     assert '"temp": 21' in prompt and call.function.name in prompt.split("Weather in Paris?")[-1]
-    ids = tool_model.tokenizer.encode(prompt, bos=False)
+    ids = tool_model.tokenizer.encode(prompt, bos=False, parse_special=True)
     assert res.usage.prompt_tokens == len(ids)
     want = text_of(tool_model, greedy(tool_model, ids, 8))
     assert res.choices[0].message.content == want and res.choices[0].message.tool_calls is None
@@ -200,8 +200,8 @@ def test_the_default_chatml_offers_tools_in_hermes_form(chatml_default_model):
                       ensure_ascii=False)
     want = chatml(USER) + (f"<tool_call>\n{body}\n</tool_call><|im_end|>\n"
                            "<|im_start|>tool\n12:00<|im_end|>\n<|im_start|>assistant\n")
-    assert again.usage.prompt_tokens == len(tok.encode(want))
-    first = tok.encode(chatml(USER))
+    assert again.usage.prompt_tokens == len(tok.encode(want, parse_special=True))
+    first = tok.encode(chatml(USER), parse_special=True)
     assert res.usage.prompt_tokens > len(first) + len(tok.encode(json.dumps(TOOLS), bos=False))
 
 
