@@ -6,7 +6,7 @@ from typing import Any, Sequence
 
 import torch
 
-from .native_step import output_hook
+from .layer_plan import output_hook
 
 __all__ = ["Taps", "caches"]
 
@@ -27,7 +27,7 @@ class Taps:
         return self
 
     def _hook(self, i: int):
-        @output_hook   # reads only the output: the CPU library's step may call it
+        @output_hook   # reads only the output: a layer runner may call it
         def record(module, args, out):
             self.seen[i] = out
         return record
