@@ -101,7 +101,8 @@ def speculative_rounds(target: Any, draft: Drafter, ids: torch.Tensor, max_new_t
                        temperature: float = 0.0, top_k: int | None = None,
                        top_p: float | None = None, seed: int | None = None,
                        stop: Sequence[int] = (), stats: DraftStats | None = None,
-                       engine: str = "auto", ahead: bool = False) -> Iterator[list[int]]:
+                       engine: str = "auto", ahead: bool = False,
+                       grammar: Any = None) -> Iterator[list[int]]:
     """``speculative_generate`` one round at a time: yields each round's
     emitted tokens (the prefill's one token first), as a server streams them.
     Closing the generator early removes the taps and leaves slot 0's cache
@@ -111,7 +112,16 @@ def speculative_rounds(target: Any, draft: Drafter, ids: torch.Tensor, max_new_t
     recorded (CUDA), greedy rounds of a ``Drafter`` run as one recorded round
     each (``draft_rounds.py``) unless ``"eager"``; the tokens are the same.
     ``ahead`` (for a caller that reads every round): the next round runs
-    while the host looks at this one."""
+    while the host looks at this one.
+
+    ``grammar`` (a structured output's position in its grammar: ``allowed()``
+    the ``[vocab]`` bool mask of the next token, ``take(token)``, ``copy()``)
+    masks every row: the draft's block row by row, each candidate taken by a
+    copy of the grammar before the next row's mask, and the target's verify
+    rows the same way; the grammar itself is left where the round found it
+    (the caller takes the emitted tokens). Emitted tokens then follow the
+    masked target: greedy, its masked argmax; sampled, its masked distribution.
+    Such rounds run eagerly."""
     if draft.target is not target:
         raise ValueError("generate: draft= was loaded for another model "
                          "(muser_torch.from_gguf(draft_path, target=this_model))")
@@ -128,9 +138,12 @@ def speculative_rounds(target: Any, draft: Drafter, ids: torch.Tensor, max_new_t
     emitted, last = 0, -1
 
     def pick(logits: torch.Tensor) -> int:
+        if grammar is not None:
+            logits = _mask_row(logits, grammar)
         return int(sample(logits[None], temperature, top_k, top_p, gen)[0])
 
-    recorded = _recorded_rounds(target, draft, engine, greedy, ids.shape[1], max_new_tokens)
+    recorded = None if grammar is not None else \
+        _recorded_rounds(target, draft, engine, greedy, ids.shape[1], max_new_tokens)
     if recorded is not None:
         with Taps(target, draft.tap_layers) as taps:
             logits = target(ids, slots)[0]
@@ -154,7 +167,10 @@ def speculative_rounds(target: Any, draft: Drafter, ids: torch.Tensor, max_new_t
                 yield [last]
                 return
             draft_logits = draft.propose(ctx, anchor)
-            if greedy:
+            if grammar is not None:
+                cands, q = _grammar_candidates(draft_logits, grammar, greedy, temperature, top_k,
+                                               top_p, gen)
+            elif greedy:
                 cands, q = draft_logits.argmax(-1), None
             else:
                 q = distribution(draft_logits, temperature, top_k, top_p)
@@ -167,6 +183,8 @@ def speculative_rounds(target: Any, draft: Drafter, ids: torch.Tensor, max_new_t
                 cache.journal = []
             block = torch.cat((torch.tensor([anchor], device=ids.device), cands))[None]
             logits = target(block, slots)[0].float()
+            if grammar is not None:
+                logits = _grammar_rows(logits, cands, grammar)
             if greedy:
                 new = _accept_greedy(cands, logits)
             else:
@@ -181,6 +199,48 @@ def speculative_rounds(target: Any, draft: Drafter, ids: torch.Tensor, max_new_t
             draft.extend(ctx, taps.take()[:, :keep])
             last, emitted = new[-1], emitted + keep
             yield new
+
+
+def _mask_row(row: torch.Tensor, grammar: Any) -> torch.Tensor:
+    """``row [V]`` with what the grammar forbids next at -inf; as it is where
+    the grammar allows nothing (past a stop token: a row no round keeps)."""
+    allowed = grammar.allowed().to(row.device)
+    return torch.where(allowed, row, float("-inf")) if bool(allowed.any()) else row
+
+
+def _grammar_candidates(draft_logits: torch.Tensor, grammar: Any, greedy: bool,
+                        temperature: float, top_k: int | None, top_p: float | None,
+                        gen: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Candidates drawn row by row from the draft's rows, each masked by the
+    grammar after the candidates before it (taken by a copy), and (sampled)
+    the distributions they were drawn from."""
+    trial, cands, qs = grammar.copy(), [], []
+    for row in draft_logits:
+        allowed = trial.allowed().to(row.device)
+        if not bool(allowed.any()):
+            break
+        row = torch.where(allowed, row, float("-inf"))
+        if greedy:
+            token = int(row.argmax())
+        else:
+            qs.append(distribution(row[None], temperature, top_k, top_p)[0])
+            token = int(torch.multinomial(qs[-1], 1, generator=gen))
+        trial.take(token)
+        cands.append(token)
+    device = draft_logits.device
+    return (torch.tensor(cands, dtype=torch.long, device=device),
+            torch.stack(qs) if qs else None)
+
+
+def _grammar_rows(logits: torch.Tensor, cands: torch.Tensor, grammar: Any) -> torch.Tensor:
+    """The verify's rows ``[k + 1, V]``, row i masked by the grammar after
+    ``cands[:i]`` (taken by a copy)."""
+    trial, rows = grammar.copy(), []
+    for i in range(logits.shape[0]):
+        rows.append(_mask_row(logits[i], trial))
+        if i < cands.numel():
+            trial.take(int(cands[i]))
+    return torch.stack(rows)
 
 
 def _recorded_rounds(target: Any, draft: Any, engine: str, greedy: bool, n_prompt: int,

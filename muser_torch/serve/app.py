@@ -116,14 +116,8 @@ def create_app(scheduler: Scheduler, model_id: str, chat_limits: ChatLimits | No
                                param="logprobs")
         constraint = None
         if req.params.json_schema is not None:
-            if scheduler.draft is not None:
-                raise RequestError("response_format: a server with a draft (--draft) answers "
-                                   "free text only", param="response_format")
             constraint = await asyncio.to_thread(grammars().constraint, req.params.json_schema)
         if tools is not None and tools.constrained:
-            if scheduler.draft is not None:
-                raise RequestError("tool_choice: a server with a draft (--draft) answers free "
-                                   "text only ('auto' or 'none')", param="tool_choice")
             constraint = await asyncio.to_thread(_tool_constraint, grammars(), family, tools)
         params = replace(req.params, stop=req.params.stop + stops)
         events: asyncio.Queue = asyncio.Queue()

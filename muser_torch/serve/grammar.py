@@ -184,6 +184,13 @@ class Constraint:
             raise RuntimeError(f"the grammar refused token {token}: "
                                f"{self.matcher.get_error() or 'no reason given'}")
 
+    def copy(self) -> "Constraint":
+        """A copy at the same position, to take tokens on trial (a draft's
+        candidates). A copy, not the matcher's rollback: with llguidance 1.9
+        a mask computed after a rollback could allow what the grammar forbids
+        (a space where ``: `` was forced), and a copy costs a few microseconds."""
+        return Constraint(self.matcher.deep_copy(), self.vocab_size)
+
 
 def _require():
     from ..text import requirements

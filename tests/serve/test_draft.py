@@ -80,11 +80,37 @@ def test_over_http_greedy_and_no_logprobs(demo_model, demo_draft):
         assert got.usage.completion_tokens == len(want)
         with pytest.raises(openai.BadRequestError, match="logprobs are not offered"):
             client.completions.create(model=MODEL_ID, prompt=prompt, max_tokens=4, logprobs=2)
-        with pytest.raises(openai.BadRequestError, match="answers free text only"):   # no grammar
-            client.chat.completions.create(
-                model=MODEL_ID, messages=[{"role": "user", "content": "hi"}], max_tokens=4,
-                tools=[{"type": "function", "function": {"name": "f"}}], tool_choice="required")
         streamed = "".join(c.choices[0].text for c in client.completions.create(
             model=MODEL_ID, prompt=prompt, max_tokens=16, temperature=0, stream=True))
         assert streamed == text_of(demo_model, want), f"seed {SEED}"
 
+
+
+SCHEMA = {"type": "object", "properties": {
+    "name": {"type": "string", "maxLength": 8},
+    "n": {"type": "integer", "minimum": -99, "maximum": 999},
+    "tags": {"type": "array", "items": {"enum": ["a", "bc", "def"]}, "maxItems": 4}},
+    "required": ["name", "n", "tags"], "additionalProperties": False}
+
+
+def _schema_answer(live, temperature: float, seed: int | None = None):
+    fmt = {"type": "json_schema", "json_schema": {"name": "s", "schema": SCHEMA}}
+    return live.client().chat.completions.create(
+        model=MODEL_ID, messages=[{"role": "user", "content": "A record, please."}],
+        temperature=temperature, seed=seed, max_tokens=120, response_format=fmt).choices[0]
+
+
+def test_a_schema_masks_every_row_of_a_round(demo_model, demo_draft):
+    """Greedy: the masked model's own answer, with and without the draft.
+    Sampled: every answer valid (jsonschema)."""
+    jsonschema = pytest.importorskip("jsonschema")
+    import json
+    with serving(demo_model, slots=1) as live:
+        want = _schema_answer(live, 0.0)
+    with serving(demo_model, slots=1, draft=demo_draft) as live:
+        got = _schema_answer(live, 0.0)
+        assert got.message.content == want.message.content, f"seed {SEED}"
+        for i in range(8):
+            answer = _schema_answer(live, 1.0, SEED + i)
+            assert answer.finish_reason == "stop", f"seed {SEED + i}: {answer.message.content!r}"
+            jsonschema.validate(json.loads(answer.message.content), SCHEMA)
