@@ -56,7 +56,8 @@ class Generation:
                temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
                seed: int | None = None, stop: Sequence[int] | None = None,
                decode_step: Callable | None = None, engine: str = "auto",
-               sync_every: int = SYNC_EVERY) -> Iterator[torch.Tensor]:
+               sync_every: int = SYNC_EVERY,
+               embeds: "tuple[torch.Tensor, torch.Tensor] | None" = None) -> Iterator[torch.Tensor]:
         """Yield ``[B]`` next tokens as they are produced (one tensor per step).
 
         ``input_ids`` is ``[T]`` or ``[B, T]``; the B prompts run in cache
@@ -76,7 +77,10 @@ class Generation:
         tokens once per window (the first token alone, then ``sync_every`` at a
         time) while the next window already runs, so a token reaches the caller
         within one window, as a CPU tensor; steps run ahead past a stop by at
-        most two windows, never past ``max_new_tokens``."""
+        most two windows, never past ``max_new_tokens``.
+
+        ``embeds`` replaces prompt positions' embeddings in the prefill
+        (``Decoder.forward``'s argument: a vision model's image rows)."""
         ids, slots, stop = self._start(input_ids, max_new_tokens, temperature, top_k, top_p, stop)
         if sync_every < 1:
             raise ValueError(f"stream: sync_every must be >= 1, got {sync_every}")
@@ -95,7 +99,8 @@ class Generation:
         if seed is not None:
             gen = torch.Generator(device=ids.device).manual_seed(seed)
         picker = _Picker(ids.shape[0], stop, ids.device, (temperature, top_k, top_p, gen))
-        logits = self(ids, slots, last_only=True)[:, -1]
+        logits = (self(ids, slots, last_only=True) if embeds is None else
+                  self(ids, slots, last_only=True, embeds=embeds))[:, -1]
         if ids.device.type == "cpu":
             for i in range(max_new_tokens):
                 tok = picker.pick(logits)
