@@ -28,6 +28,7 @@ import io
 import itertools
 import math
 import os
+import warnings
 from dataclasses import dataclass
 from typing import Sequence, Union
 
@@ -95,7 +96,12 @@ def load_image(image: ImageLike, what: str = "image"):
         else:
             raise ImageError(f"{what}: expected a path, bytes or a PIL image, got {type(image).__name__}")
         try:
-            img = Image.open(src)
+            with warnings.catch_warnings():   # our own bound below is lower than Pillow's warning
+                warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+                img = Image.open(src)
+        except Image.DecompressionBombError:  # Pillow refuses twice its limit before we see the size
+            raise ImageTooLargeError(f"{name}: more pixels than Pillow opens, and than the bound of "
+                                     f"{MAX_PIXELS:,} (vision.preprocess.MAX_PIXELS)") from None
         except FileNotFoundError:
             raise ImageError(f"{name}: no such file") from None
         except (UnidentifiedImageError, OSError) as e:
