@@ -49,9 +49,11 @@ def register(subparsers) -> None:
                         "text is printed when done, with the draft's mean accepted tokens per round; "
                         "default: none, each token from MODEL alone)")
     p.add_argument("--mmproj", type=Path, default=None, metavar="MMPROJ",
-                   help="the model's vision projector (llama.cpp's mmproj GGUF; Muse Glimmer)")
-    p.add_argument("--image", type=Path, action="append", default=[], metavar="PATH",
-                   help="an image placed before the prompt's text (repeatable, in order; needs --mmproj)")
+                   help="the model's vision projector (llama.cpp's mmproj GGUF; Muse Glimmer); "
+                        "default: none")
+    p.add_argument("--image", type=Path, action="append", default=None, metavar="PATH",
+                   help="an image placed before the prompt's text (repeatable, in order; needs "
+                        "--mmproj); default: none")
     p.add_argument("--device", default="cpu", help="cpu, mps or cuda (default %(default)s)")
     add_dtype_arg(p)
     add_numerics_arg(p)

@@ -1,6 +1,6 @@
 """Muse Glimmer's vision projector file (llama.cpp's ``mmproj``:
 ``general.architecture = "clip"``, ``clip.projector_type = "muse-glimmer"``),
-as llama.cpp's converter writes it (``--mmproj``) and ``tools/mtmd`` reads it.
+as llama.cpp's converter writes it (``--mmproj``) and its multimodal library (mtmd) reads it.
 The model is ``muser_torch/vision/tower.py``; this module holds the facts:
 the keys with their ranges, the tensor table, the fences and the admission.
 
