@@ -31,7 +31,9 @@ def _add_markers(directory: Path) -> dict[str, int]:
 def vision_glimmer_config(vocab: int, ids: dict[str, int], *, vision_layers: int = 5, **vision: Any):
     """A MuseGlimmerConfig: 4 text layers, and a vision tower of ``vision_layers``
     (window attention but on every 4th and the last) over a 4 x 4 position
-    table, so images wider than 4 patches cross windows and resample it."""
+    table, so images wider than 4 patches cross windows and resample it. Every
+    matrix but the patch kernel has rows of a multiple of 256 inputs, so the
+    mmproj can hold K-quants."""
     from transformers.models.muse_glimmer.configuration_muse_glimmer import MuseGlimmerConfig
     text = dict(vocab_size=vocab, hidden_size=128, intermediate_size=256, num_hidden_layers=4,
                 num_attention_heads=4, num_key_value_heads=2, head_dim=32,
@@ -39,11 +41,11 @@ def vision_glimmer_config(vocab: int, ids: dict[str, int], *, vision_layers: int
                 rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
                 qk_scale_factor=3.87, output_multiplier=0.4, final_logit_softcapping=20.0,
                 bos_token_id=None, eos_token_id=None)
-    v = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=vision_layers, num_attention_heads=4,
+    v = dict(hidden_size=256, intermediate_size=256, num_hidden_layers=vision_layers, num_attention_heads=4,
              pos_emb_height=4, pos_emb_width=4, max_position_embeddings=16,
              rope_parameters={"rope_type": "axial", "rope_theta": 10000.0}, **vision)
-    cfg = MuseGlimmerConfig(text_config=text, vision_config=v, out_hidden_size=64 * 4,
-                            projector_hidden_size=96, image_token_id=ids["<|patch|>"],
+    cfg = MuseGlimmerConfig(text_config=text, vision_config=v, out_hidden_size=256 * 4,
+                            projector_hidden_size=256, image_token_id=ids["<|patch|>"],
                             video_token_id=ids["<|video|>"])
     cfg.architectures = ["MuseGlimmerForConditionalGeneration"]
     return cfg
@@ -149,3 +151,28 @@ def reference_model(checkpoint: Path, mmproj: Path):
         assert state[name].shape == t.shape, (name, state[name].shape, t.shape)
         state[name].copy_(t)
     return model
+
+
+KQUANTS = ("Q4_K", "Q5_K", "Q6_K")
+
+
+def requantize_mmproj(src: Path, dst: Path) -> Path:
+    """A copy of an F16 mmproj whose matrices (all but the patch kernel) ggml
+    re-quantizes (libggml-python), cycling through Q4_K, Q5_K and Q6_K: the
+    K-quant file llama.cpp's quantizer would make of it, type for type."""
+    from muser_torch.gguf_io import load_gguf, save_gguf
+    from ..formats.ggml_ref import lib
+    from ..models.hf_files import _quantized
+    lib()
+    g = load_gguf(src)
+    tensors: dict[str, Any] = {}
+    k = 0
+    for name, t in g.tensors.items():
+        if t.type_name == "F16" and len(t.ne) == 2 and t.n_in % 256 == 0:
+            _, packed, ne = _quantized(g.dequantize(name), KQUANTS[k % len(KQUANTS)])
+            tensors[name] = (KQUANTS[k % len(KQUANTS)], torch.as_tensor(packed), ne)
+            k += 1
+        else:
+            tensors[name] = t
+    save_gguf(dst, dict(g.metadata), tensors, types=dict(g.metadata_types))
+    return dst
