@@ -20,6 +20,7 @@ import torch
 from muser_torch.vision.preprocess import (MAX_FRAME_TOKENS, MAX_IMAGE_TOKENS, grid_size, preprocess_image,
                                            preprocess_video)
 
+from ..bounds import check_bound
 from .conftest import SEED
 
 MEAN, STD = (0.5, 0.5, 0.5), (0.5, 0.5, 0.5)   # transformers' IMAGENET_STANDARD_MEAN / _STD
@@ -90,8 +91,8 @@ def test_image_pixels_are_transformers(hf):
         assert (ours.grid.t, ours.grid.h, ours.grid.w) == (1, gh, gw)
         half = want.shape[-1] // 2          # (temporal, channel, y, x): the two slabs are equal
         assert torch.equal(want[0, :, :half], want[0, :, half:])
-        err = float((ours.pixels[0] - want[0, :, :half]).abs().max())
-        assert err < 1e-5, f"{h}x{w}: max difference {err:.2e} (SEED={SEED})"
+        check_bound("image pixels max difference", (ours.pixels[0] - want[0, :, :half]).abs().max(), 1e-5,
+                    f"({h}x{w}, SEED={SEED})")
 
 
 def test_video_pixels_are_transformers(hf):
@@ -107,5 +108,4 @@ def test_video_pixels_are_transformers(hf):
     want, gt, gh, gw = hf["MuseGlimmerVideoProcessor.patchify"](None, x[None], 14, 2)
     assert (ours.grid.t, ours.grid.h, ours.grid.w) == (gt, gh, gw) == (3, gh, gw)
     slabs = want[0].view(gt, gh * gw, 2, -1)
-    err = float((ours.pixels - slabs.mean(2)).abs().max())
-    assert err < 1e-5, f"video: max difference {err:.2e} (SEED={SEED})"
+    check_bound("video pixels max difference", (ours.pixels - slabs.mean(2)).abs().max(), 1e-5, f"(SEED={SEED})")

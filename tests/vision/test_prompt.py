@@ -12,6 +12,7 @@ import torch
 
 import muser_torch
 
+from ..bounds import check_bound
 from .checkpoints import reference_model
 from .conftest import KINDS, SEED
 
@@ -50,8 +51,8 @@ def test_one_image_logits_and_greedy_match_transformers(models):
     with torch.no_grad():
         want = ref(input_ids=ids, pixel_values=pv, image_grid_thw=thw).logits
         got = ours(ids, embeds=ours.vision_embeds(ids, images=[img]))
-    err = float((got - want).norm() / want.norm())
-    assert err < BOUND, f"{kind}: logits relative difference {err:.2e} (SEED={SEED})"
+    check_bound(f"{kind} image prompt logits relative difference", (got - want).norm() / want.norm(), BOUND,
+                f"(SEED={SEED})")
     theirs = ref.generate(input_ids=ids, pixel_values=pv, image_grid_thw=thw, max_new_tokens=16,
                           do_sample=False)[0, ids.shape[1]:]
     mine = ours.generate(ids[0], 16, images=[img], temperature=0.0, stop=[])[ids.shape[1]:]
@@ -77,5 +78,5 @@ def test_video_of_two_groups_logits_match_transformers(models):
                    pixel_values_videos=_slabs(vid.pixels),
                    video_grid_thw=torch.tensor([[2, vid.grid.h, vid.grid.w]])).logits
         got = ours(ids, embeds=ours.vision_embeds(ids, images=[img], videos=[[a, a, b, b]]))
-    err = float((got - want).norm() / want.norm())
-    assert err < BOUND, f"{kind}: logits relative difference {err:.2e} (SEED={SEED})"
+    check_bound(f"{kind} image + video prompt logits relative difference", (got - want).norm() / want.norm(),
+                BOUND, f"(SEED={SEED})")

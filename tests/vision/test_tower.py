@@ -12,6 +12,7 @@ import torch
 import muser_torch
 from muser_torch.vision import Grid, VisionTower
 
+from ..bounds import check_bound
 from .checkpoints import reference_model
 from .conftest import KINDS, SEED
 
@@ -52,8 +53,7 @@ def test_tower_matches_transformers(pair):
         ours = ours * torch.rsqrt(ours.pow(2).mean(-1, keepdim=True) + eps)
         assert ours.shape == feats.shape == (h * w // 4, ref.config.text_config.hidden_size)
         for what, a, b in (("ViT", ours_vit, vit), ("adapter rows", ours, feats)):
-            err = _rel(a, b)
-            assert err < BOUND, f"{kind} {h}x{w} {what}: relative difference {err:.2e} (SEED={SEED})"
+            check_bound(f"{kind} {what} relative difference", _rel(a, b), BOUND, f"({h}x{w}, SEED={SEED})")
 
 
 def test_video_groups_match_transformers(pair):
@@ -69,5 +69,4 @@ def test_video_groups_match_transformers(pair):
         feats = ref.model.get_video_features(pv, thw).pooler_output[0]
         ours = tower(pix, Grid(2, h, w))
     ours = ours * torch.rsqrt(ours.pow(2).mean(-1, keepdim=True) + ref.config.text_config.rms_norm_eps)
-    err = _rel(ours, feats)
-    assert err < BOUND, f"{kind} video: relative difference {err:.2e} (SEED={SEED})"
+    check_bound(f"{kind} video rows relative difference", _rel(ours, feats), BOUND, f"(SEED={SEED})")
