@@ -64,19 +64,18 @@ def grid_size(height: int, width: int, block: int, max_tokens: int) -> tuple[int
     """``(rows, cols)`` of ``block``-pixel cells for an image of ``height x width``:
     the floor/ceil candidates of its size in cells (scaled down to
     ``max_tokens`` cells when larger, keeping the aspect ratio), those within
-    the cap, the one whose aspect ratio is closest to the image's (ties: the
-    first of floor-floor, floor-ceil, ceil-floor, ceil-ceil, with duplicates
-    dropped). transformers' ``smart_resize``."""
+    the cap, the one whose aspect ratio is closest to the image's.
+    transformers' ``smart_resize``, ties included: the reference collects the
+    candidates in a ``set`` and keeps the first closest in its iteration
+    order, which for tuples of small ints is fixed (their hashes are), so we
+    go through a set too (a size such as 8694 x 280 ties exactly)."""
     ih, iw = height / block, width / block
     ratio = iw / ih if ih > 0 else 1.0
     if ih * iw > max_tokens:
         ih = math.sqrt(max_tokens / ratio)
         iw = ih * ratio
-    seen: list[tuple[int, int]] = []
-    for c in itertools.product((math.floor(ih), math.ceil(ih)), (math.floor(iw), math.ceil(iw))):
-        if c not in seen:
-            seen.append(c)
-    ok = [(a, b) for a, b in seen if a >= 1 and b >= 1 and a * b <= max_tokens]
+    cands = list(set(itertools.product((math.floor(ih), math.ceil(ih)), (math.floor(iw), math.ceil(iw)))))
+    ok = [(a, b) for a, b in cands if a >= 1 and b >= 1 and a * b <= max_tokens]
     if not ok:
         ok = [(max(1, round(ih)), max(1, round(iw)))]
     return min(ok, key=lambda g: abs(g[0] / g[1] - height / width))

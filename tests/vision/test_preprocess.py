@@ -54,7 +54,7 @@ def hf():
 def test_grid_size_is_transformers_smart_resize(hf):
     gen = torch.Generator().manual_seed(SEED)
     sizes = torch.randint(1, 9000, (400, 2), generator=gen).tolist() + [[28, 28], [1, 5000], [5000, 1],
-                                                                         [1792, 1792], [1793, 1792]]
+                                                                         [1792, 1792], [1793, 1792], [8694, 280]]
     for (h, w), cap in itertools.product(sizes, (MAX_IMAGE_TOKENS, MAX_FRAME_TOKENS)):
         want = hf["smart_resize"](h, w, 28, cap)
         rows, cols = grid_size(h, w, 28, cap)
