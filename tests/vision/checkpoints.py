@@ -96,6 +96,10 @@ def write_vision_checkpoint(directory: Path, seed: int, **config: Any) -> tuple[
         # values an F16 file holds exactly, so transformers reading the checkpoint and
         # muser-torch reading llama.cpp's F16 files hold the same weights
         weights[name] = w.half().float().contiguous()
+    # The markers' lm_head rows are zero (logit 0, below the best of 400 random logits), so
+    # greedy decoding never emits a placeholder: transformers embeds a placeholder id as token
+    # 0's row (MuseGlimmerModel.forward), llama.cpp and muser-torch as its own row.
+    weights["lm_head.weight"][list(ids.values())] = 0.0
     save_weights(directory, weights)
     return directory, cfg
 
