@@ -140,11 +140,12 @@ class VisionTower(nn.Module):
         a non-square grid shows. llama.cpp resizes the table plainly (and
         clamps at the border), so it differs on such grids."""
         side = self.config.pos_side
-        i = torch.arange(h * w, device=self.inv_freq.device)
+        i = torch.arange(h * w)    # taps on the CPU: float64 there (MPS has none), then moved
         rt, rw = _taps(i // h, w, side)
         ct, cw = _taps(i % h, h, side)
-        idx = (rt[:, :, None] * side + ct[:, None, :]).reshape(-1, 4)
-        wt = (rw[:, :, None] * cw[:, None, :]).reshape(-1, 4)
+        dev = self.inv_freq.device
+        idx = (rt[:, :, None] * side + ct[:, None, :]).reshape(-1, 4).to(dev)
+        wt = (rw[:, :, None] * cw[:, None, :]).reshape(-1, 4).to(dev)
         rows = self.position(idx.reshape(-1)).view(h * w, 4, -1).float()
         return (rows * wt[:, :, None]).sum(1)
 
