@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import math
 import re
-import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -154,9 +153,8 @@ def _encode(t: torch.Tensor, q: GGMLType, ne: tuple[int, ...]) -> torch.Tensor:
     return quantize(t.to(torch.float32).reshape(-1, ne[0]), q)
 
 
-def convert_mmproj(ck: Checkpoint, out: Path, kind: str, progress: bool | None, t0: float):
-    """Write ``out``; returns the pipeline's ``ConvertResult``."""
-    from .pipeline import ConvertResult
+def convert_mmproj(ck: Checkpoint, out: Path, kind: str, progress: bool | None) -> tuple[int, int]:
+    """Write ``out``; returns (tensors written, checkpoint bytes read)."""
     if kind not in MMPROJ_TYPES:
         raise RecipeError(f"--mmproj writes {', '.join(MMPROJ_TYPES)} (as llama.cpp's converter), not {kind}")
     hp = ck.hparams
@@ -199,4 +197,4 @@ def convert_mmproj(ck: Checkpoint, out: Path, kind: str, progress: bool | None, 
     input_bytes = sum(ck.tensors[h].nbytes for h in ck.tensors if h.startswith(_PREFIXES))
     save_gguf(out, metadata, specs, types=types,
               progress=progress if progress is not None else input_bytes >= 64 << 20)
-    return ConvertResult(out, len(specs), input_bytes, out.stat().st_size, time.perf_counter() - t0, [])
+    return len(specs), input_bytes

@@ -105,7 +105,8 @@ def convert(hf_dir: "str | os.PathLike[str]", out: "str | os.PathLike[str]", typ
         if mmproj:
             if target_model_dir is not None or imatrix is not None:
                 raise ConfigMismatchError("--mmproj takes neither --target-model-dir nor --imatrix")
-            return convert_mmproj(ck, out, type, progress, t0)
+            n, read = convert_mmproj(ck, out, type, progress)
+            return ConvertResult(out, n, read, out.stat().st_size, time.perf_counter() - t0, [])
         if is_assistant(ck.hparams):
             return _convert_dflash(ck, target_model_dir, out, type, dev, pre_tokenizer, progress, t0)
         if target_model_dir is not None:
