@@ -112,7 +112,8 @@ class Generation:
         yield from _windowed(picker, logits, next_logits, max_new_tokens, sync_every)
 
     def generate(self, input_ids, max_new_tokens: int, *, draft=None, return_stats: bool = False,
-                 **kw):
+                 images: Sequence = (), videos: Sequence = (), image_token_id: int | None = None,
+                 video_token_id: int | None = None, **kw):
         """Prompt plus generated tokens, ``[B, T + n]`` (or ``[T + n]`` for a 1-D
         prompt). Takes ``stream``'s keyword arguments.
 
@@ -122,7 +123,20 @@ class Generation:
         time; greedy output is this model's own, sampled output has its
         distribution. ``return_stats=True`` (with a draft) returns ``(ids,
         stats)``: ``stats.proposed`` each round's candidates, ``stats.accepted``
-        each round's count of accepted candidates."""
+        each round's count of accepted candidates.
+
+        ``images`` / ``videos`` (a model loaded with a vision projector: Muse
+        Glimmer's ``mmproj``) fill the prompt's placeholder tokens, in order
+        (``<|patch|>`` / ``<|video|>``, or the ids given; ``vision_embeds``)."""
+        if images or videos:
+            if draft is not None:
+                raise ValueError("generate: draft= does not take images yet")
+            if not hasattr(self, "vision_embeds"):
+                from ..errors import ImageError
+                raise ImageError(f"generate: a {type(self).__name__} model takes no images")
+            ids = torch.as_tensor(input_ids, dtype=torch.long, device=self.lengths.device)
+            kw["embeds"] = self.vision_embeds(ids.unsqueeze(0) if ids.dim() == 1 else ids, images, videos,
+                                              image_token_id, video_token_id)
         if draft is not None or return_stats:
             if draft is None:
                 raise ValueError("generate: return_stats=True reports a draft's rounds; pass draft=")

@@ -146,21 +146,6 @@ class Glimmer(Decoder):
         rows = self.visual_rows(inputs)
         return vision_prompt.placeholder_rows(ids, inputs, rows, self.vision.config.merge, img_id, vid_id)
 
-    def generate(self, input_ids, max_new_tokens: int, *, images: Sequence[Any] = (),
-                 videos: Sequence[Any] = (), image_token_id: int | None = None,
-                 video_token_id: int | None = None, **kw):
-        """``Generation.generate``; ``images`` / ``videos`` fill the prompt's
-        placeholder tokens (``<|patch|>`` / ``<|video|>``, or the ids given),
-        in order."""
-        if not images and not videos:
-            return super().generate(input_ids, max_new_tokens, **kw)
-        if kw.get("draft") is not None:
-            raise ValueError("generate: draft= does not take images yet")
-        ids = torch.as_tensor(input_ids, dtype=torch.long, device=self.lengths.device)
-        rows = ids.unsqueeze(0) if ids.dim() == 1 else ids
-        embeds = self.vision_embeds(rows, images, videos, image_token_id, video_token_id)
-        return super().generate(ids, max_new_tokens, embeds=embeds, **kw)
-
     def image_prompt(self, inputs: Sequence[Any]) -> list[int]:
         """The token blocks of preprocessed images, one after another (``<|image_start|>``,
         a ``<|patch|>`` per row, ``<|image_end|>``)."""

@@ -37,7 +37,7 @@ def vision_glimmer_config(vocab: int, ids: dict[str, int], *, vision_layers: int
     from transformers.models.muse_glimmer.configuration_muse_glimmer import MuseGlimmerConfig
     text = dict(vocab_size=vocab, hidden_size=128, intermediate_size=256, num_hidden_layers=4,
                 num_attention_heads=4, num_key_value_heads=2, head_dim=32,
-                max_position_embeddings=512, rms_norm_eps=1e-6, sliding_window=16,
+                max_position_embeddings=512, rms_norm_eps=1e-6, sliding_window=96,
                 rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
                 qk_scale_factor=3.87, output_multiplier=0.4, final_logit_softcapping=20.0,
                 bos_token_id=None, eos_token_id=None)
