@@ -64,8 +64,10 @@ def placeholder_rows(ids: Tensor, inputs: Sequence[VisualInput], rows: Sequence[
     image rows at the image placeholders and video rows at the video ones, each
     kind in order. PlaceholderError when a kind's placeholder count is not its
     rows' count."""
+    hidden = rows[0].shape[-1]
     mask = torch.zeros_like(ids, dtype=torch.bool)
-    out = torch.empty(0, rows[0].shape[-1], dtype=rows[0].dtype, device=rows[0].device)
+    # every position's row (zeros where none goes), so the two kinds interleave by position
+    full = rows[0].new_zeros(ids.numel(), hidden)
     for kind, tid, token in (("image", image_id, IMAGE_TOKEN), ("video", video_id, VIDEO_TOKEN)):
         mine = [(x, r) for x, r in zip(inputs, rows) if x.kind == kind]
         if not mine:
@@ -80,13 +82,6 @@ def placeholder_rows(ids: Tensor, inputs: Sequence[VisualInput], rows: Sequence[
                 f"the prompt has {have} {kind} placeholder tokens ({token}, id {tid}) but the {len(mine)} "
                 f"{kind}{'s' if len(mine) > 1 else ''} given make {need} rows"
                 + ("" if have > need else f"; more {kind}s than placeholders"))
-        # the mask's True positions in row-major order get the rows in order, whatever the kind,
-        # so interleave the two kinds' rows by position
+        full[where.flatten().to(full.device)] = torch.cat([r for _, r in mine])
         mask |= where
-    order = torch.nonzero(mask.flatten()).flatten()
-    kinds = {k: iter(torch.cat([r for x, r in zip(inputs, rows) if x.kind == k]))
-             for k in ("image", "video") if any(x.kind == k for x in inputs)}
-    flat = ids.flatten()
-    picked = [next(kinds["image"] if int(flat[p]) == image_id else kinds["video"]) for p in order.tolist()]
-    out = torch.stack(picked) if picked else out
-    return mask, out
+    return mask, full[mask.flatten().to(full.device)]
