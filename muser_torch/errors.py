@@ -75,6 +75,11 @@ class DraftMismatchError(AdmissionError):
     or tapped layers do not fit the target it was given."""
 
 
+class VisionMismatchError(AdmissionError):
+    """An ``mmproj`` file that is not Muse Glimmer's vision projector, or that
+    does not fit the text model it was given (its output width)."""
+
+
 class ChatTemplateError(MetadataError):
     """``tokenizer.chat_template`` is missing where a chat is asked for, is not
     a string, or fails to compile or render."""
@@ -136,3 +141,18 @@ class MissingExtraError(ImportError):
     """A package of an optional extra (``text.requirements.EXTRAS``) is not
     installed; the message names the install command, and the CLI prints it
     as one line (exit 2)."""
+
+
+# ---- images ---------------------------------------------------------------------
+
+class ImageError(ValueError):
+    """An image argument that cannot be used: not an image, unreadable, or a
+    model without a vision projector."""
+
+
+class ImageTooLargeError(ImageError):
+    """An image with more pixels than the stated bound (``vision.preprocess.MAX_PIXELS``)."""
+
+
+class PlaceholderError(ValueError):
+    """The prompt's image placeholders do not match the images given."""

@@ -48,6 +48,12 @@ def register(subparsers) -> None:
                    help="a DFlash draft GGUF for MODEL: speculative decoding (one sequence; the "
                         "text is printed when done, with the draft's mean accepted tokens per round; "
                         "default: none, each token from MODEL alone)")
+    p.add_argument("--mmproj", type=Path, default=None, metavar="MMPROJ",
+                   help="the model's vision projector (llama.cpp's mmproj GGUF; Muse Glimmer); "
+                        "default: none")
+    p.add_argument("--image", type=Path, action="append", default=None, metavar="PATH",
+                   help="an image placed before the prompt's text (repeatable, in order; needs "
+                        "--mmproj); default: none")
     p.add_argument("--device", default="cpu", help="cpu, mps or cuda (default %(default)s)")
     add_dtype_arg(p)
     add_numerics_arg(p)
@@ -197,7 +203,8 @@ def load_model(path: Path, device: torch.device, args: argparse.Namespace, comma
     apply_threads(args.threads)
     try:
         model = from_gguf(path, device=device, dtype=resolve_dtype(args.dtype),
-                          progress=path.stat().st_size > 256 << 20, numerics=args.numerics)
+                          progress=path.stat().st_size > 256 << 20, numerics=args.numerics,
+                          mmproj=getattr(args, "mmproj", None))
     except DraftMismatchError:   # with no target given, only a draft's own file is refused so
         raise DraftMismatchError(f"{path} is a DFlash draft, not a model: run the model it drafts "
                                  f"for with this file as its draft, muser-torch {command} MODEL.gguf "
@@ -222,6 +229,7 @@ def main(args: argparse.Namespace) -> int:
     path = model_path(args.model, args.lane)
     if args.draft is not None:
         draft_path(args.draft)
+    check_image_args(args)
     device = resolve_device(args.device)
     if args.backend == "metal-emulator" and device.type != "cpu":
         raise ValueError(f"--backend metal-emulator runs on CPU tensors; got --device {device.type}")
@@ -242,10 +250,39 @@ def main(args: argparse.Namespace) -> int:
             return _chat(model, tok, path, device, args)
         prompt = "def " if args.prompt is None else args.prompt
         ids = tok.encode(prompt)
+        embeds = None
+        if args.image:
+            ids, embeds = _with_images(model, tok, ids, args.image, device)
         check_room(len(ids), args.max_new_tokens, model.config.context_length)
         sys.stdout.write(prompt)
-        _generate(model, tok, ids, path, device, args)
+        _generate(model, tok, ids, path, device, args, embeds)
     return 0
+
+
+def check_image_args(args: argparse.Namespace) -> None:
+    """``--image`` needs ``--mmproj``, and runs the plain prompt path (not yet --chat or --draft)."""
+    if getattr(args, "mmproj", None) is not None and not args.mmproj.is_file():
+        raise ValueError(f"--mmproj {args.mmproj}: no such file")
+    if not args.image:
+        return
+    if args.mmproj is None:
+        raise ValueError("--image needs --mmproj MMPROJ, the model's vision projector file")
+    for what in ("chat", "draft"):
+        if getattr(args, what):
+            raise ValueError(f"--image does not combine with --{what} yet")
+
+
+def _with_images(model, tok, ids: list[int], images: list[Path], device: torch.device):
+    """The prompt with each image's block (``<|image_start|>``, its placeholders,
+    ``<|image_end|>``) before the text, after a leading BOS; and the rows for them."""
+    inputs = model.prepare_visual(images)
+    head = ids[:1] if ids and tok.bos_id is not None and ids[0] == tok.bos_id else []
+    ids = head + model.image_prompt(inputs) + ids[len(head):]
+    t = torch.tensor([ids], device=device)
+    img_id, vid_id = model.placeholder_ids()
+    from .vision.prompt import placeholder_rows
+    return ids, placeholder_rows(t, inputs, model.visual_rows(inputs), model.vision.config.merge,
+                                 img_id, vid_id)
 
 
 def _chat(model, tok, path: Path, device: torch.device, args: argparse.Namespace) -> int:
@@ -276,7 +313,7 @@ def _chat(model, tok, path: Path, device: torch.device, args: argparse.Namespace
 
 
 def _generate(model, tok, ids: list[int], path: Path, device: torch.device,
-              args: argparse.Namespace) -> str:
+              args: argparse.Namespace, embeds=None) -> str:
     """Stream the continuation of ``ids`` to stdout as its text settles
     (``TextStream``); return its text."""
     out = sys.stdout
@@ -290,7 +327,8 @@ def _generate(model, tok, ids: list[int], path: Path, device: torch.device,
     first = None
     for token in model.stream(torch.tensor(ids, device=device), args.max_new_tokens,
                               temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                              seed=args.seed, stop=sorted(stop), engine=args.engine):
+                              seed=args.seed, stop=sorted(stop), engine=args.engine,
+                              embeds=embeds):
         t = int(token[0])
         if first is None:
             first = time.perf_counter()  # prefill done (and its token sampled)

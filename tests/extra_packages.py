@@ -11,7 +11,7 @@ from pathlib import Path
 PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
 # distribution -> the module a test imports, where the two names differ beyond '-' and '_'
 # (libggml-python installs a shared library, which tests/formats/ggml_ref.py loads: no module)
-MODULE_OF = {"protobuf": "google.protobuf", "libggml-python": None}
+MODULE_OF = {"protobuf": "google.protobuf", "libggml-python": None, "pillow": "PIL"}
 
 # how a skip names what is missing: a module (importorskip's own wordings, the
 # serve folder's), or a distribution to pip install

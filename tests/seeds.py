@@ -12,7 +12,7 @@ Tests draw their data in one of two ways, and the sweep runs each its own way:
   sets MUSER_TEST_SEED before each. A test that reads no MUSER_TEST_SEED on its
   first run draws nothing and skips its other seeds.
 - **per session** (a module-level ``SEED``: ``tests/models``, ``tests/glimmer``,
-  ``tests/dflash``, ``tests/text``; it also seeds files that session fixtures
+  ``tests/dflash``, ``tests/text``, ``tests/vision``; it also seeds files that session fixtures
   write): one pytest process per seed, with MUSER_TEST_SEED set, so fixtures
   and tests see the same seed and a failing seed replays as printed. A test
   marked ``seed_at_run_time`` reads its module's SEED only while it runs (no

@@ -34,7 +34,7 @@ LAYERS = {
     "ops": 2,
     "nn": 3, "changes": 3, "gguf_io": 3, "text": 3,
     "arch": 4,
-    "loader": 5,
+    "loader": 5, "vision": 5,
     "models": 6, "glimmer": 6, "config": 6,
     "tiny": 7, "convert": 7,
     "inspect": 8, "run": 8, "bench": 8, "serve": 8, "cli": 8, "__init__": 9,

@@ -28,6 +28,9 @@ def register(subparsers) -> None:
     p.add_argument("--target-model-dir", type=Path,
                    help="for a DFlash drafter (MuseGlimmerAssistantModel): its target's checkpoint "
                         "directory, whose vocabulary the draft file carries")
+    p.add_argument("--mmproj", action="store_true",
+                   help="write Muse Glimmer's vision projector (llama.cpp's mmproj file: f16, bf16 or "
+                        "q8_0) instead of the text model")
     p.add_argument("--threads", type=int, help="CPU threads (torch.set_num_threads)")
     p.add_argument("--force", action="store_true",
                    help="overwrite OUT if it exists (replaced only once the new file is complete)")
@@ -44,10 +47,10 @@ def main(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     r = convert(args.hf_dir, args.output, args.type, device=args.device, imatrix=args.imatrix,
                 pre_tokenizer=args.pre_tokenizer, progress=False if args.no_progress else None,
-                force=args.force, target_model_dir=args.target_model_dir)
+                force=args.force, target_model_dir=args.target_model_dir, mmproj=args.mmproj)
     if r.skipped:
         print(f"left out {len(r.skipped)} tensors that are not the text model "
-              f"(e.g. {r.skipped[0]}): a vision tower or projector is not converted")
+              f"(e.g. {r.skipped[0]}): convert --mmproj writes a vision tower's projector file")
     print(f"wrote {r.path}: {r.tensors} tensors, {r.output_bytes:,} bytes ({args.type}) from "
           f"{r.input_bytes:,} checkpoint bytes in {r.seconds:.2f} s ({r.gb_per_s:.3f} GB/s, "
           f"device {args.device}, {torch.get_num_threads()} threads)")

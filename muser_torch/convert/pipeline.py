@@ -30,6 +30,7 @@ from .checkpoint import Checkpoint
 from .dflash import check_pair, dflash_family, dflash_tensors, is_assistant, mask_key, target_hparams
 from .imatrix import load_imatrix
 from .keys import collect_metadata
+from .mmproj import convert_mmproj
 from .nvfp4_source import NVFP4_COMPANIONS, is_nvfp4_checkpoint, packed_source
 from .recipes import (FROM_F16, LANES, LLAMA_QUANTIZE, TYPES, PlannedTensor, llama_quantize_order,
                       plan_types)
@@ -70,8 +71,8 @@ class _Source:
 def convert(hf_dir: "str | os.PathLike[str]", out: "str | os.PathLike[str]", type: str = "f16", *,
             device: str = "cpu", imatrix: "str | os.PathLike[str] | None" = None,
             pre_tokenizer: str | None = None, progress: bool | None = None,
-            force: bool = False, target_model_dir: "str | os.PathLike[str] | None" = None
-            ) -> ConvertResult:
+            force: bool = False, target_model_dir: "str | os.PathLike[str] | None" = None,
+            mmproj: bool = False) -> ConvertResult:
     """Convert the checkpoint at ``hf_dir`` into ``out`` (written atomically).
 
     ``type``: f16, bf16 or q8_0 (llama.cpp's converter), q4_k_m, q3_k_m, q2_k,
@@ -81,7 +82,8 @@ def convert(hf_dir: "str | os.PathLike[str]", out: "str | os.PathLike[str]", typ
     llama.cpp's imatrix GGUF for the K-quants. ``pre_tokenizer`` names a BPE
     pre-tokenizer llama.cpp cannot identify by hash. A DFlash drafter
     (``MuseGlimmerAssistantModel``) needs ``target_model_dir``, its target's
-    checkpoint, whose vocabulary the file carries. An existing ``out`` is
+    checkpoint, whose vocabulary the file carries. ``mmproj``: Muse Glimmer's vision
+    projector file instead of the text model (``convert/mmproj.py``). An existing ``out`` is
     refused before the checkpoint is read (OutputExistsError) unless ``force``;
     then it is replaced only when the new file is complete. Raises ConvertError
     subclasses naming what is wrong; nothing is left at ``out`` then."""
@@ -100,6 +102,11 @@ def convert(hf_dir: "str | os.PathLike[str]", out: "str | os.PathLike[str]", typ
     check_output(out, force)
     ck = Checkpoint(hf_dir)
     try:
+        if mmproj:
+            if target_model_dir is not None or imatrix is not None:
+                raise ConfigMismatchError("--mmproj takes neither --target-model-dir nor --imatrix")
+            n, read = convert_mmproj(ck, out, type, progress)
+            return ConvertResult(out, n, read, out.stat().st_size, time.perf_counter() - t0, [])
         if is_assistant(ck.hparams):
             return _convert_dflash(ck, target_model_dir, out, type, dev, pre_tokenizer, progress, t0)
         if target_model_dir is not None:

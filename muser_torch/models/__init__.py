@@ -14,6 +14,7 @@ import os
 import torch
 
 from ..arch import architecture_of
+from ..errors import VisionMismatchError
 from ..gguf_io import load_gguf
 from ..nn import check_numerics, set_numerics
 from .decoder import Decoder
@@ -31,7 +32,8 @@ DRAFTS: dict[str, type[Drafter]] = {Drafter.ARCH.name: Drafter}
 
 def from_gguf(path: str | os.PathLike, device: torch.device | str | None = None,
               dtype: torch.dtype | None = None, progress: bool = False,
-              numerics: str = "exact", target: Decoder | None = None) -> "Decoder | Drafter":
+              numerics: str = "exact", target: Decoder | None = None,
+              mmproj: str | os.PathLike | None = None) -> "Decoder | Drafter":
     """The model in a GGUF file, of whichever supported architecture it holds
     (a MetadataError names an unsupported one and lists the supported).
     ``dtype`` is the activation dtype: float32 on CPU and the architecture's
@@ -42,10 +44,16 @@ def from_gguf(path: str | os.PathLike, device: torch.device | str | None = None,
     A draft (``dflash``) needs ``target``, the model it drafts for: it is
     built on the target's device and activation dtype (``device`` and ``dtype``
     must be None) and shares its packed embedding and lm_head; a draft without
-    a target, or one that does not fit it, is a ``DraftMismatchError``."""
+    a target, or one that does not fit it, is a ``DraftMismatchError``.
+
+    ``mmproj``: llama.cpp's vision projector file beside a Muse Glimmer text
+    file (its tower and adapter, packed as the file has them); for another
+    architecture, or a projector of another model, a ``VisionMismatchError``."""
     gguf = load_gguf(path)
     name = architecture_of(gguf.metadata, gguf.path.name).name
     if name in DRAFTS:
+        if mmproj is not None:
+            raise VisionMismatchError("from_gguf: mmproj= is for the target model, not its draft")
         # without a target, from_file says that the file is a draft (DraftMismatchError)
         # whatever device or dtype came with it: that is what a caller has to learn first
         if target is not None and (device is not None or dtype is not None):
@@ -58,7 +66,12 @@ def from_gguf(path: str | os.PathLike, device: torch.device | str | None = None,
         raise ValueError(f"from_gguf: {gguf.path.name} is a {name!r} model, not a draft; "
                          f"target= is for a draft's file")
     cls = MODELS[name]
+    if mmproj is not None and cls is not Glimmer:
+        raise VisionMismatchError(f"from_gguf: {gguf.path.name} is a {name!r} model; mmproj= is for "
+                                  f"Muse Glimmer ('muse-glimmer') files")
     device = torch.device(device if device is not None else "cpu")
     check_numerics(numerics, device)
     model = cls.from_file(gguf, device, dtype, progress)
+    if mmproj is not None:
+        model.attach_vision(mmproj)
     return set_numerics(model, numerics)

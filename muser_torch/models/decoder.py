@@ -141,7 +141,8 @@ class Decoder(nn.Module, Generation):
     # -- forward ----------------------------------------------------------------
 
     def forward(self, tokens: torch.Tensor, slots: torch.Tensor | None = None,
-                last_only: bool = False, *, checked: bool = True) -> torch.Tensor:
+                last_only: bool = False, *, checked: bool = True,
+                embeds: "tuple[torch.Tensor, torch.Tensor] | None" = None) -> torch.Tensor:
         """Logits ``[B, T, vocab]`` for token ids ``[B, T]`` (``[B, 1, vocab]``,
         the last position's, with ``last_only``: a prefill needs no more).
 
@@ -157,7 +158,12 @@ class Decoder(nn.Module, Generation):
         caller: ``stream`` checks the whole run up front, the server's
         scheduler each request. The decode engine passes ``checked=False``: it
         pads a batch with copies of its first row (the same slot twice), and its
-        callers have checked the room."""
+        callers have checked the room.
+
+        ``embeds``: ``(mask [B, T] bool, rows [N, hidden])``, N the mask's count:
+        the first layer's input at the marked positions is ``rows`` (in row-major
+        order of the mask) instead of the tokens' embeddings (a vision model's
+        image rows at its placeholder tokens)."""
         B, T = tokens.shape
         if checked and slots is not None and tokens.device.type == "cpu" \
                 and not torch.compiler.is_compiling():
@@ -169,12 +175,20 @@ class Decoder(nn.Module, Generation):
             # layer attends over its cache buffers as they sit (KVCache.rows).
             order, slots = slots, torch.arange(B, device=tokens.device)
             tokens = tokens.index_copy(0, order, tokens)
+            if embeds is not None:   # the rows move with their prompts
+                mask, rows = embeds
+                full = rows.new_zeros(B, T, rows.shape[-1]).masked_scatter(mask.unsqueeze(-1), rows)
+                mask = mask.index_copy(0, order, mask)
+                embeds = mask, full.index_copy(0, order, full)[mask]
         if slots is None:
             positions, lengths = steps.expand(B, T), None
         else:
             lengths = self.lengths.index_select(0, slots)
             positions = lengths.unsqueeze(-1) + steps
         x = self.embed(tokens).to(self.activation_dtype)
+        if embeds is not None:
+            mask, rows = embeds
+            x = x.masked_scatter(mask.unsqueeze(-1).to(x.device), rows.to(x.device, x.dtype))
         runner = layer_runner(self, x, slots)
         if runner is not None:   # the backend runs whole layers (the CPU library: a call each)
             x = runner(x, slots, lengths, [getattr(self, name) for name in self._rope_names])

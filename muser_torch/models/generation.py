@@ -57,7 +57,8 @@ class Generation:
                temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
                seed: int | None = None, stop: Sequence[int] | None = None,
                decode_step: Callable | None = None, engine: str = "auto",
-               sync_every: int = SYNC_EVERY) -> Iterator[torch.Tensor]:
+               sync_every: int = SYNC_EVERY,
+               embeds: "tuple[torch.Tensor, torch.Tensor] | None" = None) -> Iterator[torch.Tensor]:
         """Yield ``[B]`` next tokens as they are produced (one tensor per step).
 
         ``input_ids`` is ``[T]`` or ``[B, T]``; the B prompts run in cache
@@ -77,7 +78,10 @@ class Generation:
         tokens once per window (the first token alone, then ``sync_every`` at a
         time) while the next window already runs, so a token reaches the caller
         within one window, as a CPU tensor; steps run ahead past a stop by at
-        most two windows, never past ``max_new_tokens``."""
+        most two windows, never past ``max_new_tokens``.
+
+        ``embeds`` replaces prompt positions' embeddings in the prefill
+        (``Decoder.forward``'s argument: a vision model's image rows)."""
         ids, slots, stop = self._start(input_ids, max_new_tokens, temperature, top_k, top_p, stop)
         if sync_every < 1:
             raise ValueError(f"stream: sync_every must be >= 1, got {sync_every}")
@@ -96,7 +100,8 @@ class Generation:
         if seed is not None:
             gen = torch.Generator(device=ids.device).manual_seed(seed)
         picker = _Picker(ids.shape[0], stop, ids.device, (temperature, top_k, top_p, gen))
-        logits = self(ids, slots, last_only=True)[:, -1]
+        logits = (self(ids, slots, last_only=True) if embeds is None else
+                  self(ids, slots, last_only=True, embeds=embeds))[:, -1]
         if ids.device.type == "cpu":
             for i in range(max_new_tokens):
                 tok = picker.pick(logits)
@@ -108,7 +113,8 @@ class Generation:
         yield from _windowed(picker, logits, next_logits, max_new_tokens, sync_every)
 
     def generate(self, input_ids, max_new_tokens: int, *, draft=None, return_stats: bool = False,
-                 **kw):
+                 images: Sequence = (), videos: Sequence = (), image_token_id: int | None = None,
+                 video_token_id: int | None = None, **kw):
         """Prompt plus generated tokens, ``[B, T + n]`` (or ``[T + n]`` for a 1-D
         prompt). Takes ``stream``'s keyword arguments.
 
@@ -118,7 +124,20 @@ class Generation:
         time; greedy output is this model's own, sampled output has its
         distribution. ``return_stats=True`` (with a draft) returns ``(ids,
         stats)``: ``stats.proposed`` each round's candidates, ``stats.accepted``
-        each round's count of accepted candidates."""
+        each round's count of accepted candidates.
+
+        ``images`` / ``videos`` (a model loaded with a vision projector: Muse
+        Glimmer's ``mmproj``) fill the prompt's placeholder tokens, in order
+        (``<|patch|>`` / ``<|video|>``, or the ids given; ``vision_embeds``)."""
+        if images or videos:
+            if draft is not None:
+                raise ValueError("generate: draft= does not take images yet")
+            if not hasattr(self, "vision_embeds"):
+                from ..errors import ImageError
+                raise ImageError(f"generate: a {type(self).__name__} model takes no images")
+            ids = torch.as_tensor(input_ids, dtype=torch.long, device=self.lengths.device)
+            kw["embeds"] = self.vision_embeds(ids.unsqueeze(0) if ids.dim() == 1 else ids, images, videos,
+                                              image_token_id, video_token_id)
         if draft is not None or return_stats:
             if draft is None:
                 raise ValueError("generate: return_stats=True reports a draft's rounds; pass draft=")

@@ -17,11 +17,18 @@ Projections are plain ``torch.nn.Linear`` when the model is built from a config
 code is the same for float and packed weights."""
 from __future__ import annotations
 
+import os
+from typing import Any, Sequence
+
 import torch
 import torch.nn.functional as F
 
 from ..arch.glimmer_recipe import recipe_weight
 from ..arch.muse_glimmer import MUSE_GLIMMER, POST_NORM_EPS, GlimmerConfig
+from ..errors import ImageError
+from ..gguf_io import load_gguf
+from ..vision import VisionTower
+from ..vision import prompt as vision_prompt
 from .assembly import assemble
 from .decoder import Decoder
 from .parts import Attention, GatedMLP, SandwichBlock, no_rope, rope_inv_freq, rope_normal
@@ -47,6 +54,7 @@ class Glimmer(Decoder):
     def __init__(self, config: GlimmerConfig):
         super().__init__(config, [GlimmerBlock(config, il) for il in range(config.n_layers)],
                          final_softcap=config.final_softcap)
+        self.vision: VisionTower | None = None   # the mmproj's tower, when loaded with one
 
     def rope_tables(self) -> list[torch.Tensor]:
         # Only the sliding layers rotate, with their own base, never scaled.
@@ -82,3 +90,66 @@ class Glimmer(Decoder):
             return recipe_weight(config, name, n_out, n_in, gen, device)
 
         return assemble(cls, config, frozenset(), get, device, dtype or cls.default_dtype(device), None)
+
+    # -- vision (the mmproj file) ------------------------------------------------------
+
+    @classmethod
+    def from_gguf(cls, path: str | os.PathLike, device: torch.device | str | None = None,
+                  dtype: torch.dtype | None = None, progress: bool = False,
+                  mmproj: str | os.PathLike | None = None) -> "Glimmer":
+        """``Decoder.from_gguf``; ``mmproj``: llama.cpp's vision projector file for
+        this model, whose tower and adapter then turn images into prompt rows."""
+        model = cls.from_file(load_gguf(path), device, dtype, progress)
+        if mmproj is not None:
+            model.attach_vision(mmproj)
+        return model
+
+    def attach_vision(self, mmproj: str | os.PathLike) -> None:
+        """Load the vision tower from an ``mmproj`` file (admitted against this
+        model's width: VisionMismatchError for another model's projector)."""
+        tower = VisionTower.from_gguf(load_gguf(mmproj), text_hidden=self.config.hidden)
+        self.vision = tower.to(self.lengths.device)
+
+    def placeholder_ids(self) -> tuple[int | None, int | None]:
+        """The image and video placeholder ids of the file's tokenizer (None where it has none)."""
+        return (vision_prompt.token_id(self.tokenizer, vision_prompt.IMAGE_TOKEN),
+                vision_prompt.token_id(self.tokenizer, vision_prompt.VIDEO_TOKEN))
+
+    def prepare_visual(self, images: Sequence[Any] = (), videos: Sequence[Any] = ()):
+        """Images and videos (paths, bytes, PIL images; a video a list of frames)
+        preprocessed for the tower: ``VisualInput`` s, whose ``grid.rows(merge)``
+        is the number of placeholders each takes."""
+        if self.vision is None:
+            raise ImageError("this model was loaded without a vision projector: "
+                             "from_gguf(path, mmproj=MMPROJ) to give it images")
+        return vision_prompt.prepare(self.vision, images, videos)
+
+    @torch.no_grad()
+    def visual_rows(self, inputs: Sequence[Any]) -> list[torch.Tensor]:
+        """Each input's embedding rows: the tower and adapter, then the text
+        model's weightless RMSNorm (as every embedding row), in float32."""
+        out = []
+        dev = self.lengths.device
+        for x in inputs:
+            r = self.vision(x.pixels.to(dev), x.grid).float()
+            out.append(r * torch.rsqrt(r.pow(2).mean(-1, keepdim=True) + self.config.rms_eps))
+        return out
+
+    def vision_embeds(self, ids: torch.Tensor, images: Sequence[Any] = (), videos: Sequence[Any] = (),
+                      image_token_id: int | None = None, video_token_id: int | None = None
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``forward``'s ``embeds`` for prompt ``ids`` ``[B, T]`` holding the placeholders."""
+        inputs = self.prepare_visual(images, videos)
+        img_id, vid_id = self.placeholder_ids()
+        img_id = image_token_id if image_token_id is not None else img_id
+        vid_id = video_token_id if video_token_id is not None else vid_id
+        rows = self.visual_rows(inputs)
+        return vision_prompt.placeholder_rows(ids, inputs, rows, self.vision.config.merge, img_id, vid_id)
+
+    def image_prompt(self, inputs: Sequence[Any]) -> list[int]:
+        """The token blocks of preprocessed images, one after another (``<|image_start|>``,
+        a ``<|patch|>`` per row, ``<|image_end|>``)."""
+        out: list[int] = []
+        for x in inputs:
+            out += vision_prompt.image_block(self.tokenizer, x.grid.rows(self.vision.config.merge))
+        return out

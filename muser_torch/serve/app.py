@@ -11,7 +11,12 @@ without the server's API key (when it has one); 413 for a body over
 ``max_body`` bytes; 503 when the queue is full; 500 when decoding fails.
 
 A request's events come from the scheduler thread through
-``loop.call_soon_threadsafe`` into an ``asyncio.Queue`` of its own. When
+``loop.call_soon_threadsafe`` into an ``asyncio.Queue`` of its own.
+
+A chat's ``image_url`` parts (``data:`` URLs only) become image rows at their
+placeholders (``prompts.image_prompt``), computed on the request's thread before
+the job is queued; a model without a vision projector (``serve --mmproj``)
+answers them with a 400. When
 its client disconnects (a stream: sse-starlette ends the generator; a whole
 response: a watcher of ``http.disconnect``) the job is cancelled, and the
 scheduler frees its slot at its next turn.
@@ -33,7 +38,7 @@ from starlette.exceptions import HTTPException
 
 from ..text.chat_limits import ChatLimits
 from .grammar import Grammars
-from .prompts import chat_prompt, completion_prompt
+from .prompts import chat_prompt, completion_prompt, image_prompt
 from .responses import Reply, TokenText, error_body
 from .scheduler import Failure, Finish, Job, Piece, QueueFull, Scheduler
 from .schemas import (ChatRequest, CompletionRequest, RequestError, ToolRequest, chat_request,
@@ -95,7 +100,13 @@ def create_app(scheduler: Scheduler, model_id: str, chat_limits: ChatLimits | No
         offered = req.tools.tools if req.tools is not None else None
         # a chat template is the file's code: rendered off the event loop, within limits
         ids, stops = await asyncio.to_thread(chat_prompt, tok, req.messages, limits, offered)
-        return await _respond("chat", req, ids, stops, request, "messages", req.tools, family)
+        embeds = None
+        if getattr(req.messages, "images", ()):
+            if scheduler.draft is not None:
+                raise RequestError("images are not taken by a server with a draft (--draft)",
+                                   param="messages")
+            ids, embeds = await asyncio.to_thread(image_prompt, scheduler.model, ids, req.messages.images)
+        return await _respond("chat", req, ids, stops, request, "messages", req.tools, family, embeds)
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Any:
@@ -105,7 +116,8 @@ def create_app(scheduler: Scheduler, model_id: str, chat_limits: ChatLimits | No
 
     async def _respond(kind: str, req: ChatRequest | CompletionRequest, ids: list[int],
                        stops: tuple[str, ...], request: Request, param: str,
-                       tools: ToolRequest | None = None, family: Family | None = None) -> Any:
+                       tools: ToolRequest | None = None, family: Family | None = None,
+                       embeds: Any = None) -> Any:
         if len(ids) >= scheduler.context:
             raise RequestError(f"the prompt has {len(ids)} tokens, but a slot's context holds "
                                f"{scheduler.context} with room for at least one new token",
@@ -123,7 +135,7 @@ def create_app(scheduler: Scheduler, model_id: str, chat_limits: ChatLimits | No
         events: asyncio.Queue = asyncio.Queue()
         loop = asyncio.get_running_loop()
         job = Job(ids, params, lambda ev: loop.call_soon_threadsafe(events.put_nowait, ev),
-                  constraint=constraint)
+                  constraint=constraint, embeds=embeds)
         try:
             scheduler.submit(job)
         except QueueFull as e:

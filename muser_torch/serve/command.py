@@ -32,6 +32,9 @@ def register(subparsers) -> None:
     p.add_argument("--draft", type=Path, default=None, metavar="DRAFT",
                    help="a DFlash draft GGUF for MODEL: speculative decoding, one request at a "
                         "time (no logprobs)")
+    p.add_argument("--mmproj", type=Path, default=None, metavar="MMPROJ",
+                   help="the model's vision projector (llama.cpp's mmproj GGUF; Muse Glimmer): chat "
+                        "messages then take image_url parts (data: URLs)")
     p.add_argument("--queue", type=int, default=DEFAULT_QUEUE,
                    help="requests that may wait for a slot; past it the server answers 503 "
                         f"(default {DEFAULT_QUEUE})")

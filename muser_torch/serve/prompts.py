@@ -26,7 +26,8 @@ from typing import Any, Sequence
 
 from ..errors import ChatTemplateError
 from ..text.chat_limits import ChatLimits
-from .schemas import RequestError
+from ..text.special import SLOT
+from .schemas import IMAGE_MARK, RequestError
 from .tools import chatml_call, chatml_tools
 
 CHATML_END = "<|im_end|>"
@@ -57,8 +58,9 @@ def chat_prompt(tok: Any, messages: Sequence[dict], limits: ChatLimits,
     template, whose end-of-turn token is among the tokenizer's stop ids).
     ``tools``: the functions offered (OpenAI's shape), None for none."""
     # the template sees tools only when some are offered (a tokenizer without
-    # the keyword still renders plain chats)
-    extra = {"tools": list(tools)} if tools else {}
+    # the keyword still renders plain chats); an image part's SLOT becomes its markup
+    slot = IMAGE_MARK if getattr(messages, "images", ()) else None
+    extra = ({"tools": list(tools)} if tools else {}) | ({"slot": slot} if slot else {})
     try:
         if getattr(tok, "chat_template", None) is not None:
             # the template writes BOS itself where the model wants one
@@ -66,10 +68,11 @@ def chat_prompt(tok: Any, messages: Sequence[dict], limits: ChatLimits,
                                          **extra), ()
         elif hasattr(tok, "marker"):   # a file's tokenizer: ChatML's markup may be its tokens
             marker = tok.marker()
-            text = render_chatml(marker.mark_messages(messages), marker.mark_tools(tools))
+            text = render_chatml(marker.mark_messages(messages, slot), marker.mark_tools(tools))
             ids, stops = tok.encode_marked(text, bos=None, eos=False), (CHATML_END,)
         else:   # the byte tokenizer: no token has special text
-            ids, stops = tok.encode(render_chatml(messages, tools)), (CHATML_END,)
+            text = render_chatml(messages, tools).replace(SLOT, slot or "")
+            ids, stops = tok.encode(text), (CHATML_END,)
     except ChatTemplateError as e:
         raise RequestError(f"the model's chat template refused these messages: {e}",
                            param="messages") from None
@@ -100,3 +103,38 @@ def _nonempty(ids: list[int]) -> list[int]:
     if not ids:
         raise RequestError("the prompt encodes to no tokens", param="prompt")
     return ids
+
+
+def image_prompt(model: Any, ids: list[int], images: Sequence[bytes]) -> tuple[list[int], Any]:
+    """The prompt with each image's stand-in (``schemas.IMAGE_MARK``, in order)
+    widened to the image's rows, and ``Decoder.forward``'s ``embeds`` for them.
+    A 400 for a model without a projector, an image that is not one or too
+    large, or stand-ins that do not pair with the images one to one."""
+    from ..errors import ImageError, PlaceholderError
+    from ..vision.prompt import IMAGE_END, IMAGE_START, IMAGE_TOKEN, token_id
+    if getattr(model, "vision", None) is None:
+        raise RequestError("image_url parts need a model with a vision projector (serve --mmproj)",
+                           param="messages")
+    start, patch, end = (token_id(model.tokenizer, t) for t in (IMAGE_START, IMAGE_TOKEN, IMAGE_END))
+    try:
+        inputs = model.prepare_visual(list(images))
+    except ImageError as e:
+        raise RequestError(f"image_url: {e}", param="messages") from None
+    out: list[int] = []
+    k, i = 0, 0
+    while i < len(ids):
+        if ids[i:i + 3] == [start, patch, end] and k < len(inputs):
+            out += [start] + [patch] * inputs[k].grid.rows(model.vision.config.merge) + [end]
+            k, i = k + 1, i + 3
+        else:
+            out.append(ids[i])
+            i += 1
+    if k != len(inputs):
+        raise RequestError(f"the rendered prompt places {k} of the {len(inputs)} images (the chat "
+                           f"template dropped an image part)", param="messages")
+    import torch
+    t = torch.tensor([out], device=model.lengths.device)
+    try:
+        return out, model.vision_embeds(t, images=inputs)
+    except PlaceholderError as e:
+        raise RequestError(f"messages: {e}", param="messages") from None

@@ -93,6 +93,8 @@ class Job:
     stops: StopStrings | None = None
     rounds: Iterator[list[int]] | None = None     # with a draft: the job's speculative rounds
     constraint: Any = None       # a grammar.Constraint: the response's JSON schema
+    # image rows for the prompt's placeholders: Decoder.forward's (mask [1, T], rows)
+    embeds: "tuple[torch.Tensor, torch.Tensor] | None" = None
 
     def cancel(self) -> None:
         """The client is gone: the job leaves at the scheduler's next turn."""
@@ -143,6 +145,9 @@ class Scheduler:
         # the token ids each slot's cache holds, in order (what a new prompt may reuse);
         # a slot whose cache is in doubt (a failed step, a draft's rounds) holds []
         self._held: list[list[int]] = [[] for _ in range(slots)]
+        # placeholder ids: a cached prefix ends before the first (two images share their ids)
+        ids = model.placeholder_ids() if hasattr(model, "placeholder_ids") else ()
+        self._barriers = frozenset(i for i in ids if i is not None)
         self._lock = threading.Condition()
         self._stopping = False
         self._thread: threading.Thread | None = None
@@ -224,7 +229,7 @@ class Scheduler:
             return 0
         common = 0
         for a, b in zip(held, prompt[:len(prompt) - 1]):
-            if a != b:
+            if a != b or a in self._barriers:
                 break
             common += 1
         return self.model.reusable(len(held), common)
@@ -270,7 +275,12 @@ class Scheduler:
                                             sorted(self.stop_ids), grammar=job.constraint)
             self._round(job)
             return
-        logits = self.model(ids[:, job.cached:], slot, last_only=True)[:, -1]
+        if job.embeds is None:
+            logits = self.model(ids[:, job.cached:], slot, last_only=True)[:, -1]
+        else:   # no placeholder lies in the cached prefix (_reusable): every row comes after it
+            mask, rows = job.embeds
+            logits = self.model(ids[:, job.cached:], slot, last_only=True,
+                                embeds=(mask[:, job.cached:], rows))[:, -1]
         self._held[job.slot] = list(job.prompt)
         self._advance(job, logits)
 

@@ -13,12 +13,16 @@ model makes of them is ``tools.py``'s.
 """
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import math
 import re
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
+from ..text.special import SLOT
+from ..vision.prompt import IMAGE_END, IMAGE_START, IMAGE_TOKEN
 from .sampling import SamplingParams
 
 # The seeds torch.Generator.manual_seed takes.
@@ -109,27 +113,42 @@ def _same(v: Any, n: Any) -> bool:
                                              isinstance(n, (int, float)) and v == n)
 
 
+class Messages(list):
+    """Checked messages, and the bytes of their images in order (``images``):
+    each image part's place in its message's text holds ``special.SLOT``,
+    which the prompt fills with ``IMAGE_MARK`` as markup."""
+    images: tuple[bytes, ...] = ()
+
+
+# An image part's stand-in in the text: one placeholder between the image markers
+# (the app widens it to the image's row count once the image is preprocessed).
+IMAGE_MARK = IMAGE_START + IMAGE_TOKEN + IMAGE_END
+
+
 def chat_messages(v: Any, name: str) -> list[dict]:
     """Messages as the template reads them: role, text content (a string, or
-    text parts joined), name / tool_call_id when given, and an assistant's
-    ``tool_calls`` (``_tool_calls``)."""
+    text and image parts joined, an image as ``special.SLOT``), name /
+    tool_call_id when given, and an assistant's ``tool_calls``
+    (``_tool_calls``); the images' bytes in ``Messages.images``."""
     _kind(v, name, (list,), "a list of messages")
     if not v:
         raise RequestError(f"{name} is empty: a chat needs at least one message", param=name)
-    out = []
+    out, images = Messages(), []
     for i, m in enumerate(v):
         where = f"{name}[{i}]"
         _kind(m, where, (dict,), "an object with 'role' and 'content'")
         if "role" not in m:
             raise RequestError(f"{where} has no role", param=where)
-        plain = {"role": string(m["role"], f"{where}.role"),
-                 "content": _content(m.get("content"), f"{where}.content")}
+        text, mine = _content(m.get("content"), f"{where}.content")
+        images += mine
+        plain = {"role": string(m["role"], f"{where}.role"), "content": text}
         for key in ("name", "tool_call_id"):
             if m.get(key) is not None:
                 plain[key] = string(m[key], f"{where}.{key}")
         if m.get("tool_calls") is not None:
             plain["tool_calls"] = _tool_calls(m["tool_calls"], f"{where}.tool_calls")
         out.append(plain)
+    out.images = tuple(images)
     return out
 
 
@@ -273,18 +292,50 @@ class ToolRequest:
         return self.choice in ("required", "function")
 
 
-def _content(v: Any, name: str) -> str:
+def _text(v: Any, name: str) -> str:
+    text = string(v, name)
+    if SLOT in text:
+        raise RequestError(f"{name} holds U+{ord(SLOT):04X}, a Unicode noncharacter reserved here "
+                           f"for an image's place", param=name)
+    return text
+
+
+def _content(v: Any, name: str) -> tuple[str, list[bytes]]:
+    """A message's text, an image part as ``SLOT`` (the prompt's image markup
+    goes there, ``prompts.chat_prompt``), and the images' bytes."""
     if v is None or isinstance(v, str):
-        return v or ""
-    _kind(v, name, (list,), "a string, a list of text parts or null")
-    texts = []
+        return _text(v, name) if v else "", []
+    _kind(v, name, (list,), "a string, a list of text and image_url parts or null")
+    texts, images = [], []
     for i, part in enumerate(v):
-        _kind(part, f"{name}[{i}]", (dict,), "a content part object")
-        if part.get("type") != "text":
-            raise RequestError(f"{name}[{i}]: only text parts are supported, got type "
-                               f"{part.get('type')!r}", param=f"{name}[{i}]")
-        texts.append(string(part.get("text"), f"{name}[{i}].text"))
-    return "".join(texts)
+        where = f"{name}[{i}]"
+        _kind(part, where, (dict,), "a content part object")
+        kind = part.get("type")
+        if kind == "text":
+            texts.append(_text(part.get("text"), f"{where}.text"))
+        elif kind == "image_url":
+            images.append(_image_bytes(part.get("image_url"), f"{where}.image_url"))
+            texts.append(SLOT)
+        else:
+            raise RequestError(f"{where}: only text and image_url parts are supported, got type "
+                               f"{kind!r}", param=where)
+    return "".join(texts), images
+
+
+def _image_bytes(v: Any, name: str) -> bytes:
+    """An image_url part's bytes: a ``data:<type>;base64,<data>`` URL only."""
+    url = string(v.get("url") if isinstance(v, dict) else v, f"{name}.url")
+    if not url.startswith("data:"):
+        raise RequestError(f"{name}.url: only data: URLs (data:image/png;base64,...) are taken; the "
+                           f"server fetches nothing from the network, got {url[:40]!r}",
+                           param=f"{name}.url")
+    head, sep, data = url.partition(",")
+    if not sep or not head.endswith(";base64"):
+        raise RequestError(f"{name}.url: expected data:<media type>;base64,<data>", param=f"{name}.url")
+    try:
+        return base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError):
+        raise RequestError(f"{name}.url: the data is not valid base64", param=f"{name}.url") from None
 
 
 def response_format(v: Any, name: str) -> str | None:

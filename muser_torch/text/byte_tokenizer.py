@@ -41,7 +41,7 @@ class ByteTokenizer:
         raise ChatTemplateError(f"the {MODEL_NAME} tokenizer has no chat template")
 
     def encode_chat(self, messages: Any, add_generation_prompt: bool = True,
-                    limits: Any = None) -> list[int]:
+                    limits: Any = None, slot: str | None = None) -> list[int]:
         """The ids of ``apply_chat_template(...)``, BOS left to the template, as
         ``GGUFTokenizer.encode_chat``. Every id here is a byte, so no text can
         spell a control token: the rendered prompt is encoded as it stands."""

@@ -138,17 +138,19 @@ class GGUFTokenizer:
     def encode_chat(self, messages: Sequence[Mapping[str, Any]],
                     add_generation_prompt: bool = True,
                     limits: "ChatLimits | None" = None,
-                    tools: Sequence[Mapping[str, Any]] | None = None) -> list[int]:
+                    tools: Sequence[Mapping[str, Any]] | None = None,
+                    slot: str | None = None) -> list[int]:
         """The ids of the chat prompt ``apply_chat_template`` renders: the markup the
         template writes becomes control tokens, each message's text stays text even
         where it spells one (``special.py``). A message that holds U+FDD0 / U+FDD1,
         or whose role or name spells a control token, is refused (``ValueError``);
         a template that cuts a message's text apart, a ``ChatTemplateError``.
         ``tools`` go to the template as markup: a spec that spells a control
-        token is refused too (``ValueError``)."""
+        token is refused too (``ValueError``). ``slot``: the markup each
+        ``special.SLOT`` in a message's text stands for (``Marker.mark_messages``)."""
         marker = self.marker()
-        rendered = self.apply_chat_template(marker.mark_messages(messages), add_generation_prompt,
-                                            limits, marker.mark_tools(tools))
+        rendered = self.apply_chat_template(marker.mark_messages(messages, slot),
+                                            add_generation_prompt, limits, marker.mark_tools(tools))
         return self.encode_marked(rendered, bos=False, eos=False)
 
     def encode_marked(self, rendered: str, bos: bool | None = None,

@@ -16,7 +16,8 @@ from ..errors import MissingExtraError
 # top-level module -> the extra that installs it (pyproject.toml's optional-dependencies)
 EXTRAS = {"transformers": "hf", "tokenizers": "hf", "jinja2": "hf", "sentencepiece": "hf",
           "accelerate": "peers", "triton": "cuda",
-          "fastapi": "serve", "uvicorn": "serve", "sse_starlette": "serve", "llguidance": "serve"}
+          "fastapi": "serve", "uvicorn": "serve", "sse_starlette": "serve", "llguidance": "serve",
+          "PIL": "vision"}
 
 # the floors of pyproject.toml's pins that the code needs (transformers 5.24 added the
 # BPE pre-tokenizer table the tokenizers read); an older install is refused by name

@@ -41,6 +41,9 @@ from ..errors import ChatTemplateError
 
 OPEN, CLOSE = "\ufdd0", "\ufdd1"   # noncharacters: never in text a client sends
 MARKS = OPEN + CLOSE
+# A third noncharacter: where a caller's own markup goes inside a message's text
+# (a server's image placeholder; ``mark_messages(slots=...)``), outside the marks.
+SLOT = "\ufdd2"
 # The marks as a template could escape them: Python's repr of a list of parts
 # and JSON's ensure_ascii (\ufdd0, \U0000fdd0), a URL's UTF-8 (%EF%B7%90).
 # Found in the markup, they mean a message's text was written there unmarked.
@@ -111,14 +114,17 @@ class Marker:
         cuts.sort(key=lambda u: (-len(u), u))   # the regex takes the first that fits: the longest
         self._cuts = re.compile("|".join(map(re.escape, cuts))) if cuts else None
 
-    def mark_messages(self, messages: Any) -> Any:
+    def mark_messages(self, messages: Any, slot: str | None = None) -> Any:
         """A copy of ``messages`` with every text field marked. A string
         anywhere that holds OPEN or CLOSE is refused (``ValueError``), as is a
         structural string (a role, a name, ...) that spells a control token:
-        templates write those into the markup."""
+        templates write those into the markup. ``slot``: markup that each
+        ``SLOT`` in a text field becomes, outside the marks (a server's image
+        placeholder, which the caller, not the client, put there)."""
         if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence):
             return messages   # the renderer names what is wrong with it
-        return [self._mark(m, f"messages[{i}]", text=False) for i, m in enumerate(messages)]
+        marked = [self._mark(m, f"messages[{i}]", text=False) for i, m in enumerate(messages)]
+        return marked if slot is None else _fill_slots(marked, CLOSE + slot + OPEN)
 
     def mark_tools(self, tools: Any) -> Any:
         """``tools`` (function specs a client offers) checked as markup: a
@@ -164,6 +170,18 @@ class Marker:
             return run
         start = run.index(core)
         return run[:start] + OPEN + core + CLOSE + run[start + len(core):]
+
+
+def _fill_slots(v: Any, markup: str) -> Any:
+    """``v`` with each SLOT inside a marked run replaced by ``markup`` (which
+    closes the run and opens it again); an empty run left by it is dropped."""
+    if isinstance(v, str):
+        return v.replace(SLOT, markup).replace(OPEN + CLOSE, "") if SLOT in v else v
+    if isinstance(v, Mapping):
+        return {k: _fill_slots(x, markup) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_fill_slots(x, markup) for x in v]
+    return v
 
 
 def spans(rendered: str) -> list[tuple[bool, str]]:

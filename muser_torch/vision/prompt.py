@@ -1,0 +1,87 @@
+"""The prompt side of vision: which tokens stand for image and video rows,
+the token block an image takes, and the rows that replace those tokens'
+embeddings (transformers' ``MuseGlimmerModel``: placeholders replaced in
+order by the adapter's rows, each row through the text model's weightless
+RMSNorm; llama.cpp gets the same by feeding the rows through the text
+graph's embedding norm).
+
+The placeholders are the tokenizer's ``<|patch|>`` (images) and ``<|video|>``
+(videos), as transformers' ``MuseGlimmerProcessor`` names them; an image's
+block is ``<|image_start|>`` + one ``<|patch|>`` per row + ``<|image_end|>``."""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+from torch import Tensor
+
+from ..errors import ImageError, PlaceholderError
+from .preprocess import VisualInput, preprocess_image, preprocess_video
+
+__all__ = ["IMAGE_TOKEN", "VIDEO_TOKEN", "IMAGE_START", "IMAGE_END", "token_id", "prepare", "image_block",
+           "placeholder_rows"]
+
+IMAGE_TOKEN, VIDEO_TOKEN = "<|patch|>", "<|video|>"
+IMAGE_START, IMAGE_END = "<|image_start|>", "<|image_end|>"
+
+
+def token_id(tokenizer: Any, text: str) -> int | None:
+    """The id of the single token ``text`` in the file's vocabulary, if it has one."""
+    tokens = getattr(getattr(tokenizer, "vocab", None), "tokens", None)
+    if tokens is None:
+        return None
+    try:
+        return list(tokens).index(text)
+    except ValueError:
+        return None
+
+
+def prepare(tower: Any, images: Sequence[Any] = (), videos: Sequence[Any] = ()) -> list[VisualInput]:
+    """Images, then videos, preprocessed for ``tower`` (a ``VisualInput`` passes as it is)."""
+    cfg = tower.config
+    out = []
+    for im in images:
+        out.append(im if isinstance(im, VisualInput) else
+                   preprocess_image(im, cfg.patch_size, cfg.merge, cfg.image_mean, cfg.image_std))
+    for v in videos:
+        out.append(v if isinstance(v, VisualInput) else
+                   preprocess_video(v, cfg.patch_size, cfg.merge, cfg.image_mean, cfg.image_std))
+    return out
+
+
+def image_block(tokenizer: Any, rows: int) -> list[int]:
+    """``<|image_start|>``, ``rows`` x ``<|patch|>``, ``<|image_end|>`` as ids."""
+    ids = [token_id(tokenizer, t) for t in (IMAGE_START, IMAGE_TOKEN, IMAGE_END)]
+    if any(i is None for i in ids):
+        raise ImageError(f"the model's tokenizer has no {IMAGE_START} / {IMAGE_TOKEN} / {IMAGE_END} "
+                         f"tokens to place an image with")
+    return [ids[0]] + [ids[1]] * rows + [ids[2]]
+
+
+def placeholder_rows(ids: Tensor, inputs: Sequence[VisualInput], rows: Sequence[Tensor], merge: int,
+                     image_id: int | None, video_id: int | None) -> tuple[Tensor, Tensor]:
+    """``(mask [B, T], rows [N, hidden])`` for ``Decoder.forward``'s ``embeds``:
+    image rows at the image placeholders and video rows at the video ones, each
+    kind in order. PlaceholderError when a kind's placeholder count is not its
+    rows' count."""
+    hidden = rows[0].shape[-1]
+    mask = torch.zeros_like(ids, dtype=torch.bool)
+    # every position's row (zeros where none goes), so the two kinds interleave by position
+    full = rows[0].new_zeros(ids.numel(), hidden)
+    for kind, tid, token in (("image", image_id, IMAGE_TOKEN), ("video", video_id, VIDEO_TOKEN)):
+        mine = [(x, r) for x, r in zip(inputs, rows) if x.kind == kind]
+        if not mine:
+            continue
+        if tid is None:
+            raise PlaceholderError(f"{kind}s given, but the model's tokenizer has no {token} token; "
+                                   f"pass {kind}_token_id=")
+        where = ids == tid
+        have, need = int(where.sum()), sum(x.grid.rows(merge) for x, _ in mine)
+        if have != need:
+            raise PlaceholderError(
+                f"the prompt has {have} {kind} placeholder tokens ({token}, id {tid}) but the {len(mine)} "
+                f"{kind}{'s' if len(mine) > 1 else ''} given make {need} rows"
+                + ("" if have > need else f"; more {kind}s than placeholders"))
+        full[where.flatten().to(full.device)] = torch.cat([r for _, r in mine])
+        mask |= where
+    return mask, full[mask.flatten().to(full.device)]
