@@ -4,7 +4,7 @@
 # muser_torch.bench.shaped) and of Muse Glimmer's seed geometry: tok/s in a CUDA
 # graph and the kernels of one token. Run from the repo root on the device:
 #   bash tools/cuda_bench.sh [kernels] [rungs] [tests] [gemma] [llama8b] [glimmer] [profile]
-#                            [lcpp-build] [suite] [generate] [dflash] [startup] [dtests] [verify] [serve]
+#                            [lcpp-build] [suite] [generate] [dflash] [startup] [dtests] [verify] [serve] [transcode]
 # Logs go to $OUT (or /tmp/cuda-bench).
 #   lcpp-build  starts, in the background (setsid: it outlives the call on a warm machine),
 #               llama.cpp's CUDA build (sm_90, GGML_NATIVE=ON, as users build it) from the
@@ -18,6 +18,7 @@
 #               process (compiling what Triton's cache lacks), then a second, profiled
 #   dtests      the CUDA tests of the decode engine and of DFlash's recorded rounds
 #   verify      bench model's one-token graph step beside the 16-row verify ($VERIFY_FILES)
+#   transcode   bench model on the Gemma layout with and without --q5-0-as-q8-0
 #   serve       tools/serve_side_by_side.py --device cuda against llama-server, the Gemma layout
 #               written with Gemma 3's tokenizer (.tok/gemma-tokenizer.gguf, carried)
 set -uo pipefail
@@ -118,6 +119,12 @@ if want serve; then     # serve --device cuda beside llama-server, the Gemma lay
   else
     echo "serve: needs .tok/gemma-tokenizer.gguf (python -m muser_torch.bench.shaped tokenizer FILE .tok/gemma-tokenizer.gguf, carried) and llama-server"
   fi
+fi
+if want transcode; then   # issue 44: Q5_0 weights as Q8_0 at load, the graph step both ways
+  file_wait gemma 600 && for flag in "" --q5-0-as-q8-0; do
+    timeout 200 python3 -m muser_torch.cli bench model /tmp/shaped/gemma.gguf --device cuda --prompt-len 512 \
+      --decode 32 $flag 2>&1 | grep -E "bench model|prefill  |graph" | tee -a "$OUT/transcode.log"
+  done
 fi
 if want dflash; then
   timeout 400 python3 tools/train_dflash_drafter.py --device cuda --out /tmp/dflash-demo.gguf 2>&1 | tail -5

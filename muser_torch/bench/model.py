@@ -43,6 +43,9 @@ def register(subparsers) -> None:
                    help="a DFlash draft GGUF for the model: also time greedy generation of --decode "
                         "tokens with it and without it, and print its mean accepted tokens per round")
     p.add_argument("--compile", action="store_true", help="torch.compile the decode step (fullgraph)")
+    p.add_argument("--q5-0-as-q8-0", action="store_true",
+                   help="load Q5_0 weights as Q8_0 of the same values (from_gguf(q5_0_as_q8_0=True)): "
+                        "more bytes, a simpler kernel; run with and without to compare")
     p.add_argument("--generate", type=int, default=0, metavar="N",
                    help="also time model.stream / generate, greedy, N new tokens after a "
                         "32-token prompt, as run and serve decode (the decode engine: CUDA graphs "
@@ -72,7 +75,9 @@ def build(args: argparse.Namespace, device: torch.device, dtype: torch.dtype):
                                seed=0)
         return set_numerics(model, numerics), f"seed geometry x{args.layers} layers ({args.lane})"
     path = model_path(None if args.model == "demo" else Path(args.model), args.lane)
-    return from_gguf(path, device=device, dtype=dtype, numerics=numerics), f"{path.name} ({numerics})"
+    model = from_gguf(path, device=device, dtype=dtype, numerics=numerics,
+                      q5_0_as_q8_0=args.q5_0_as_q8_0)
+    return model, f"{path.name} ({numerics}{', Q5_0 as Q8_0' if args.q5_0_as_q8_0 else ''})"
 
 
 GRAPH_REPS = 4   # bench/cuda_timing.graph_time replays 5 x GRAPH_REPS + 1 times

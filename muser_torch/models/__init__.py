@@ -33,7 +33,8 @@ DRAFTS: dict[str, type[Drafter]] = {Drafter.ARCH.name: Drafter}
 def from_gguf(path: str | os.PathLike, device: torch.device | str | None = None,
               dtype: torch.dtype | None = None, progress: bool = False,
               numerics: str = "exact", target: Decoder | None = None,
-              mmproj: str | os.PathLike | None = None) -> "Decoder | Drafter":
+              mmproj: str | os.PathLike | None = None,
+              q5_0_as_q8_0: bool = False) -> "Decoder | Drafter":
     """The model in a GGUF file, of whichever supported architecture it holds
     (a MetadataError names an unsupported one and lists the supported).
     ``dtype`` is the activation dtype: float32 on CPU and the architecture's
@@ -48,12 +49,19 @@ def from_gguf(path: str | os.PathLike, device: torch.device | str | None = None,
 
     ``mmproj``: llama.cpp's vision projector file beside a Muse Glimmer text
     file (its tower and adapter, packed as the file has them); for another
-    architecture, or a projector of another model, a ``VisionMismatchError``."""
+    architecture, or a projector of another model, a ``VisionMismatchError``.
+
+    ``q5_0_as_q8_0``: every Q5_0 weight becomes Q8_0 of the same values at
+    load (the seed's transcode: 55% more bytes for a kernel that reads whole
+    bytes); measure it on the device (``bench model --q5-0-as-q8-0``)."""
     gguf = load_gguf(path)
     name = architecture_of(gguf.metadata, gguf.path.name).name
     if name in DRAFTS:
         if mmproj is not None:
             raise VisionMismatchError("from_gguf: mmproj= is for the target model, not its draft")
+        if q5_0_as_q8_0:
+            raise ValueError("from_gguf: q5_0_as_q8_0 is for a model's own file; a draft shares "
+                             "its target's weights and loads its own as they are")
         # without a target, from_file says that the file is a draft (DraftMismatchError)
         # whatever device or dtype came with it: that is what a caller has to learn first
         if target is not None and (device is not None or dtype is not None):
@@ -71,7 +79,7 @@ def from_gguf(path: str | os.PathLike, device: torch.device | str | None = None,
                                   f"Muse Glimmer ('muse-glimmer') files")
     device = torch.device(device if device is not None else "cpu")
     check_numerics(numerics, device)
-    model = cls.from_file(gguf, device, dtype, progress)
+    model = cls.from_file(gguf, device, dtype, progress, q5_0_as_q8_0=q5_0_as_q8_0)
     if mmproj is not None:
         model.attach_vision(mmproj)
     return set_numerics(model, numerics)

@@ -21,6 +21,8 @@ import torch.nn as nn
 from .. import changes
 from ..arch import Architecture
 from ..errors import ContextLengthError, MetadataError
+from ..formats import GGMLType, PackedWeight
+from ..formats.legacy import q5_0_as_q8_0 as q5_0_as_q8_0_rows
 from ..gguf_io import GGUFFile, load_gguf
 from ..loader import check, packed_weight
 from .assembly import assemble, tokenizer_for
@@ -289,8 +291,11 @@ class Decoder(nn.Module, Generation):
 
     @classmethod
     def from_file(cls, gguf: GGUFFile, device: torch.device | str | None = None,
-                  dtype: torch.dtype | None = None, progress: bool = False) -> "Decoder":
-        """``from_gguf`` of an already parsed file."""
+                  dtype: torch.dtype | None = None, progress: bool = False,
+                  q5_0_as_q8_0: bool = False) -> "Decoder":
+        """``from_gguf`` of an already parsed file. ``q5_0_as_q8_0``: Q5_0
+        weights become Q8_0 of the same values at load (``formats.legacy.q5_0_as_q8_0``:
+        more bytes, a simpler kernel; a trade to measure per device)."""
         admitted = check(gguf, cls.ARCH)   # raises a GGUFError subclass naming what is wrong
         tokenizer = tokenizer_for(gguf)
         rows = admitted.config.vocab_size
@@ -303,7 +308,10 @@ class Decoder(nn.Module, Generation):
         dtype = dtype or cls.default_dtype(device)
 
         def get(name, n_out, n_in):  # shapes and companions were admitted above
-            return packed_weight(gguf, name)
+            w = packed_weight(gguf, name)
+            if q5_0_as_q8_0 and w.qtype is GGMLType.Q5_0:
+                w = PackedWeight(name, GGMLType.Q8_0, w.n_out, w.n_in, q5_0_as_q8_0_rows(w.packed))
+            return w
 
         label = f"loading {gguf.path.name}" if progress else None
         return assemble(cls, admitted.config, admitted.groups, get, device, dtype, tokenizer, label)
