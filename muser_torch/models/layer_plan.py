@@ -181,7 +181,7 @@ def _only_output_hooks(layer) -> bool:
 class PlannedLayers:
     """A model's layers as plans, and the backend's runner of them (or why none)."""
 
-    def __init__(self, model: torch.nn.Module, device_type: str):
+    def __init__(self, model: torch.nn.Module, runner_type: type):
         self.version = changes.count()
         self.layers = list(model.layers)
         self.caches = [layer.attention.kv_cache for layer in self.layers]
@@ -190,13 +190,9 @@ class PlannedLayers:
         self.runner, self.why_not = None, next(
             (f"layer {i}: {p}" for i, p in enumerate(plans) if isinstance(p, str)), None)
         if self.why_not is None:
-            runner_type = ops.layer_step(device_type)
-            if runner_type is None:
-                self.why_not = f"no layer runner on {device_type}"
-            else:
-                tables = [getattr(model, name) for name in model._rope_names]
-                self.runner = runner_type(plans, tables)
-                self.why_not = self.runner.why_not
+            tables = [getattr(model, name) for name in model._rope_names]
+            self.runner = runner_type(plans, tables)
+            self.why_not = self.runner.why_not
 
     def __reduce__(self):
         # a copied or unpickled model builds its own (the runner holds this one's pointers)
@@ -233,9 +229,12 @@ def layer_runner(model, x: torch.Tensor, slots: torch.Tensor | None) -> "Callabl
     B, T = x.shape[:2]
     if slots is None or not (T == 1 or B == 1 and T <= EXTEND_MAX_TOKENS):
         return None
+    runner_type = ops.layer_step(x.device.type)
+    if runner_type is None or not runner_type.accepts(x):
+        return None   # before any plan is built: a compiled or traced step builds nothing
     planned = model.__dict__.get("_planned_layers")
     if planned is None or planned.version != changes.count():
-        planned = PlannedLayers(model, x.device.type)
+        planned = PlannedLayers(model, runner_type)
         model.__dict__["_planned_layers"] = planned
     if planned.runner is None or not planned.runner.takes(x, model.lengths.numel()):
         return None

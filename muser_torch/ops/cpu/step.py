@@ -110,11 +110,18 @@ class CpuLayers:
             self.work = torch.empty(need)
             self.refs = [ctypes.byref(b) for b in self.blocks]
 
+    @staticmethod
+    def accepts(x: torch.Tensor) -> bool:
+        """Whether activations ``x`` may take the library at all: plain eager
+        float32 (asked before a plan is built: a compiled, traced or
+        mode-watched step runs the modules, and builds nothing)."""
+        return x.dtype is torch.float32 and plain_eager(x)
+
     def takes(self, x: torch.Tensor, n_slots: int) -> bool:
         """Whether a step of activations ``x [B, T, hidden]`` (one token of B
         sequences, or T <= 16 of one) in a cache of ``n_slots`` runs here."""
         B, T, hidden = x.shape
-        return (self.why_not is None and x.dtype is torch.float32 and plain_eager(x)
+        return (self.why_not is None and self.accepts(x)
                 and (T == 1 and B <= FUSED_MAX_TOKENS or B == 1 and T <= EXTEND_ROWS)
                 and n_slots <= self.slots and self.hidden == {hidden} and T <= self.capacity)
 
