@@ -106,7 +106,8 @@ def add_engine_arg(p) -> None:
     p.add_argument("--engine", choices=ENGINES, default=ENGINES[0],
                    help="how decode steps run: auto (recorded once and replayed as CUDA graphs "
                         "on CUDA, eager elsewhere; the default), graph (CUDA graphs or an error), "
-                        "eager (every kernel launched from Python)")
+                        "eager (every kernel launched from Python); with --draft, greedy rounds "
+                        "are recorded the same way")
 
 
 def add_threads_arg(p) -> None:
@@ -362,7 +363,8 @@ def _generate_drafted(model, tok, ids: list[int], path: Path, device: torch.devi
     start = time.perf_counter()
     out, stats = model.generate(torch.tensor(ids, device=device), args.max_new_tokens,
                                 draft=model.draft, return_stats=True, temperature=args.temperature,
-                                top_k=args.top_k, top_p=args.top_p, seed=args.seed, stop=sorted(stop))
+                                top_k=args.top_k, top_p=args.top_p, seed=args.seed, stop=sorted(stop),
+                                engine=args.engine)
     synchronize(device)
     seconds = time.perf_counter() - start
     new = [t for t in out[len(ids):].tolist() if t not in stop]
