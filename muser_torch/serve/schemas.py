@@ -18,7 +18,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
-from ..vision.prompt import IMAGE_END, IMAGE_START, IMAGE_TOKEN
+from ..vision.prompt import IMAGE_MARK
 from .sampling import SamplingParams
 
 # The seeds torch.Generator.manual_seed takes.
@@ -115,9 +115,6 @@ class Messages(list):
     images: tuple[bytes, ...] = ()
 
 
-# An image part's stand-in in the text: one placeholder between the image markers
-# (the app widens it to the image's row count once the image is preprocessed).
-IMAGE_MARK = IMAGE_START + IMAGE_TOKEN + IMAGE_END
 
 
 def chat_messages(v: Any, name: str) -> list[dict]:
