@@ -5,7 +5,7 @@ every assignment of one), every ``_apply`` (``.to()``, ``.half()``,
 that hold the packed models' tensors, and every change of a ``QLinear``'s
 numerics.
 
-What caches data pointers into a model (``models/native_step.py``) keeps the
+What caches data pointers into a model (``models/layer_plan.py``'s runners) keeps the
 count it was built at and is rebuilt when the count has moved: one integer
 compare per step instead of re-reading every tensor. A change this does not
 see (``tensor.data = other``, ``tensor.set_(...)``) leaves such a cache

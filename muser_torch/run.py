@@ -272,15 +272,26 @@ def check_image_args(args: argparse.Namespace) -> None:
 
 
 class _ChatImages:
-    """A chat's images: preprocessed and through the tower once; each turn's
-    rendered prompt gets their stand-ins widened and their rows."""
+    """A chat's images: preprocessed and through the tower once. They open the
+    first user turn as ``special.SLOT`` s, which the chat's encoding turns into
+    the image markup as markup (``encode_chat(slot=IMAGE_MARK)``: text the user
+    types stays text); each turn's prompt then gets the stand-ins widened and
+    the images' rows."""
 
     def __init__(self, model, images: list[Path], device: torch.device) -> None:
+        from .text.special import SLOT
         from .vision.prompt import IMAGE_MARK
         self.model, self.device = model, device
         self.inputs = model.prepare_visual(images)
         self.rows = model.visual_rows(self.inputs)
-        self.marks = IMAGE_MARK * len(self.inputs)
+        self.slots, self.markup = SLOT * len(self.inputs), IMAGE_MARK
+
+    def open_turn(self, user: str) -> str:
+        from .text.special import SLOT
+        if SLOT in user:
+            raise ValueError(f"the message holds U+{ord(SLOT):04X}, a Unicode noncharacter reserved "
+                             f"for an image's place")
+        return self.slots + user
 
     def fill(self, ids: list[int]):
         from .vision.prompt import placeholder_rows, widen_marks
@@ -326,9 +337,11 @@ def _chat(model, tok, path: Path, device: torch.device, args: argparse.Namespace
                 return 0
             user = user.rstrip("\n")
         if visual is not None and not messages:     # the images open the first user turn
-            user = visual.marks + user
+            user = visual.open_turn(user)
         messages.append({"role": "user", "content": user})
-        ids = tok.encode_chat(messages, limits=limits)   # renders within limits (ChatTemplateError)
+        # renders within limits (ChatTemplateError)
+        ids = tok.encode_chat(messages, limits=limits) if visual is None else \
+            tok.encode_chat(messages, limits=limits, slot=visual.markup)
         embeds = None
         if visual is not None:
             ids, embeds = visual.fill(ids)

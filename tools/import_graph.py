@@ -1,6 +1,7 @@
 """Check muser_torch's layering: the imports between its layers
-(``docs/architecture.md``) go only downward, no import circle exists, and the
-model layer names no backend folder (``ops/cpu``, ``ops/cuda``, ``ops/metal``).
+(``docs/architecture.md``) go only downward, no import circle exists, the
+model layer names no backend folder (``ops/cpu``, ``ops/cuda``, ``ops/metal``),
+and no backend folder imports a module that imports another backend folder.
 
     python tools/import_graph.py            # prints violations; exit 1 if any
 
@@ -95,6 +96,21 @@ def main() -> int:
         for t in sorted(raw[m]):
             if _top(m) in BACKEND_FREE and any(t == b or t.startswith(b + ".") for b in BACKENDS):
                 bad.append(f"backend: {m} imports {t}; {_top(m)}/ asks muser_torch.ops instead")
+    # a backend folder imports no module (outside itself) that imports another
+    # backend folder: CUDA's kernels reach the CPU's only through ops/ asking
+    def folder(name: str) -> str | None:
+        return next((b for b in BACKENDS if name == b or name.startswith(b + ".")), None)
+
+    for m in sorted(graph):
+        own = folder(m)
+        for t in sorted(graph[m]) if own else ():
+            if folder(t) == own:
+                continue
+            for u in sorted(graph[t]):
+                other = folder(u)
+                if other is not None and other != own:
+                    bad.append(f"backend: {m} imports {t}, which imports {u}; a backend folder "
+                               f"reaches another only through what ops/ asks of it")
     for m, targets in sorted(graph.items()):
         for t in sorted(targets):
             a, b = _top(m), _top(t)

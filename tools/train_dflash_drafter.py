@@ -53,7 +53,7 @@ import muser_torch  # noqa: E402
 from muser_torch.arch.dflash import ARCH, HF_NAMES, DFlashConfig  # noqa: E402
 from muser_torch.formats import GGMLType, quantize  # noqa: E402
 from muser_torch.gguf_io import save_gguf  # noqa: E402
-from muser_torch.models.speculative import Taps  # noqa: E402
+from muser_torch.models.taps import Taps  # noqa: E402
 from muser_torch.text.byte_tokenizer import ByteTokenizer  # noqa: E402
 from train_demo import stdlib_files  # noqa: E402
 

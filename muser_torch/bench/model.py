@@ -76,6 +76,7 @@ def build(args: argparse.Namespace, device: torch.device, dtype: torch.dtype):
 
 
 GRAPH_REPS = 4   # bench/cuda_timing.graph_time replays 5 x GRAPH_REPS + 1 times
+VERIFY_ROWS = 16  # DFlash's verify block (the seed's M = 16 shapes)
 PREFILL_REPS = 3  # warm prefills timed after the first call; the best is printed
 
 
@@ -138,7 +139,7 @@ def main(args: argparse.Namespace) -> int:
     c = model.config
     total = args.prompt_len + args.warmup + args.decode
     if device.type == "cuda":
-        total += 5 * GRAPH_REPS + 3     # the graph timing's steps also write the cache
+        total += 5 * GRAPH_REPS + 3 + VERIFY_ROWS   # the graph timings' steps also write the cache
     if total > c.context_length:
         raise ValueError(f"bench model: prompt + steps = {total} exceeds context_length {c.context_length}")
     model.setup_cache(args.batch, total)
@@ -152,10 +153,17 @@ def main(args: argparse.Namespace) -> int:
         cold_s, prefill_s, decode_s = timing
         if args.profile:
             _profile(lambda: step(tok, slots), device)
-        graph_ms = None
+        graph_ms = verify_ms = None
         if device.type == "cuda":
             from .cuda_timing import graph_time
             graph_ms = graph_time([lambda: step(tok, slots)], reps=GRAPH_REPS) * 1e3
+            # DFlash's verify: a block of VERIFY_ROWS rows at the same positions each replay
+            block, at = tok.expand(-1, VERIFY_ROWS).contiguous(), model.lengths.clone()
+
+            def verify():
+                model.lengths.copy_(at)
+                return step(block, slots)
+            verify_ms = graph_time([verify], reps=GRAPH_REPS) * 1e3
 
     per_token = model.weight_bytes_per_token()
     prefill_tps = args.batch * args.prompt_len / prefill_s
@@ -170,6 +178,8 @@ def main(args: argparse.Namespace) -> int:
     if graph_ms is not None:
         print(f"  decode, one step in a CUDA graph: {args.batch * 1e3 / graph_ms:10.1f} tok/s "
               f"({graph_ms:.2f} ms/step, {per_token / graph_ms / 1e6:.1f} GB/s of weights)")
+        print(f"  verify, {VERIFY_ROWS} rows per sequence in a CUDA graph: {verify_ms:.2f} ms/step "
+              f"= {verify_ms / graph_ms:.2f}x the one-token step")
     kv = model.kv_bytes_per_token() * args.batch
     print(f"  weights read per decode step: {per_token / 1e6:.3g} MB "
           f"-> {per_token * steps_per_s / 1e9:.3g} GB/s implied; "

@@ -25,7 +25,7 @@ from ..gguf_io import GGUFFile, load_gguf
 from ..loader import check, packed_weight
 from .assembly import assemble, tokenizer_for
 from .generation import Generation
-from .native_step import native_layers
+from .layer_plan import layer_runner
 from .parts import KVCache, RMSNorm, rope_angles
 
 __all__ = ["Decoder"]
@@ -189,9 +189,9 @@ class Decoder(nn.Module, Generation):
         if embeds is not None:
             mask, rows = embeds
             x = x.masked_scatter(mask.unsqueeze(-1).to(x.device), rows.to(x.device, x.dtype))
-        native = native_layers(self, x, slots)
-        if native is not None:   # a step on the CPU library, one call per layer
-            x = native(x, slots, lengths, [getattr(self, name) for name in self._rope_names])
+        runner = layer_runner(self, x, slots)
+        if runner is not None:   # the backend runs whole layers (the CPU library: a call each)
+            x = runner(x, slots, lengths, [getattr(self, name) for name in self._rope_names])
         else:
             rots = [rope_angles(positions, getattr(self, name)) for name in self._rope_names]
             # one mask per window (None: global), shared by the layers with that window

@@ -35,7 +35,7 @@ from ..ops import layer as layer_ops
 from .assembly import assemble
 from .parts import GatedMLP, RMSNorm, rope_angles, rope_inv_freq
 
-__all__ = ["Drafter", "DraftContext"]
+__all__ = ["Drafter", "DraftContext", "DraftRing"]
 
 
 class DraftAttention(nn.Module):
@@ -64,9 +64,10 @@ class DraftAttention(nn.Module):
         k, v = self.keys(x, rot)
         keys, values = torch.cat((ctx_k, k), dim=1), torch.cat((ctx_v, v), dim=1)
         key_pos = torch.cat((ctx_pos, positions))
-        keep = torch.ones(T, key_pos.numel(), dtype=torch.bool, device=x.device)
+        # never an empty entry (position -1, in a ring: ``DraftRing``)
+        keep = (key_pos >= 0).expand(T, key_pos.numel())
         if self.window is not None:   # bidirectional: within the window either way
-            keep = (positions.unsqueeze(-1) - key_pos).abs() <= self.window
+            keep = keep & ((positions.unsqueeze(-1) - key_pos).abs() <= self.window)
         group = self.n_heads // self.n_kv
         keys = keys.transpose(1, 2).repeat_interleave(group, dim=1)
         values = values.transpose(1, 2).repeat_interleave(group, dim=1)
@@ -97,6 +98,23 @@ class DraftContext:
     values: list[torch.Tensor] = field(default_factory=list)
     positions: torch.Tensor | None = None
     length: int = 0
+
+
+@dataclass
+class DraftRing:
+    """The encoded context of one sequence in static buffers, for rounds
+    recorded as a CUDA graph (``models/draft_rounds.py``): per layer, keys and
+    values ``[1, C, n_kv, D]`` in a ring of C entries (position p at entry
+    ``p % C``), ``positions [C]`` (-1: an empty entry, or a row of a block
+    that was not accepted) and ``length [1]``, all on the device."""
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+    positions: torch.Tensor
+    length: torch.Tensor
+
+    @property
+    def capacity(self) -> int:
+        return self.positions.numel()
 
 
 class Drafter(nn.Module):
@@ -192,16 +210,64 @@ class Drafter(nn.Module):
     def propose(self, ctx: DraftContext, anchor: int) -> torch.Tensor:
         """Logits ``[block_size - 1, vocab]`` of the block after ``anchor``, the
         token at position ``ctx.length`` (float32)."""
-        c, target = self.config, self.target
         device = ctx.positions.device
-        ids = torch.full((1, c.block_size), c.mask_token_id, dtype=torch.long, device=device)
-        ids[0, 0] = anchor
-        positions = torch.arange(ctx.length, ctx.length + c.block_size, device=device)
+        anchor_t = torch.tensor([anchor], dtype=torch.long, device=device)
+        positions = torch.arange(ctx.length, ctx.length + self.config.block_size, device=device)
+        return self._block(anchor_t, positions, ctx.keys, ctx.values, ctx.positions)
+
+    def _block(self, anchor: torch.Tensor, positions: torch.Tensor, keys: list[torch.Tensor],
+               values: list[torch.Tensor], key_pos: torch.Tensor) -> torch.Tensor:
+        """``propose``'s logits for ``anchor [1]`` (a device tensor) at ``positions``."""
+        c, target = self.config, self.target
+        ids = torch.cat((anchor, torch.full((c.block_size - 1,), c.mask_token_id,
+                                            dtype=torch.long, device=anchor.device)))[None]
         x = target.tok_embeddings(ids).to(self.act_dtype)   # raw: no norm, no scale
         rot = self._rot(positions)
-        for layer, k, v in zip(self.layers, ctx.keys, ctx.values):
-            x = layer(x, rot, positions, k, v, ctx.positions)
+        for layer, k, v in zip(self.layers, keys, values):
+            x = layer(x, rot, positions, k, v, key_pos)
         return target.output(self.norm(x[:, 1:]))[0].float()
+
+    # -- the same two steps over a ring of static buffers (models/draft_rounds.py) ---------
+
+    def new_ring(self, capacity: int) -> DraftRing:
+        """An empty ring of ``capacity`` entries on the draft's device."""
+        c, device = self.config, self.inv_freq.device
+        shape = (1, capacity, c.n_kv_heads, c.head_dim)
+        return DraftRing([torch.zeros(shape, dtype=self.act_dtype, device=device) for _ in self.layers],
+                         [torch.zeros(shape, dtype=self.act_dtype, device=device) for _ in self.layers],
+                         torch.full((capacity,), -1, dtype=torch.long, device=device),
+                         torch.zeros(1, dtype=torch.long, device=device))
+
+    @torch.no_grad()
+    def extend_ring(self, ring: DraftRing, tapped: torch.Tensor, keep: torch.Tensor) -> None:
+        """``extend`` into ``ring``: the first ``keep`` (a ``[1]`` device tensor)
+        of the rows ``tapped [1, n, taps x hidden]`` are the next positions; the
+        others are written as empty entries (n static, so a recorded round
+        always writes its whole block). Of n > capacity rows the last
+        capacity are kept, which a ring of at least the window plus a block
+        holds for every later block."""
+        n = tapped.shape[1]
+        if n > ring.capacity:
+            skip = n - ring.capacity   # positions no later block looks back to
+            tapped, n = tapped[:, skip:], ring.capacity
+            ring.length += skip
+            keep = keep - skip
+        rows = torch.arange(n, device=tapped.device)
+        positions = ring.length + rows
+        entries = positions % ring.capacity
+        x = self.enc_norm(self.fc(tapped.to(self.act_dtype)))
+        rot = self._rot(positions)
+        for layer, keys, values in zip(self.layers, ring.keys, ring.values):
+            k, v = layer.attention.keys(x, rot)
+            keys[0].index_copy_(0, entries, k[0].to(keys.dtype))
+            values[0].index_copy_(0, entries, v[0].to(values.dtype))
+        ring.positions.index_copy_(0, entries, torch.where(rows < keep, positions, -1))
+        ring.length += keep
+
+    def propose_ring(self, ring: DraftRing, anchor: torch.Tensor) -> torch.Tensor:
+        """``propose`` over ``ring``: ``anchor [1]`` on the device."""
+        positions = ring.length + torch.arange(self.config.block_size, device=anchor.device)
+        return self._block(anchor, positions, ring.keys, ring.values, ring.positions)
 
 
 def check_fit(c: DFlashConfig, target: Any, where: str) -> None:

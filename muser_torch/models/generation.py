@@ -8,6 +8,7 @@ from typing import Callable, Iterator, Sequence
 import torch
 
 from .engine import decode_engine
+from .host_copy import HostCopy
 from .sampling import sample
 
 __all__ = ["Generation", "sample", "SYNC_EVERY"]
@@ -151,6 +152,7 @@ class Generation:
 
     def _generate_drafted(self, input_ids, max_new_tokens: int, draft, return_stats: bool,
                           decode_step=None, **kw):
+        from .dflash import Drafter
         from .speculative import speculative_generate
         ids = torch.as_tensor(input_ids, dtype=torch.long, device=self.lengths.device)
         rows = ids.unsqueeze(0) if ids.dim() == 1 else ids
@@ -161,12 +163,18 @@ class Generation:
             raise ValueError("generate: draft= verifies blocks with the model's own forward; "
                              "decode_step does not apply")
         t, k, p = kw.get("temperature", 0.0), kw.get("top_k"), kw.get("top_p")
-        unknown = set(kw) - {"temperature", "top_k", "top_p", "seed", "stop"}
+        unknown = set(kw) - {"temperature", "top_k", "top_p", "seed", "stop", "engine"}
         if unknown:
             raise TypeError(f"generate() got an unexpected keyword argument {sorted(unknown)[0]!r}")
+        # room for a whole verify block past the last token, where the context
+        # allows: a recorded round always scores the whole block
+        block = draft.config.block_size if isinstance(draft, Drafter) else 0
+        room = min(rows.shape[1] + max_new_tokens + block, self.config.context_length)
+        if self.lengths.numel() < 1 or self.max_seq_len < room:
+            self.setup_cache(max(1, self.lengths.numel()), room)
         rows, _, stop = self._start(rows, max_new_tokens, t, k, p, kw.get("stop"))
         new, stats = speculative_generate(self, draft, rows, max_new_tokens, t, k, p, kw.get("seed"),
-                                          stop)
+                                          stop, kw.get("engine", "auto"))
         out = torch.cat((rows, torch.tensor([new], dtype=torch.long, device=rows.device)), dim=-1)
         out = out[0] if ids.dim() == 1 else out
         return (out, stats) if return_stats else out
@@ -203,7 +211,7 @@ def _windowed(picker: _Picker, logits: torch.Tensor, next_logits: Callable, n: i
             produced += 1
             if produced < n:
                 logits = next_logits(block[-1])
-        window = _Window(torch.stack(block))
+        window = HostCopy(torch.stack(block))
         if pending is not None:
             yield from ends.cut(pending.tokens())
             if ends.all:
@@ -211,26 +219,6 @@ def _windowed(picker: _Picker, logits: torch.Tensor, next_logits: Callable, n: i
         pending, size = window, sync_every
     if pending is not None:
         yield from ends.cut(pending.tokens())
-
-
-class _Window:
-    """A window's tokens ``[w, B]`` on their way to the host: on CUDA a
-    pinned copy that runs behind the next window's steps."""
-
-    def __init__(self, tokens: torch.Tensor):
-        self.ready = None
-        if tokens.device.type == "cuda":
-            self.host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
-            self.host.copy_(tokens, non_blocking=True)
-            self.ready = torch.cuda.Event()
-            self.ready.record()
-        else:
-            self.host = tokens.cpu()
-
-    def tokens(self) -> torch.Tensor:
-        if self.ready is not None:
-            self.ready.synchronize()
-        return self.host
 
 
 class _Ends:

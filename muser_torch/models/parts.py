@@ -145,6 +145,18 @@ class KVCache(nn.Module):
                 layer_ops.kv_store(self.k, self.v, slots, positions[:, :keep], k[:, :keep], v[:, :keep])
         self.journal = None
 
+    def rewind_on_device(self, keep: torch.Tensor) -> None:
+        """``rewind`` with ``keep`` a ``[1]`` device tensor, in a fixed set of
+        kernels (a recorded DFlash round): each journaled entry gets its new
+        key where its row is below ``keep``, else its old one. Exact when no two
+        rows of a step share an entry (a ring of at least the step's rows,
+        which ``draft_rounds`` checks)."""
+        for slots, positions, old_k, old_v, k, v in self.journal or []:
+            kept = (torch.arange(positions.shape[1], device=keep.device) < keep).view(1, -1, 1, 1)
+            layer_ops.kv_store(self.k, self.v, slots, positions, torch.where(kept, k, old_k),
+                               torch.where(kept, v, old_v))
+        self.journal = None
+
     def rows(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values ``[B, capacity, n_kv, D]`` of the batch's slots: the
         buffers themselves when the batch holds every slot (``Decoder.forward``

@@ -31,10 +31,12 @@ from typing import Any, Iterator, Sequence
 import torch
 
 from .dflash import DraftContext, Drafter
-from .native_step import output_hook
+from .draft_rounds import DraftRounds, draft_rounds
+from .engine import decode_engine
+from .taps import Taps, caches
 from .sampling import distribution, sample
 
-__all__ = ["DraftStats", "Taps", "speculative_generate", "speculative_rounds"]
+__all__ = ["DraftStats", "speculative_generate", "speculative_rounds"]
 
 
 @dataclass
@@ -50,42 +52,6 @@ class DraftStats:
     def mean_accepted(self) -> float:
         """Mean accepted candidates per round (0.0 with no round)."""
         return sum(self.accepted) / len(self.accepted) if self.accepted else 0.0
-
-
-class Taps:
-    """Records the outputs of ``layers`` of ``target`` during its forwards
-    (forward hooks); ``take()`` returns them concatenated, ``[B, T, taps x
-    hidden]``, and forgets them."""
-
-    def __init__(self, target: Any, layers: Sequence[int]):
-        self.target, self.layers = target, tuple(layers)
-        self.seen: dict[int, torch.Tensor] = {}
-        self.handles: list = []
-
-    def __enter__(self) -> "Taps":
-        for i in sorted(set(self.layers)):
-            self.handles.append(self.target.layers[i].register_forward_hook(self._hook(i)))
-        return self
-
-    def _hook(self, i: int):
-        @output_hook   # reads only the output: the CPU library's step may call it
-        def record(module, args, out):
-            self.seen[i] = out
-        return record
-
-    def __exit__(self, *exc) -> None:
-        for h in self.handles:
-            h.remove()
-        self.handles.clear()
-
-    def take(self) -> torch.Tensor:
-        out = torch.cat([self.seen[i] for i in self.layers], dim=-1)
-        self.seen.clear()
-        return out
-
-
-def _caches(target: Any) -> list:
-    return [layer.attention.kv_cache for layer in target.layers]
 
 
 def _accept_greedy(cands: torch.Tensor, logits: torch.Tensor) -> list[int]:
@@ -120,25 +86,42 @@ def _accept_sampled(cands: torch.Tensor, q: torch.Tensor, p: torch.Tensor,
 def speculative_generate(target: Any, draft: Drafter, ids: torch.Tensor, max_new_tokens: int,
                          temperature: float = 0.0, top_k: int | None = None,
                          top_p: float | None = None, seed: int | None = None,
-                         stop: Sequence[int] = ()) -> tuple[list[int], DraftStats]:
+                         stop: Sequence[int] = (), engine: str = "auto") -> tuple[list[int], DraftStats]:
     """The new tokens after ``ids`` (``[1, T]``, already checked) and the
     rounds' statistics. The target's cache must hold slot 0 with room for
     ``T + max_new_tokens`` positions, empty."""
     stats = DraftStats()
     out = [t for new in speculative_rounds(target, draft, ids, max_new_tokens, temperature, top_k,
-                                           top_p, seed, stop, stats) for t in new]
+                                           top_p, seed, stop, stats, engine, ahead=True)
+           for t in new]
     return out, stats
 
 
 def speculative_rounds(target: Any, draft: Drafter, ids: torch.Tensor, max_new_tokens: int,
                        temperature: float = 0.0, top_k: int | None = None,
                        top_p: float | None = None, seed: int | None = None,
-                       stop: Sequence[int] = (), stats: DraftStats | None = None
-                       ) -> Iterator[list[int]]:
+                       stop: Sequence[int] = (), stats: DraftStats | None = None,
+                       engine: str = "auto", ahead: bool = False,
+                       grammar: Any = None) -> Iterator[list[int]]:
     """``speculative_generate`` one round at a time: yields each round's
     emitted tokens (the prefill's one token first), as a server streams them.
     Closing the generator early removes the taps and leaves slot 0's cache
-    consistent up to what was yielded."""
+    consistent up to what was yielded.
+
+    ``engine`` as ``Generation.stream``'s: where the target's steps are
+    recorded (CUDA), greedy rounds of a ``Drafter`` run as one recorded round
+    each (``draft_rounds.py``) unless ``"eager"``; the tokens are the same.
+    ``ahead`` (for a caller that reads every round): the next round runs
+    while the host looks at this one.
+
+    ``grammar`` (a structured output's position in its grammar: ``allowed()``
+    the ``[vocab]`` bool mask of the next token, ``take(token)``, ``copy()``)
+    masks every row: the draft's block row by row, each candidate taken by a
+    copy of the grammar before the next row's mask, and the target's verify
+    rows the same way; the grammar itself is left where the round found it
+    (the caller takes the emitted tokens). Emitted tokens then follow the
+    masked target: greedy, its masked argmax; sampled, its masked distribution.
+    Such rounds run eagerly."""
     if draft.target is not target:
         raise ValueError("generate: draft= was loaded for another model "
                          "(muser_torch.from_gguf(draft_path, target=this_model))")
@@ -155,8 +138,22 @@ def speculative_rounds(target: Any, draft: Drafter, ids: torch.Tensor, max_new_t
     emitted, last = 0, -1
 
     def pick(logits: torch.Tensor) -> int:
+        if grammar is not None:
+            logits = _mask_row(logits, grammar)
         return int(sample(logits[None], temperature, top_k, top_p, gen)[0])
 
+    recorded = None if grammar is not None else \
+        _recorded_rounds(target, draft, engine, greedy, ids.shape[1], max_new_tokens)
+    if recorded is not None:
+        with Taps(target, draft.tap_layers) as taps:
+            logits = target(ids, slots)[0]
+            tapped = taps.take()
+        last = pick(logits[-1])
+        recorded.begin(tapped, last, max_new_tokens - 1, stop_set)
+        yield [last]
+        if last not in stop_set:
+            yield from recorded.rounds(max_new_tokens - 1, stop_set, stats, ahead)
+        return
     with Taps(target, draft.tap_layers) as taps:
         logits = target(ids, slots)[0]
         draft.extend(ctx, taps.take())
@@ -170,7 +167,10 @@ def speculative_rounds(target: Any, draft: Drafter, ids: torch.Tensor, max_new_t
                 yield [last]
                 return
             draft_logits = draft.propose(ctx, anchor)
-            if greedy:
+            if grammar is not None:
+                cands, q = _grammar_candidates(draft_logits, grammar, greedy, temperature, top_k,
+                                               top_p, gen)
+            elif greedy:
                 cands, q = draft_logits.argmax(-1), None
             else:
                 q = distribution(draft_logits, temperature, top_k, top_p)
@@ -179,10 +179,12 @@ def speculative_rounds(target: Any, draft: Drafter, ids: torch.Tensor, max_new_t
             stats.proposed.append(cands.tolist())
             cands = cands[:left - 1]
             n = int(target.lengths[0])
-            for cache in _caches(target):
+            for cache in caches(target):
                 cache.journal = []
             block = torch.cat((torch.tensor([anchor], device=ids.device), cands))[None]
             logits = target(block, slots)[0].float()
+            if grammar is not None:
+                logits = _grammar_rows(logits, cands, grammar)
             if greedy:
                 new = _accept_greedy(cands, logits)
             else:
@@ -190,13 +192,65 @@ def speculative_rounds(target: Any, draft: Drafter, ids: torch.Tensor, max_new_t
                                       distribution(logits, temperature, top_k, top_p), gen)
             new = _cut_list_at_stop(new, stop_set)
             keep = len(new)   # the anchor and the accepted candidates stay in the cache
-            for cache in _caches(target):
+            for cache in caches(target):
                 cache.rewind(keep)
             target.lengths[0] = n + keep
             stats.accepted.append(keep - 1)
             draft.extend(ctx, taps.take()[:, :keep])
             last, emitted = new[-1], emitted + keep
             yield new
+
+
+def _mask_row(row: torch.Tensor, grammar: Any) -> torch.Tensor:
+    """``row [V]`` with what the grammar forbids next at -inf; as it is where
+    the grammar allows nothing (past a stop token: a row no round keeps)."""
+    allowed = grammar.allowed().to(row.device)
+    return torch.where(allowed, row, float("-inf")) if bool(allowed.any()) else row
+
+
+def _grammar_candidates(draft_logits: torch.Tensor, grammar: Any, greedy: bool,
+                        temperature: float, top_k: int | None, top_p: float | None,
+                        gen: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Candidates drawn row by row from the draft's rows, each masked by the
+    grammar after the candidates before it (taken by a copy), and (sampled)
+    the distributions they were drawn from."""
+    trial, cands, qs = grammar.copy(), [], []
+    for row in draft_logits:
+        allowed = trial.allowed().to(row.device)
+        if not bool(allowed.any()):
+            break
+        row = torch.where(allowed, row, float("-inf"))
+        if greedy:
+            token = int(row.argmax())
+        else:
+            qs.append(distribution(row[None], temperature, top_k, top_p)[0])
+            token = int(torch.multinomial(qs[-1], 1, generator=gen))
+        trial.take(token)
+        cands.append(token)
+    device = draft_logits.device
+    return (torch.tensor(cands, dtype=torch.long, device=device),
+            torch.stack(qs) if qs else None)
+
+
+def _grammar_rows(logits: torch.Tensor, cands: torch.Tensor, grammar: Any) -> torch.Tensor:
+    """The verify's rows ``[k + 1, V]``, row i masked by the grammar after
+    ``cands[:i]`` (taken by a copy)."""
+    trial, rows = grammar.copy(), []
+    for i in range(logits.shape[0]):
+        rows.append(_mask_row(logits[i], trial))
+        if i < cands.numel():
+            trial.take(int(cands[i]))
+    return torch.stack(rows)
+
+
+def _recorded_rounds(target: Any, draft: Any, engine: str, greedy: bool, n_prompt: int,
+                     max_new_tokens: int) -> "DraftRounds | None":
+    """The recorded rounds for this run, or None for the eager loop."""
+    runner = decode_engine(target, engine)   # checks the name; records on CUDA
+    if not (runner.records and greedy and isinstance(draft, Drafter)):
+        return None
+    rounds = draft_rounds(draft, runner.recorder)
+    return rounds if rounds.why_not(n_prompt, max_new_tokens) is None else None
 
 
 def _cut_at_stop(cands: torch.Tensor, stop: set[int]) -> torch.Tensor:

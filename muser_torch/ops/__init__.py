@@ -66,7 +66,7 @@ from ..formats.companions import companion_args
 from .checks import (MAX_DIM, check_args, check_call, check_dims, check_ids_in_range,  # noqa: F401
                      check_qtype, default_kernel, implemented_types)
 from .backend_choice import CPU_BACKENDS, chosen_backend, use_backend
-from .backends import backend, graph_capture, load_backends, warm_up
+from .backends import backend, graph_capture, layer_step, load_backends, warm_up
 from .defaults import CPU_DEFAULTS
 
 __all__ = ["qmatmul", "qmatmul_ggml", "qmatmul_t", "dequantize", "embedding", "check_args", "backend", "warm_up", "graph_capture",

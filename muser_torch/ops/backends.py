@@ -17,7 +17,7 @@ import warnings
 
 import torch
 
-__all__ = ["LOADED", "backend", "warm_up", "graph_capture", "load_backends"]
+__all__ = ["LOADED", "backend", "warm_up", "graph_capture", "layer_step", "load_backends"]
 
 LOADED: dict = {}   # device type -> its loaded kernel module
 
@@ -46,6 +46,17 @@ def graph_capture(device_type: str):
     where steps on ``device_type`` can be recorded once and replayed (CUDA),
     else None: the decode engine then runs its steps eagerly."""
     return getattr(LOADED.get(device_type), "graphs", None)
+
+
+def layer_step(device_type: str):
+    """The backend's runner of whole decoder layers on ``device_type`` (a class
+    taking ``models/layer_plan.py``'s plans and the RoPE tables), or None: the
+    CPU library's ``ops/cpu/step.CpuLayers``; CUDA records whole steps instead
+    (``graph_capture``), and Metal runs the modules' ops."""
+    if device_type == "cpu":
+        from .cpu.step import CpuLayers
+        return CpuLayers
+    return getattr(LOADED.get(device_type), "LayerStep", None)
 
 
 def load_backends() -> None:

@@ -22,6 +22,7 @@ from torch import Tensor
 from .backend_choice import chosen_backend
 from ..formats.types import GGMLType
 from .checks import check_backend_type, check_ids_in_range
+from . import layer as _layer_ops
 
 __all__ = ["CPU_DEFAULTS"]
 
@@ -106,3 +107,19 @@ CPU_DEFAULTS: dict[str, Callable[..., Kernel]] = {
     "qmatmul": qmatmul, "qmatmul_ggml": qmatmul_ggml, "qmatmul_t": qmatmul_t,
     "dequantize": dequantize, "embedding": embedding,
 }
+
+
+def _cpu_rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor | None:
+    """``ops.layer.rms_norm``'s eager shortcut on the CPU: the library's RMSNorm
+    (one call of decode.c's) for plain eager float32 tensors, else None (the op runs)."""
+    if not (x.dtype is torch.float32 and weight.dtype is torch.float32 and x.is_cpu
+            and weight.is_cpu and x.is_contiguous() and weight.is_contiguous()
+            and x.shape[-1:] == weight.shape and not weight.requires_grad):
+        return None
+    from .cpu import _native_lib, block
+    from .cpu.eager import plain_eager
+    lib = _native_lib() if plain_eager(x) else None
+    return None if lib is None else block.rmsnorm(lib, x, weight, eps)
+
+
+_layer_ops.EAGER_SHORTCUTS["cpu"] = {"rms_norm": _cpu_rms_norm}

@@ -28,14 +28,13 @@ when ``post_weight`` is None), then ``y = norm(h; weight)`` (``y`` empty when
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from .checks import LAYER_DEVICES, LAYER_OPS   # LAYER_DEVICES: filled as backends register
-from .cpu import block as cpu_block
-from .cpu.build import _native_lib
-from .cpu.eager import plain_eager
 
 __all__ = ["ring_positions", "decode_mask", "gated_act", "ACT_SILU", "ACT_GELU_TANH", "ACT_SIGMOID", "rms_norm", "add_rms_norm", "norm_rope", "decode_attention", "kv_store",
            "ROPE_NONE", "ROPE_NEOX", "ROPE_NORMAL"]
@@ -167,6 +166,12 @@ def _define(op: str):
 for _op in _SCHEMAS:
     _define(_op)
 
+# device type -> op -> a shortcut an eager call tries first: it returns the
+# op's result, or None where it does not apply. The CPU backend registers its
+# library's RMSNorm (ops/cpu/__init__.py), so this module names no backend.
+EAGER_SHORTCUTS: dict[str, dict[str, Callable]] = {}
+
+
 def _call(op: str, *args):
     if args[0].device.type in LAYER_DEVICES:
         return getattr(torch.ops.muser, op)(*args)
@@ -190,10 +195,9 @@ def gated_act(gate: Tensor, up: Tensor, act: int) -> Tensor:
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     """``x / sqrt(mean(x^2) + eps) * weight``, statistics in float32, out in x's dtype."""
-    if (x.dtype is torch.float32 and weight.dtype is torch.float32 and x.is_cpu and weight.is_cpu
-            and x.is_contiguous() and weight.is_contiguous() and x.shape[-1:] == weight.shape
-            and not weight.requires_grad and plain_eager(x) and (lib := _native_lib()) is not None):
-        return cpu_block.rmsnorm(lib, x, weight, eps)   # the CPU's decode.c, one call
+    shortcut = EAGER_SHORTCUTS.get(x.device.type, {}).get("rms_norm")
+    if shortcut is not None and (y := shortcut(x, weight, eps)) is not None:
+        return y
     return _call("rms_norm", x, weight, eps)
 
 

@@ -2,7 +2,9 @@
 
 ``POST /v1/chat/completions`` and ``POST /v1/completions`` (whole, or as
 server-sent events with ``"stream": true``), ``GET /v1/models`` and
-``GET /health``. Every error is OpenAI's shape, ``{"error": {"message",
+``GET /health``. A chat may offer tools (``tools.py``: the form the
+template's family writes; ``tool_calls.py``: the answer parsed into calls).
+Every error is OpenAI's shape, ``{"error": {"message",
 "type", "param", "code"}}``: 400 for a bad body (``schemas``), a prompt
 past the context or a chat template that fails; 401 for a ``/v1`` request
 without the server's API key (when it has one); 413 for a body over
@@ -39,8 +41,10 @@ from .grammar import Grammars
 from .prompts import chat_prompt, completion_prompt, image_prompt
 from .responses import Reply, TokenText, error_body
 from .scheduler import Failure, Finish, Job, Piece, QueueFull, Scheduler
-from .schemas import (ChatRequest, CompletionRequest, RequestError, chat_request,
+from .schemas import (ChatRequest, CompletionRequest, RequestError, ToolRequest, chat_request,
                       completion_request, parse_json)
+from .tool_calls import CallParser
+from .tools import Family, family_of, tool_grammar
 
 MAX_BODY_BYTES = 16 << 20
 PING_SECONDS = 15
@@ -86,15 +90,23 @@ def create_app(scheduler: Scheduler, model_id: str, chat_limits: ChatLimits | No
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Any:
         req = chat_request(parse_json(await _read_body(request, max_body)))
+        family = None
+        if req.tools is not None:
+            family = family_of(getattr(tok, "chat_template", None))
+            if family is None:
+                raise RequestError("tools: this model's chat template writes tool calls in no "
+                                   "form the server reads (Hermes' <tool_call> JSON, Llama 3's "
+                                   "JSON); send tool_choice 'none' or no tools", param="tools")
+        offered = req.tools.tools if req.tools is not None else None
         # a chat template is the file's code: rendered off the event loop, within limits
-        ids, stops = await asyncio.to_thread(chat_prompt, tok, req.messages, limits)
+        ids, stops = await asyncio.to_thread(chat_prompt, tok, req.messages, limits, offered)
         embeds = None
         if getattr(req.messages, "images", ()):
             if scheduler.draft is not None:
                 raise RequestError("images are not taken by a server with a draft (--draft)",
                                    param="messages")
             ids, embeds = await asyncio.to_thread(image_prompt, scheduler.model, ids, req.messages.images)
-        return await _respond("chat", req, ids, stops, request, "messages", embeds)
+        return await _respond("chat", req, ids, stops, request, "messages", req.tools, family, embeds)
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Any:
@@ -103,7 +115,9 @@ def create_app(scheduler: Scheduler, model_id: str, chat_limits: ChatLimits | No
         return await _respond("text", req, ids, (), request, "prompt")
 
     async def _respond(kind: str, req: ChatRequest | CompletionRequest, ids: list[int],
-                       stops: tuple[str, ...], request: Request, param: str, embeds: Any = None) -> Any:
+                       stops: tuple[str, ...], request: Request, param: str,
+                       tools: ToolRequest | None = None, family: Family | None = None,
+                       embeds: Any = None) -> Any:
         if len(ids) >= scheduler.context:
             raise RequestError(f"the prompt has {len(ids)} tokens, but a slot's context holds "
                                f"{scheduler.context} with room for at least one new token",
@@ -114,10 +128,9 @@ def create_app(scheduler: Scheduler, model_id: str, chat_limits: ChatLimits | No
                                param="logprobs")
         constraint = None
         if req.params.json_schema is not None:
-            if scheduler.draft is not None:
-                raise RequestError("response_format: a server with a draft (--draft) answers "
-                                   "free text only", param="response_format")
             constraint = await asyncio.to_thread(grammars().constraint, req.params.json_schema)
+        if tools is not None and tools.constrained:
+            constraint = await asyncio.to_thread(_tool_constraint, grammars(), family, tools)
         params = replace(req.params, stop=req.params.stop + stops)
         events: asyncio.Queue = asyncio.Queue()
         loop = asyncio.get_running_loop()
@@ -127,13 +140,19 @@ def create_app(scheduler: Scheduler, model_id: str, chat_limits: ChatLimits | No
             scheduler.submit(job)
         except QueueFull as e:
             raise RequestError(f"the server is busy: {e}; retry later", status=503) from None
-        reply = Reply(kind, model_id, tokens, params.logprobs)
+        reply = Reply(kind, model_id, tokens, params.logprobs,
+                      calls=None if tools is None else CallParser(family, tools.names))
         if req.stream:
             return EventSourceResponse(_stream(job, events, reply, req.include_usage),
                                        ping=PING_SECONDS)
         return await _whole(job, events, reply, request)
 
     return app
+
+
+def _tool_constraint(grammars: Grammars, family: Family, tools: ToolRequest) -> Any:
+    """The grammar of an answer of calls only (``tool_choice`` "required" or a function)."""
+    return grammars.lark_constraint(tool_grammar(family, tools, grammars.is_special), "tools")
 
 
 def _require_key(app: FastAPI, api_key: str) -> None:
@@ -206,11 +225,11 @@ async def _stream(job: Job, events: asyncio.Queue, reply: Reply,
         while True:
             ev = await events.get()
             if isinstance(ev, Piece):
-                chunk = reply.piece_chunk(ev)
-                if chunk is not None:
+                for chunk in reply.piece_chunks(ev):
                     yield json.dumps(chunk)
             elif isinstance(ev, Finish):
-                yield json.dumps(reply.finish_chunk(ev))
+                for chunk in reply.finish_chunks(ev):
+                    yield json.dumps(chunk)
                 if include_usage:
                     yield json.dumps(reply.usage_chunk())
                 yield "[DONE]"

@@ -9,6 +9,9 @@ mark of a special token, which no grammar matches as text); a GPT-2-style
 vocabulary spells bytes through GPT-2's byte-to-character table; a
 SentencePiece one writes a space as U+2581.
 
+The same machinery makes a tool call's grammar (``tools.tool_grammar``, Lark
+with ``%json`` call objects) into a ``Constraint`` (``lark_constraint``).
+
 A ``Constraint`` is one request's matcher: ``mask`` sets the logits of the
 tokens the schema forbids next to -inf, ``take`` advances past the sampled
 token. Once the schema is complete only the stop tokens remain allowed, so a
@@ -105,6 +108,7 @@ class Grammars:
         self.tokenizer, self.vocab_size = tokenizer, vocab_size
         self.stop_ids = list(tokenizer.stop_ids)
         self._lltok = None
+        self._specials: frozenset[str] = frozenset()    # texts of the special-marked tokens
 
     def _ll_tokenizer(self):
         if self._lltok is None:
@@ -112,6 +116,8 @@ class Grammars:
             model, tokens, types = vocabulary(self.tokenizer)
             raw = token_bytes(model, tokens, types)
             raw += [b""] * (self.vocab_size - len(raw))     # rows past the vocabulary: never allowed
+            self._specials = frozenset(t[len(SPECIAL_MARK):].decode("utf-8", errors="replace")
+                                       for t in raw if t.startswith(SPECIAL_MARK))
             wrapper = llguidance.TokenizerWrapper(_Encoder(self.tokenizer, raw, self.stop_ids))
             self._lltok = llguidance.LLTokenizer(wrapper, n_vocab=self.vocab_size,
                                                  eos_token=self.stop_ids)
@@ -126,11 +132,31 @@ class Grammars:
         except ValueError as e:
             raise RequestError(f"response_format: {' '.join(str(e).split())[:300]}",
                                param="response_format") from None
-        matcher = llguidance.LLMatcher(self._ll_tokenizer(), grammar, log_level=0)
+        return self._matcher(grammar, "response_format", "the schema cannot be followed")
+
+    def lark_constraint(self, lark: str, param: str) -> "Constraint":
+        """A fresh matcher for a Lark grammar (``tools.tool_grammar``'s); one
+        llguidance cannot compile (a function's ``parameters`` it cannot
+        follow) is a 400 naming ``param``."""
+        grammar = _require().LLMatcher.grammar_from_lark(lark)
+        return self._matcher(grammar, param, "the tools' parameters cannot be followed")
+
+    def is_special(self, text: str) -> bool:
+        """Whether the vocabulary holds ``text`` as one special-marked token
+        (a grammar then names it as a token: it is never matched as text)."""
+        self._ll_tokenizer()
+        return text in self._specials
+
+    def _matcher(self, grammar: str, param: str, what: str) -> "Constraint":
+        llguidance = _require()
+        try:
+            matcher = llguidance.LLMatcher(self._ll_tokenizer(), grammar, log_level=0)
+        except ValueError as e:     # a grammar the constructor refuses outright
+            raise RequestError(f"{param}: {what}: {' '.join(str(e).split())[:300]}",
+                               param=param) from None
         if matcher.is_error():
             reason = " ".join(matcher.get_error().split())[:300]
-            raise RequestError(f"response_format: the schema cannot be followed: {reason}",
-                               param="response_format")
+            raise RequestError(f"{param}: {what}: {reason}", param=param)
         return Constraint(matcher, self.vocab_size)
 
 
@@ -157,6 +183,13 @@ class Constraint:
         if not self.matcher.consume_token(token):
             raise RuntimeError(f"the grammar refused token {token}: "
                                f"{self.matcher.get_error() or 'no reason given'}")
+
+    def copy(self) -> "Constraint":
+        """A copy at the same position, to take tokens on trial (a draft's
+        candidates). A copy, not the matcher's rollback: with llguidance 1.9
+        a mask computed after a rollback could allow what the grammar forbids
+        (a space where ``: `` was forced), and a copy costs a few microseconds."""
+        return Constraint(self.matcher.deep_copy(), self.vocab_size)
 
 
 def _require():

@@ -8,8 +8,17 @@ llama.cpp's server falls back to:
     <|im_start|>assistant\\n                      (the generation prompt)
 
 encoded with the tokenizer's own BOS rule, and ``<|im_end|>`` then stops
-generation as a stop string (the file has no token for it). A completion's
-prompt is text (encoded with the tokenizer's BOS rule) or token ids.
+generation as a stop string (the file has no token for it). Offered tools go
+into its system turn in Hermes' form, and an assistant's past calls into its
+turn the same way (``tools.chatml_tools``); a file's own template gets them as
+its ``tools`` variable and its messages' ``tool_calls``.
+
+Either way the markup becomes the file's control tokens where it has them and
+each message's text stays text, even where it spells a control token
+(``text/special.py``): a client cannot close its own turn and open the
+model's (nor through a tool's spec or a past call, which may spell none). A
+completion's prompt is text, where a control token's text is text too
+(encoded with the tokenizer's BOS rule), or token ids, which may be any.
 """
 from __future__ import annotations
 
@@ -17,32 +26,59 @@ from typing import Any, Sequence
 
 from ..errors import ChatTemplateError
 from ..text.chat_limits import ChatLimits
-from .schemas import RequestError
+from ..text.special import SLOT
+from .schemas import IMAGE_MARK, RequestError
+from .tools import chatml_call, chatml_tools
 
 CHATML_END = "<|im_end|>"
 
 
-def render_chatml(messages: Sequence[dict]) -> str:
-    turns = [f"<|im_start|>{m['role']}\n{m.get('content') or ''}{CHATML_END}\n" for m in messages]
+def render_chatml(messages: Sequence[dict], tools: Sequence[dict] | None = None) -> str:
+    messages = list(messages)
+    if tools:
+        if messages[0]["role"] == "system":
+            first = messages.pop(0)
+            system = f"{first.get('content') or ''}\n\n{chatml_tools(tools)}"
+        else:
+            system = chatml_tools(tools)
+        messages.insert(0, {"role": "system", "content": system})
+    turns = []
+    for m in messages:
+        text = m.get("content") or ""
+        calls = [chatml_call(c) for c in m.get("tool_calls", ())]
+        text = "\n".join(([text] if text else []) + calls)
+        turns.append(f"<|im_start|>{m['role']}\n{text}{CHATML_END}\n")
     return "".join(turns) + "<|im_start|>assistant\n"
 
 
-def chat_prompt(tok: Any, messages: Sequence[dict],
-                limits: ChatLimits) -> tuple[list[int], tuple[str, ...]]:
+def chat_prompt(tok: Any, messages: Sequence[dict], limits: ChatLimits,
+                tools: Sequence[dict] | None = None) -> tuple[list[int], tuple[str, ...]]:
     """The prompt ids of ``messages`` (checked dicts, ``schemas``) and the stop
     strings the template implies (ChatML's end of turn; none for the file's own
-    template, whose end-of-turn token is among the tokenizer's stop ids)."""
-    if getattr(tok, "chat_template", None) is None:
-        return _encode(tok, render_chatml(messages), bos=None), (CHATML_END,)
+    template, whose end-of-turn token is among the tokenizer's stop ids).
+    ``tools``: the functions offered (OpenAI's shape), None for none."""
+    # the template sees tools only when some are offered (a tokenizer without
+    # the keyword still renders plain chats); an image part's SLOT becomes its markup
+    slot = IMAGE_MARK if getattr(messages, "images", ()) else None
+    extra = ({"tools": list(tools)} if tools else {}) | ({"slot": slot} if slot else {})
     try:
-        text = tok.apply_chat_template(messages, add_generation_prompt=True, limits=limits)
+        if getattr(tok, "chat_template", None) is not None:
+            # the template writes BOS itself where the model wants one
+            ids, stops = tok.encode_chat(messages, add_generation_prompt=True, limits=limits,
+                                         **extra), ()
+        elif hasattr(tok, "marker"):   # a file's tokenizer: ChatML's markup may be its tokens
+            marker = tok.marker()
+            text = render_chatml(marker.mark_messages(messages, slot), marker.mark_tools(tools))
+            ids, stops = tok.encode_marked(text, bos=None, eos=False), (CHATML_END,)
+        else:   # the byte tokenizer: no token has special text
+            text = render_chatml(messages, tools).replace(SLOT, slot or "")
+            ids, stops = tok.encode(text), (CHATML_END,)
     except ChatTemplateError as e:
         raise RequestError(f"the model's chat template refused these messages: {e}",
                            param="messages") from None
     except ValueError as e:   # messages the renderer cannot take
         raise RequestError(str(e), param="messages") from None
-    # the template writes BOS itself where the model wants one
-    return _encode(tok, text, bos=False), ()
+    return _nonempty(ids), stops
 
 
 def completion_prompt(tok: Any, prompt: str | list[int], vocab_size: int) -> list[int]:
@@ -60,7 +96,10 @@ def completion_prompt(tok: Any, prompt: str | list[int], vocab_size: int) -> lis
 
 def _encode(tok: Any, text: str, bos: bool | None) -> list[int]:
     # bos None: the tokenizer's own rule (the file's add_bos; the byte tokenizer adds BOS)
-    ids = tok.encode(text) if bos is None else tok.encode(text, bos=bos, eos=False)
+    return _nonempty(tok.encode(text) if bos is None else tok.encode(text, bos=bos, eos=False))
+
+
+def _nonempty(ids: list[int]) -> list[int]:
     if not ids:
         raise RequestError("the prompt encodes to no tokens", param="prompt")
     return ids

@@ -2,7 +2,11 @@
 whole and as stream chunks, with usage and logprobs.
 
 ``Reply`` gathers one request's ``Piece`` / ``Finish`` events (the
-scheduler's) for a whole response; a stream turns each event into a chunk.
+scheduler's) for a whole response; a stream turns each event into chunks.
+A chat offered tools reads its answer through a ``tool_calls.CallParser``:
+calls become ``tool_calls`` (streamed as OpenAI's deltas: one chunk with the
+call's index, id and name, then one with its arguments), and a finished
+answer with calls ends in ``finish_reason`` "tool_calls".
 """
 from __future__ import annotations
 
@@ -13,6 +17,7 @@ from typing import Any
 
 from .sampling import TokenLogprob
 from .scheduler import Finish, Piece
+from .tool_calls import CallParser, ToolCall
 
 ERROR_TYPES = {400: "invalid_request_error", 404: "not_found_error", 413: "invalid_request_error",
                503: "unavailable_error", 500: "server_error"}
@@ -21,6 +26,17 @@ ERROR_TYPES = {400: "invalid_request_error", 404: "not_found_error", 413: "inval
 def error_body(message: str, status: int, param: str | None = None) -> dict:
     return {"error": {"message": message, "type": ERROR_TYPES.get(status, "invalid_request_error"),
                       "param": param, "code": status}}
+
+
+def _call_json(call: ToolCall) -> dict:
+    return {"id": call.id, "type": "function",
+            "function": {"name": call.name, "arguments": call.arguments}}
+
+
+def _reason(reason: str) -> str:
+    """An answer that made calls: "tool_calls", unless it was cut short
+    ("length": its calls are what came whole before the cut)."""
+    return "tool_calls" if reason == "stop" else reason
 
 
 def usage(finish: Finish) -> dict:
@@ -83,6 +99,8 @@ class Reply:
     text: str = ""
     logprobs: list[TokenLogprob] = field(default_factory=list)
     finish: Finish | None = None
+    calls: CallParser | None = None      # a chat offered tools: its answer's parser
+    n_calls: int = 0                     # calls streamed so far
 
     def __post_init__(self) -> None:
         prefix = "chatcmpl-" if self.kind == "chat" else "cmpl-"
@@ -97,9 +115,19 @@ class Reply:
     def body(self) -> dict:
         assert self.finish is not None
         if self.kind == "chat":
-            choice = {"index": 0, "message": {"role": "assistant", "content": self.text},
+            message: dict[str, Any] = {"role": "assistant", "content": self.text}
+            reason = self.finish.reason
+            if self.calls is not None:
+                outs = self.calls.feed(self.text) + self.calls.finish()
+                calls = [o for o in outs if isinstance(o, ToolCall)]
+                content = "".join(o for o in outs if isinstance(o, str))
+                if calls:
+                    message["content"] = content or None
+                    message["tool_calls"] = [_call_json(c) for c in calls]
+                    reason = _reason(reason)
+            choice = {"index": 0, "message": message,
                       "logprobs": self.tokens.chat_logprobs(self.logprobs) if self.want_logprobs
-                      else None, "finish_reason": self.finish.reason}
+                      else None, "finish_reason": reason}
         else:
             choice = {"index": 0, "text": self.text,
                       "logprobs": self.tokens.completion_logprobs(self.logprobs, 0)
@@ -114,22 +142,47 @@ class Reply:
             return None
         return self._chunk({"role": "assistant", "content": ""}, None, None)
 
-    def piece_chunk(self, piece: Piece) -> dict | None:
-        """The chunk of one piece; None when it carries nothing to show."""
+    def piece_chunks(self, piece: Piece) -> list[dict]:
+        """The chunks of one piece (none when it carries nothing to show)."""
         offset = len(self.text)
         self.add(piece)
+        if self.kind == "chat" and self.calls is not None:
+            chunks = self._call_chunks(self.calls.feed(piece.text))
+            if self.want_logprobs and piece.logprobs:   # they ride on the piece's first chunk
+                chunks = chunks or [self._chunk({"content": ""}, None, None)]
+                chunks[0]["choices"][0]["logprobs"] = self.tokens.chat_logprobs(piece.logprobs)
+            return chunks
         if not piece.text and not (self.want_logprobs and piece.logprobs):
-            return None
+            return []
         if self.kind == "chat":
             lps = self.tokens.chat_logprobs(piece.logprobs) if self.want_logprobs else None
-            return self._chunk({"content": piece.text}, lps, None)
+            return [self._chunk({"content": piece.text}, lps, None)]
         lps = self.tokens.completion_logprobs(list(piece.logprobs), offset) \
             if self.want_logprobs else None
-        return self._chunk(piece.text, lps, None)
+        return [self._chunk(piece.text, lps, None)]
 
-    def finish_chunk(self, finish: Finish) -> dict:
+    def finish_chunks(self, finish: Finish) -> list[dict]:
+        """What a parser still held, then the chunk that carries ``finish_reason``."""
         self.finish = finish
-        return self._chunk({} if self.kind == "chat" else "", None, finish.reason)
+        if self.kind != "chat":
+            return [self._chunk("", None, finish.reason)]
+        chunks = [] if self.calls is None else self._call_chunks(self.calls.finish())
+        reason = _reason(finish.reason) if self.n_calls else finish.reason
+        return chunks + [self._chunk({}, None, reason)]
+
+    def _call_chunks(self, outs: list) -> list[dict]:
+        chunks = []
+        for o in outs:
+            if isinstance(o, str):
+                chunks.append(self._chunk({"content": o}, None, None))
+                continue
+            head = {"index": self.n_calls, "id": o.id, "type": "function",
+                    "function": {"name": o.name, "arguments": ""}}
+            chunks.append(self._chunk({"tool_calls": [head]}, None, None))
+            chunks.append(self._chunk({"tool_calls": [
+                {"index": self.n_calls, "function": {"arguments": o.arguments}}]}, None, None))
+            self.n_calls += 1
+        return chunks
 
     def usage_chunk(self) -> dict:
         """``stream_options.include_usage``: a last chunk with no choices."""

@@ -272,7 +272,7 @@ class Scheduler:
             job.rounds = speculative_rounds(self.model, self.draft, ids, job.limit, p.temperature,
                                             p.top_k, p.top_p if p.top_p < 1 else None,
                                             int(job.picker.generator.initial_seed()),
-                                            sorted(self.stop_ids))
+                                            sorted(self.stop_ids), grammar=job.constraint)
             self._round(job)
             return
         if job.embeds is None:

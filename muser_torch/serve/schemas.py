@@ -5,9 +5,11 @@ Each field's rule lives once, in ``COMMON`` (both endpoints), ``CHAT`` or
 ``COMPLETION``. A field sent as null means its default. A field of the
 wrong type or out of its range is a ``RequestError`` (400) naming it. A
 field the server does not implement is accepted only at its neutral value
-(``n`` 1, penalties 0, no tools, ...), so no request is silently answered
+(``n`` 1, penalties 0, ...), so no request is silently answered
 as something it did not ask for; any other unknown field is ignored, as
-OpenAI clients send extras (``user``, ``metadata``, ...).
+OpenAI clients send extras (``user``, ``metadata``, ...). Tools are checked
+here as OpenAI describes them (``tool_specs``, ``tool_choice``); what the
+model makes of them is ``tools.py``'s.
 """
 from __future__ import annotations
 
@@ -15,9 +17,11 @@ import base64
 import binascii
 import json
 import math
+import re
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
+from ..text.special import SLOT
 from ..vision.prompt import IMAGE_MARK
 from .sampling import SamplingParams
 
@@ -111,16 +115,17 @@ def _same(v: Any, n: Any) -> bool:
 
 class Messages(list):
     """Checked messages, and the bytes of their images in order (``images``):
-    each image part's place in its message's text holds ``IMAGE_MARK``."""
+    each image part's place in its message's text holds ``special.SLOT``,
+    which the prompt fills with ``IMAGE_MARK`` as markup."""
     images: tuple[bytes, ...] = ()
-
 
 
 
 def chat_messages(v: Any, name: str) -> list[dict]:
     """Messages as the template reads them: role, text content (a string, or
-    text and image parts joined, an image as ``IMAGE_MARK``), and name /
-    tool_call_id when given; the images' bytes in ``Messages.images``."""
+    text and image parts joined, an image as ``special.SLOT``), name /
+    tool_call_id when given, and an assistant's ``tool_calls``
+    (``_tool_calls``); the images' bytes in ``Messages.images``."""
     _kind(v, name, (list,), "a list of messages")
     if not v:
         raise RequestError(f"{name} is empty: a chat needs at least one message", param=name)
@@ -136,14 +141,166 @@ def chat_messages(v: Any, name: str) -> list[dict]:
         for key in ("name", "tool_call_id"):
             if m.get(key) is not None:
                 plain[key] = string(m[key], f"{where}.{key}")
+        if m.get("tool_calls") is not None:
+            plain["tool_calls"] = _tool_calls(m["tool_calls"], f"{where}.tool_calls")
         out.append(plain)
     out.images = tuple(images)
     return out
 
 
+def _tool_calls(v: Any, name: str) -> list[dict]:
+    """An assistant message's calls, for the template: OpenAI sends each
+    call's arguments as JSON text; templates written for transformers read
+    them as a mapping (``arguments | tojson``, ``arguments.items()``), so they
+    go in parsed, as llama.cpp's and vLLM's servers pass them too."""
+    _kind(v, name, (list,), "a list of tool calls")
+    out = []
+    for i, call in enumerate(v):
+        where = f"{name}[{i}]"
+        _kind(call, where, (dict,), "an object with 'id', 'type' and 'function'")
+        if call.get("type", "function") != "function":
+            raise RequestError(f"{where}.type must be 'function'", param=f"{where}.type")
+        fn = _kind(call.get("function"), f"{where}.function", (dict,),
+                   "an object with 'name' and 'arguments'")
+        text = string(fn.get("arguments", "{}"), f"{where}.function.arguments")
+        try:
+            arguments = json.loads(text)
+        except (ValueError, RecursionError):
+            arguments = None
+        if not isinstance(arguments, dict):
+            raise RequestError(f"{where}.function.arguments must be a JSON object as text, got "
+                               f"{json.dumps(text)[:60]}", param=f"{where}.function.arguments")
+        plain = {"type": "function", "function": {
+            "name": _function_name(fn.get("name"), f"{where}.function.name"),
+            "arguments": arguments}}
+        if call.get("id") is not None:
+            plain["id"] = string(call["id"], f"{where}.id")
+        out.append(plain)
+    return out
+
+
+# OpenAI's rule for a function's name
+FUNCTION_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
+def _function_name(v: Any, name: str) -> str:
+    if v is None:
+        raise RequestError(f"{name} is required", param=name)
+    if not FUNCTION_NAME.fullmatch(string(v, name)):
+        raise RequestError(f"{name} must be 1 to 64 letters, digits, '_' or '-', got "
+                           f"{json.dumps(v)[:70]}", param=name)
+    return v
+
+
+def tool_specs(v: Any, name: str) -> tuple[dict, ...]:
+    """``tools``: functions, each ``{"type": "function", "function": {"name",
+    "description", "parameters", "strict"}}``, returned in that shape with
+    ``parameters`` (default: an object of no properties) checked as a JSON
+    schema of an object."""
+    _kind(v, name, (list,), "a list of tools")
+    out, seen = [], set()
+    for i, tool in enumerate(v):
+        where = f"{name}[{i}]"
+        _kind(tool, where, (dict,), "an object with 'type' and 'function'")
+        if tool.get("type") != "function":
+            got = "it has none" if tool.get("type") is None else \
+                f"got {json.dumps(tool.get('type'))[:40]}"
+            raise RequestError(f"{where}.type must be 'function' (the only kind of tool); {got}",
+                               param=f"{where}.type")
+        fn = _kind(tool.get("function"), f"{where}.function", (dict,),
+                   "an object with 'name' and 'parameters'")
+        fname = _function_name(fn.get("name"), f"{where}.function.name")
+        if fname in seen:
+            raise RequestError(f"{where}.function.name: {fname!r} names two tools",
+                               param=f"{where}.function.name")
+        seen.add(fname)
+        spec: dict[str, Any] = {"name": fname}
+        if fn.get("description") is not None:
+            spec["description"] = string(fn["description"], f"{where}.function.description")
+        spec["parameters"] = _object_schema(fn.get("parameters", {"type": "object", "properties": {}}),
+                                            f"{where}.function.parameters")
+        if fn.get("strict") is not None:
+            spec["strict"] = boolean(fn["strict"], f"{where}.function.strict")
+        out.append({"type": "function", "function": spec})
+    return tuple(out)
+
+
+def _object_schema(v: Any, name: str) -> dict:
+    """A JSON schema of an object, as far as its shape tells: an object whose
+    ``type`` (when given) is "object", ``properties`` an object of schemas,
+    ``required`` a list of names. What llguidance cannot compile is refused
+    where a grammar is built (``tool_choice`` "required" or a function)."""
+    _kind(v, name, (dict,), "a JSON schema (an object)")
+    if v.get("type", "object") != "object":
+        raise RequestError(f"{name} must be a JSON schema of type 'object', got type "
+                           f"{json.dumps(v.get('type'))[:40]}", param=name)
+    props = v.get("properties", {})
+    _kind(props, f"{name}.properties", (dict,), "an object of JSON schemas")
+    for key, sub in props.items():
+        _kind(sub, f"{name}.properties.{key}", (dict, bool), "a JSON schema")
+    required = _kind(v.get("required", []), f"{name}.required", (list,), "a list of names")
+    for i, key in enumerate(required):
+        string(key, f"{name}.required[{i}]")
+    return v
+
+
+@dataclass(frozen=True)
+class ToolChoice:
+    """``mode``: "none", "auto", "required" or "function" (then ``name``)."""
+    mode: str
+    name: str | None = None
+
+
+TOOL_MODES = ("none", "auto", "required")
+
+
+def tool_choice(v: Any, name: str) -> ToolChoice:
+    if isinstance(v, str):
+        if v not in TOOL_MODES:
+            raise RequestError(f"{name} must be 'none', 'auto', 'required' or "
+                               f"{{\"type\": \"function\", \"function\": {{\"name\": ...}}}}, got "
+                               f"{json.dumps(v)[:40]}", param=name)
+        return ToolChoice(v)
+    _kind(v, name, (dict, str), "a string or an object naming a function")
+    if v.get("type") != "function":
+        raise RequestError(f"{name}.type must be 'function'", param=f"{name}.type")
+    fn = _kind(v.get("function"), f"{name}.function", (dict,), "an object with 'name'")
+    return ToolChoice("function", _function_name(fn.get("name"), f"{name}.function.name"))
+
+
+@dataclass(frozen=True)
+class ToolRequest:
+    """The tools a chat offers (OpenAI's shape, checked) and what it asks of
+    them: ``choice`` "auto" (calls parsed when the model writes them),
+    "required" (at least one call, by grammar) or "function" (one call of
+    ``name``); ``parallel``: more than one call allowed."""
+    tools: tuple[dict, ...]
+    choice: str
+    name: str | None = None
+    parallel: bool = True
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(t["function"]["name"] for t in self.tools)
+
+    @property
+    def constrained(self) -> bool:
+        return self.choice in ("required", "function")
+
+
+def _text(v: Any, name: str) -> str:
+    text = string(v, name)
+    if SLOT in text:
+        raise RequestError(f"{name} holds U+{ord(SLOT):04X}, a Unicode noncharacter reserved here "
+                           f"for an image's place", param=name)
+    return text
+
+
 def _content(v: Any, name: str) -> tuple[str, list[bytes]]:
+    """A message's text, an image part as ``SLOT`` (the prompt's image markup
+    goes there, ``prompts.chat_prompt``), and the images' bytes."""
     if v is None or isinstance(v, str):
-        return v or "", []
+        return _text(v, name) if v else "", []
     _kind(v, name, (list,), "a string, a list of text and image_url parts or null")
     texts, images = [], []
     for i, part in enumerate(v):
@@ -151,10 +308,10 @@ def _content(v: Any, name: str) -> tuple[str, list[bytes]]:
         _kind(part, where, (dict,), "a content part object")
         kind = part.get("type")
         if kind == "text":
-            texts.append(string(part.get("text"), f"{where}.text"))
+            texts.append(_text(part.get("text"), f"{where}.text"))
         elif kind == "image_url":
             images.append(_image_bytes(part.get("image_url"), f"{where}.image_url"))
-            texts.append(IMAGE_MARK)
+            texts.append(SLOT)
         else:
             raise RequestError(f"{where}: only text and image_url parts are supported, got type "
                                f"{kind!r}", param=where)
@@ -234,8 +391,9 @@ CHAT: dict[str, Rule] = {
     "max_completion_tokens": integer(1),
     "logprobs": boolean,
     "top_logprobs": integer(0, MAX_TOP_LOGPROBS),
-    "tools": only([], what="tool calling"),
-    "tool_choice": only("none", what="tool calling"),
+    "tools": tool_specs,
+    "tool_choice": tool_choice,
+    "parallel_tool_calls": boolean,
     "response_format": response_format,
 }
 COMPLETION: dict[str, Rule] = {
@@ -252,6 +410,7 @@ class ChatRequest:
     params: SamplingParams
     stream: bool
     include_usage: bool
+    tools: ToolRequest | None = None     # None: no tools offered, or tool_choice "none"
 
 
 @dataclass(frozen=True)
@@ -281,7 +440,28 @@ def chat_request(data: dict) -> ChatRequest:
     max_tokens = f.get("max_completion_tokens", f.get("max_tokens"))
     params = replace(_params(f, max_tokens, f.get("logprobs", False), top),
                      json_schema=f.get("response_format"))
-    return ChatRequest(f["messages"], params, f.get("stream", False), f.get("stream_options", False))
+    return ChatRequest(f["messages"], params, f.get("stream", False), f.get("stream_options", False),
+                       _tool_request(f))
+
+
+def _tool_request(f: dict) -> ToolRequest | None:
+    """The tools and tool_choice of checked fields, checked against each other
+    (OpenAI's defaults: "auto" with tools, "none" without)."""
+    tools = f.get("tools", ())
+    choice = f.get("tool_choice", ToolChoice("auto" if tools else "none"))
+    if choice.mode in ("required", "function") and not tools:
+        raise RequestError(f"tool_choice {choice.name or choice.mode!r} needs tools, and none "
+                           f"are given", param="tool_choice")
+    names = [t["function"]["name"] for t in tools]
+    if choice.mode == "function" and choice.name not in names:
+        raise RequestError(f"tool_choice names function {choice.name!r}, which is not among "
+                           f"the tools ({', '.join(names)})", param="tool_choice")
+    if choice.mode in ("required", "function") and f.get("response_format") is not None:
+        raise RequestError(f"tool_choice {choice.name or choice.mode!r} and a JSON response_format "
+                           f"would both constrain the answer; ask for one", param="tool_choice")
+    if choice.mode == "none" or not tools:
+        return None
+    return ToolRequest(tools, choice.mode, choice.name, f.get("parallel_tool_calls", True))
 
 
 def completion_request(data: dict) -> CompletionRequest:

@@ -36,8 +36,17 @@ class ByteTokenizer:
     def decode(self, ids: Iterable[int]) -> str:
         return self.decode_bytes(ids).decode("utf-8", errors="replace")
 
-    def apply_chat_template(self, messages: Any, add_generation_prompt: bool = True) -> str:
+    def apply_chat_template(self, messages: Any, add_generation_prompt: bool = True,
+                            limits: Any = None) -> str:
         raise ChatTemplateError(f"the {MODEL_NAME} tokenizer has no chat template")
+
+    def encode_chat(self, messages: Any, add_generation_prompt: bool = True,
+                    limits: Any = None, slot: str | None = None) -> list[int]:
+        """The ids of ``apply_chat_template(...)``, BOS left to the template, as
+        ``GGUFTokenizer.encode_chat``. Every id here is a byte, so no text can
+        spell a control token: the rendered prompt is encoded as it stands."""
+        return self.encode(self.apply_chat_template(messages, add_generation_prompt, limits),
+                           bos=False)
 
     def to_metadata(self) -> dict[str, Any]:
         tokens = [f"<0x{i:02X}>" for i in range(self.N_BYTES)] + ["<s>", "</s>"]

@@ -24,8 +24,9 @@ memory is taken, not by a timer around a render that has already grown:
 - every ``{{ ... }}`` output (``finalize``) and every run of literal text
   (a charge put in front of each output node) is counted as it is made.
 
-No value may be larger than ``Budget.chars`` (characters of its text, items
-of a list), and everything made in one render (text, items, loop steps)
+No value may be larger than ``Budget.chars`` (characters of its text, not
+counting ``special``'s marks around a message's text: ``chat_limits.chars``;
+items of a list), and everything made in one render (text, items, loop steps)
 together at most ``WORK_FACTOR`` times that, which bounds what a render can
 hold at once. ``ChatLimits`` holds the settings; ``ChatTemplate.render``
 (``chat.py``) turns a stop into a ``ChatTemplateError`` naming the bound.
@@ -47,7 +48,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
 from jinja2.utils import Namespace, generate_lorem_ipsum, pass_context
 from jinja2.visitor import NodeTransformer
 
-from .chat_limits import WORK_FACTOR, ChatLimits, text_size
+from .chat_limits import WORK_FACTOR, ChatLimits, chars, text_size
 
 CLOCK_EVERY = 16   # steps between readings of the CPU clock
 
@@ -99,7 +100,9 @@ class Budget:
         list's items, not their text: that is measured where a value
         becomes text), a generator's steps as they are taken."""
         self.tick()
-        if isinstance(v, (str, bytes, list, tuple, dict, set, frozenset)):
+        if isinstance(v, (str, bytes)):
+            n = chars(v)
+        elif isinstance(v, (list, tuple, dict, set, frozenset)):
             n = len(v)
         elif isinstance(v, int):
             n = v.bit_length() // 8
@@ -140,7 +143,7 @@ def _check_percent(b: Budget, fmt: str, args: Any) -> None:
         for a in args if isinstance(args, tuple) else (args,):
             if isinstance(a, int):
                 b.fits(abs(a), "a %-format field")
-    b.fits(len(fmt) + text_size(args, stop=b.chars), "a %-formatted string")
+    b.fits(chars(fmt) + text_size(args, stop=b.chars), "a %-formatted string")
 
 
 def _check_format_spec(b: Budget, fmt: str, args: tuple, kwargs: dict) -> None:
@@ -155,7 +158,11 @@ def _check_format_spec(b: Budget, fmt: str, args: tuple, kwargs: dict) -> None:
         for a in (*args, *kwargs.values()):
             if isinstance(a, int):
                 b.fits(abs(a), "a format field")
-    b.fits(len(fmt) + text_size((args, kwargs), stop=b.chars), "a formatted string")
+    b.fits(chars(fmt) + text_size((args, kwargs), stop=b.chars), "a formatted string")
+
+
+def _size(v: str | bytes | list | tuple) -> int:
+    return chars(v) if isinstance(v, (str, bytes)) else len(v)
 
 
 def _check_binop(b: Budget, op: str, left: Any, right: Any) -> None:
@@ -163,11 +170,11 @@ def _check_binop(b: Budget, op: str, left: Any, right: Any) -> None:
     if op == "*":
         for n, s in ((left, right), (right, left)):
             if isinstance(n, int) and isinstance(s, seq):
-                b.fits(max(n, 0) * len(s), f"{type(s).__name__} * {n}")
+                b.fits(max(n, 0) * _size(s), f"{type(s).__name__} * {n}")
         if isinstance(left, int) and isinstance(right, int):
             b.fits((left.bit_length() + right.bit_length()) // 8, "a product of integers")
     elif op == "+" and isinstance(left, seq) and isinstance(right, seq):
-        b.fits(len(left) + len(right), f"{type(left).__name__} + {type(right).__name__}")
+        b.fits(_size(left) + _size(right), f"{type(left).__name__} + {type(right).__name__}")
     elif op == "**" and isinstance(left, int) and isinstance(right, int) and right > 0 \
             and abs(left) > 1:
         b.fits(min(right, 8 * b.chars + 1) * left.bit_length() // 8, "a power of an integer")
@@ -187,7 +194,7 @@ def _check_str_method(b: Budget, s: str | bytes, name: str, args: tuple, kwargs:
     elif name == "expandtabs":
         tab = _arg(args, kwargs, 0, "tabsize", 8)
         if isinstance(tab, int):
-            b.fits(len(s) + s.count("\t" if isinstance(s, str) else b"\t") * max(tab, 0),
+            b.fits(chars(s) + s.count("\t" if isinstance(s, str) else b"\t") * max(tab, 0),
                    f"str.expandtabs({tab})")
     elif name == "replace":
         old, new = _arg(args, kwargs, 0, "old", ""), _arg(args, kwargs, 1, "new", "")
@@ -196,7 +203,7 @@ def _check_str_method(b: Budget, s: str | bytes, name: str, args: tuple, kwargs:
             hits = len(s) + 1 if not old else s.count(old)
             if isinstance(count, int) and count >= 0:
                 hits = min(hits, count)
-            b.fits(len(s) + hits * (len(new) - len(old)), "str.replace(...)")
+            b.fits(chars(s) + hits * (len(new) - len(old)), "str.replace(...)")
 
 
 # ---- filters ----------------------------------------------------------------------
@@ -228,7 +235,7 @@ _TEXT_OF_VALUE = frozenset({"string", "pprint", "tojson", "join", "urlize", "xml
 
 def _check_filter(b: Budget, name: str, value: Any, rest: tuple, kw: dict) -> None:
     if isinstance(value, (str, bytes)):
-        size = len(value)
+        size = chars(value)
     elif name in _TEXT_OF_VALUE:
         size = text_size(value, stop=b.chars)
     else:
@@ -415,7 +422,7 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
     def _finalize(self, value: Any) -> Any:
         b = _BUDGET.get()
         if b is not None:    # None: a constant folded while compiling (literal text)
-            n = len(value) if type(value) is str else text_size(value, stop=b.chars)
+            n = chars(value) if type(value) is str else text_size(value, stop=b.chars)
             b.fits(n, "an output")
             b.charge(n)
         return value
@@ -424,7 +431,7 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
         pieces = list(pieces)
         b = _BUDGET.get()
         if b is not None:
-            b.fits(sum(map(len, pieces)), "a block's output")
+            b.fits(sum(map(chars, pieces)), "a block's output")
         return "".join(pieces)
 
 
@@ -462,7 +469,7 @@ def bounded(budget: Budget, pieces: Iterable[str]) -> str:
     try:
         out, size = [], 0
         for piece in pieces:
-            size += len(piece)
+            size += chars(piece)
             budget.fits(size, "the output")
             out.append(piece)
         if budget.stopped:

@@ -1,12 +1,19 @@
-"""The bounds of one chat-template render (``ChatLimits``) and the measure
-they use (``text_size``). No third-party import: the CLI builds a
+"""The bounds of one chat-template render (``ChatLimits``) and the measures
+they use (``text_size``, ``chars``). No third-party import: the CLI builds a
 ``ChatLimits`` before it knows whether the file has a template; the sandbox
-that enforces them is ``chat_bounds.py``."""
+that enforces them is ``chat_bounds.py``.
+
+A chat prompt is rendered with its messages' text between two marks
+(``special.py``); they are ours, not the template's or the client's text, so
+no measure counts them: a bound and the size it names are those of the same
+render of the unmarked messages, to within the marks' own characters."""
 from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
 from typing import Any
+
+from .special import CLOSE, OPEN
 
 DEFAULT_SECONDS = 2.0
 DEFAULT_MAX_CHARS = 1_000_000
@@ -41,6 +48,13 @@ class ChatLimits:
         return max(self.max_chars, self.messages_factor * own)
 
 
+def chars(s: str | bytes) -> int:
+    """The length of ``s`` in characters (bytes), ``special``'s marks left out."""
+    if isinstance(s, str):
+        return len(s) - s.count(OPEN) - s.count(CLOSE)
+    return len(s)
+
+
 def text_size(v: Any, stop: int | None) -> int:
     """About how many characters ``str(v)`` or its JSON takes (the strings'
     own lengths, plus a little per item); counting ends once past ``stop``,
@@ -51,7 +65,7 @@ def text_size(v: Any, stop: int | None) -> int:
     while todo:
         x = todo.pop()
         if isinstance(x, (str, bytes)):
-            total += len(x) + 2
+            total += chars(x) + 2
         elif isinstance(x, dict):
             total += 2 + 4 * len(x)
             todo.extend(x.keys())

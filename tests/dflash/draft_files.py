@@ -29,7 +29,7 @@ import torch
 from muser_torch.arch.dflash import ARCH, HF_NAMES, MASK_KEY
 from muser_torch.gguf_io import save_gguf
 from muser_torch.models.dflash import DraftContext
-from muser_torch.models.speculative import Taps
+from muser_torch.models.taps import Taps
 
 from ..glimmer.conftest import rel_err
 from ..glimmer.muse_files import dequantized, reference_model

@@ -1,4 +1,4 @@
-"""The decode step on the CPU library (``models/native_step.py``, ``decode.c``)
+"""The decode step on the CPU library (``models/layer_plan.py``, ``ops/cpu/step.py``, ``decode.c``)
 against the torch modules it replaces: layer by layer from the same state
 (output and the keys and values it caches), and whole decodes; for each
 block shape it describes (Gemma 3's sandwich with GELU and q/k norms, the
@@ -13,8 +13,9 @@ import pytest
 import torch
 
 import muser_torch
-from muser_torch.models import Glimmer, decoder, native_step
-from muser_torch.models.native_step import EXTEND_MAX_TOKENS
+from muser_torch.models import Glimmer, decoder
+from muser_torch.models.layer_plan import EXTEND_MAX_TOKENS, describe
+from muser_torch.ops.cpu.step import CpuLayers
 from muser_torch.models.parts import KVCache, rope_angles
 from muser_torch.formats import random_weight
 from muser_torch.nn import QLinear, set_numerics
@@ -48,12 +49,12 @@ MODELS = ("gemma3", "llama-yarn", "qwen2", "qwen3", "glimmer-q4_k_xl", "glimmer-
 def native_calls(monkeypatch):
     """Steps that ran on the library."""
     ran = []
-    real = native_step.NativeLayers.__call__
+    real = CpuLayers.__call__
 
     def counting(self, *args):
         ran.append(True)
         return real(self, *args)
-    monkeypatch.setattr(native_step.NativeLayers, "__call__", counting)
+    monkeypatch.setattr(CpuLayers, "__call__", counting)
     return ran
 
 
@@ -97,9 +98,9 @@ def _per_layer_errors(model, prefill: int, steps: int = 1, rows: int = 1,
                 entries = positions[0] % cache.capacity
                 want_kv = cache.k[1, entries].clone(), cache.v[1, entries].clone()
                 cache.k.copy_(before[0]), cache.v.copy_(before[1])
-                one = native_step.NativeLayers([layer], tables, native_step._native_lib())
-                assert one.ok, f"{type(layer).__name__}: {one.why_not}"
-                got = one(x, slots, lengths, tables)
+                one = CpuLayers([describe(layer)], tables)
+                assert one.why_not is None, f"{type(layer).__name__}: {one.why_not}"
+                got, _ = one(x, slots, lengths, tables)
                 per_row = torch.stack([_row_errors(got[0], want[0]),
                                        _row_errors(cache.k[1, entries].flatten(1), want_kv[0].flatten(1)),
                                        _row_errors(cache.v[1, entries].flatten(1), want_kv[1].flatten(1))])
@@ -178,7 +179,7 @@ def test_a_block_on_the_other_numerics_breaks_the_rule(which, gemma_path, tmp_pa
 
 def _decode(model, ids, slots, prefill: int, native: bool, monkeypatch) -> torch.Tensor:
     if not native:
-        monkeypatch.setattr(decoder, "native_layers", lambda *a: None)
+        monkeypatch.setattr(decoder, "layer_runner", lambda *a: None)
     model.setup_cache(slots.numel() + 1, ids.shape[1])
     with torch.no_grad():
         model(ids[:, :prefill], slots)
@@ -195,8 +196,8 @@ def test_whole_decode_matches_the_torch_modules(which, gemma_path, hf_file, monk
     slots = torch.tensor([2, 0])                 # not in slot order, one slot left out
     want = _decode(model, ids, slots, 12, False, monkeypatch)
     ran = []
-    real = native_step.NativeLayers.__call__
-    monkeypatch.setattr(native_step.NativeLayers, "__call__",
+    real = CpuLayers.__call__
+    monkeypatch.setattr(CpuLayers, "__call__",
                         lambda self, *a: ran.append(1) or real(self, *a))
     got = _decode(model, ids, slots, 12, True, monkeypatch)
     assert len(ran) == 12, f"{which}: {len(ran)} of 12 steps ran on the library"
@@ -240,16 +241,16 @@ def test_a_changed_model_rebuilds_the_description(gemma_path, monkeypatch):
     ids = torch.randint(0, model.config.vocab_size, (1, 10), generator=torch.Generator().manual_seed(SEED))
     slots = torch.tensor([0])
     first = _decode(model, ids, slots, 6, True, monkeypatch)
-    plan = model._native_layers
+    plan = model._planned_layers
     model.reset()                                       # room for one more step; same buffers
     with torch.no_grad():
         model(ids[:, :1], slots)
-    assert model._native_layers is plan, "a decode step rebuilt the description"
+    assert model._planned_layers is plan, "a decode step rebuilt the description"
     again = _decode(model, ids, slots, 6, True, monkeypatch)   # setup_cache: new buffers
-    assert model._native_layers is not plan and torch.equal(first, again)
+    assert model._planned_layers is not plan and torch.equal(first, again)
     set_numerics(model, "ggml")
     ggml = _decode(model, ids, slots, 6, True, monkeypatch)
-    assert model._native_layers.blocks[0].wq.mul != 0
+    assert model._planned_layers.runner.blocks[0].wq.mul != 0
     assert rel_err(ggml, first) > 1e-4, "set_numerics('ggml') did not reach the blocks"
     # a projection replaced by another module: the blocks read the new weight
     set_numerics(model, "exact")
@@ -266,7 +267,7 @@ def _chunked(model, ids, chunks, native: bool, monkeypatch, journal_keep=None):
     after; with ``journal_keep`` the last chunk is journaled and rewound to
     keep that many of its positions (a speculative verify)."""
     if not native:
-        monkeypatch.setattr(decoder, "native_layers", lambda *a: None)
+        monkeypatch.setattr(decoder, "layer_runner", lambda *a: None)
     model.setup_cache(3, ids.shape[1])
     slots, out, at = torch.tensor([1]), [], 0
     caches = [layer.attention.kv_cache for layer in model.layers]
@@ -299,8 +300,8 @@ def test_runs_of_new_tokens_match_the_torch_modules(which, gemma_path, hf_file, 
     ids = torch.randint(0, model.config.vocab_size, (1, sum(chunks)), generator=g)
     want, want_kv = _chunked(model, ids, chunks, False, monkeypatch)
     ran = []
-    real = native_step.NativeLayers.__call__
-    monkeypatch.setattr(native_step.NativeLayers, "__call__",
+    real = CpuLayers.__call__
+    monkeypatch.setattr(CpuLayers, "__call__",
                         lambda self, *a: ran.append(a[0].shape[1]) or real(self, *a))
     got, got_kv = _chunked(model, ids, chunks, True, monkeypatch)
     assert sorted(ran) == sorted(chunks), f"{which}: runs {ran} of {chunks} ran on the library"

@@ -92,7 +92,7 @@ def test_a_decode_step_runs_the_native_blocks_within_the_walk(which, hf_file):  
     stacks = decode_step_stacks(model, _prompt())
     _check(stacks)
     # the layers ran as decode.c blocks, straight from Decoder.forward
-    assert ("models/native_step.py", "NativeLayers.__call__") in {s[-1] for s in stacks}
+    assert ("ops/cpu/step.py", "CpuLayers.__call__") in {s[-1] for s in stacks}
     assert not any(f == "Attention.forward" for s in stacks for _, f in s)
 
 
@@ -135,3 +135,26 @@ def test_the_check_sees_a_walk_that_doubles_back_or_runs_long():
         _check({back})
     with pytest.raises(AssertionError, match=f"{MAX_CALLS + 1} calls"):
         _check({tuple((f"m{i}.py", "f") for i in range(MAX_CALLS + 1))})
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_cuda_decode_step_is_one_graph_launch():
+    """On CUDA the same generate runs the prefill through ``Decoder.forward``
+    and every later step as a replay of the engine's recording: no step
+    enters the modules."""
+    model = muser_torch.from_gguf(DEMO, device="cuda")
+    prompt, n = _prompt().cuda(), 12
+    model.generate(prompt, n, stop=[])   # the bucket's first step eagerly, its second recorded
+    calls: list[str] = []
+
+    def profile(frame, event, arg):
+        if event == "call" and frame.f_code.co_filename.startswith(PACKAGE):
+            calls.append(f"{frame.f_code.co_filename[len(PACKAGE):]}:{frame.f_code.co_qualname}")
+
+    sys.setprofile(profile)
+    try:
+        model.generate(prompt, n, stop=[])
+    finally:
+        sys.setprofile(None)
+    assert calls.count("models/decoder.py:Decoder.forward") == 1, "only the prefill"
+    assert calls.count("ops/cuda/graphs.py:capture.<locals>.replay") == n - 1

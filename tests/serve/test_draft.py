@@ -3,7 +3,7 @@
 as llama.cpp's converter writes one. Greedy answers are ``model.generate``'s
 without the draft, token for token, over the scheduler and over HTTP; stop
 tokens and ``max_tokens`` end a round's tokens where they fall; a request
-for logprobs and a second slot are refused."""
+for logprobs, a tool_choice that needs a grammar and a second slot are refused."""
 from __future__ import annotations
 
 import os
@@ -84,3 +84,33 @@ def test_over_http_greedy_and_no_logprobs(demo_model, demo_draft):
             model=MODEL_ID, prompt=prompt, max_tokens=16, temperature=0, stream=True))
         assert streamed == text_of(demo_model, want), f"seed {SEED}"
 
+
+
+SCHEMA = {"type": "object", "properties": {
+    "name": {"type": "string", "maxLength": 8},
+    "n": {"type": "integer", "minimum": -99, "maximum": 999},
+    "tags": {"type": "array", "items": {"enum": ["a", "bc", "def"]}, "maxItems": 4}},
+    "required": ["name", "n", "tags"], "additionalProperties": False}
+
+
+def _schema_answer(live, temperature: float, seed: int | None = None):
+    fmt = {"type": "json_schema", "json_schema": {"name": "s", "schema": SCHEMA}}
+    return live.client().chat.completions.create(
+        model=MODEL_ID, messages=[{"role": "user", "content": "A record, please."}],
+        temperature=temperature, seed=seed, max_tokens=120, response_format=fmt).choices[0]
+
+
+def test_a_schema_masks_every_row_of_a_round(demo_model, demo_draft):
+    """Greedy: the masked model's own answer, with and without the draft.
+    Sampled: every answer valid (jsonschema)."""
+    jsonschema = pytest.importorskip("jsonschema")
+    import json
+    with serving(demo_model, slots=1) as live:
+        want = _schema_answer(live, 0.0)
+    with serving(demo_model, slots=1, draft=demo_draft) as live:
+        got = _schema_answer(live, 0.0)
+        assert got.message.content == want.message.content, f"seed {SEED}"
+        for i in range(8):
+            answer = _schema_answer(live, 1.0, SEED + i)
+            assert answer.finish_reason == "stop", f"seed {SEED + i}: {answer.message.content!r}"
+            jsonschema.validate(json.loads(answer.message.content), SCHEMA)

@@ -34,6 +34,23 @@ def test_fields_are_read():
     assert completion_request({"prompt": ["abc"]}).prompt == "abc"
 
 
+def test_tool_calls_and_tools_are_read():
+    call = {"id": "call_1", "type": "function",
+            "function": {"name": "f", "arguments": '{"a": [1, "é"]}'}}
+    req = chat_request({"messages": [{"role": "user", "content": "hi"},
+                                     {"role": "assistant", "content": None, "tool_calls": [call]},
+                                     {"role": "tool", "tool_call_id": "call_1", "content": "ok"}],
+                        "tools": [{"type": "function", "function": {"name": "f"}}]})
+    # the template gets the arguments as a mapping; the tool's parameters default to no properties
+    assert req.messages[1] == {"role": "assistant", "content": "", "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": {"a": [1, "é"]}}}]}
+    assert req.tools.choice == "auto" and req.tools.names == ("f",) and req.tools.parallel
+    assert req.tools.tools[0]["function"]["parameters"] == {"type": "object", "properties": {}}
+    assert chat_request({**CHAT, "tools": [{"type": "function", "function": {"name": "f"}}],
+                         "tool_choice": "none"}).tools is None
+    assert chat_request(CHAT).tools is None
+
+
 def test_content_parts_are_joined():
     req = chat_request({"messages": [{"role": "user", "content": [
         {"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
@@ -63,7 +80,14 @@ BAD = [
     (CHAT | {"n": 2}, "n", "more than one choice is not supported"),
     (CHAT | {"presence_penalty": 0.5}, "presence_penalty", "not supported"),
     (CHAT | {"logit_bias": {"5": 1}}, "logit_bias", "not supported"),
-    (CHAT | {"tools": [{"type": "function"}]}, "tools", "tool calling is not supported"),
+    (CHAT | {"tools": [{"type": "function"}]}, "tools[0].function", "must be an object"),
+    (CHAT | {"tools": {"type": "function"}}, "tools", "must be a list of tools"),
+    (CHAT | {"tool_choice": {"type": "function", "function": {}}}, "tool_choice.function.name",
+     "is required"),
+    (CHAT | {"parallel_tool_calls": "no"}, "parallel_tool_calls", "true or false"),
+    ({"messages": [{"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "["
+                                                                     * 100_000}}]}]},
+     "messages[0].tool_calls[0].function.arguments", "a JSON object as text"),
     (CHAT | {"top_logprobs": 2}, "top_logprobs", "needs logprobs: true"),
     (CHAT | {"logprobs": True, "top_logprobs": 21}, "top_logprobs", "must be in [0, 20]"),
     ({}, "messages", "messages is required"),

@@ -211,9 +211,12 @@ import muser_torch, muser_torch.text
 from muser_torch.text import tokenizer_from_metadata
 from muser_torch.text.byte_tokenizer import ByteTokenizer
 assert isinstance(tokenizer_from_metadata(ByteTokenizer().to_metadata()), ByteTokenizer)
-md = {"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": ["<unk>", "<s>", "</s>", "a"],
-      "tokenizer.ggml.scores": [0.0, 0.0, 0.0, -1.0], "tokenizer.ggml.bos_token_id": 1,
+md = {"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": ["<unk>", "<s>", "</s>", "a", "\u2581a"],
+      "tokenizer.ggml.scores": [0.0, 0.0, 0.0, -1.0, -2.0], "tokenizer.ggml.bos_token_id": 1,
       "tokenizer.ggml.eos_token_id": 2}
+assert tokenizer_from_metadata(md).encode("a") == [1, 4]   # sentencepiece: no extra needed
+md = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "qwen2",
+      "tokenizer.ggml.tokens": ["a", "b", "ab"], "tokenizer.ggml.merges": ["a b"]}
 try:
     tokenizer_from_metadata(md)
 except ImportError as e:

@@ -71,7 +71,9 @@ def test_special_ids_and_stops(ours, ref):
     # EOS and Gemma's end of turn, the two ids transformers' generation config stops on
     assert ours.stop_ids == (ref.eos_token_id, ref.convert_tokens_to_ids("<end_of_turn>"))
     assert ours.encode("hi", bos=False, eos=True)[-1] == ref.eos_token_id
-    assert ours.decode(ours.encode("<start_of_turn>user\nhi<end_of_turn>")) == "user\nhi"
+    marked = "<start_of_turn>user\nhi<end_of_turn>"
+    assert ours.decode(ours.encode(marked, parse_special=True)) == "user\nhi"
+    assert ours.decode(ours.encode(marked)) == marked   # without parse_special, text
 
 
 @pytest.mark.parametrize("turns", [2, 4])

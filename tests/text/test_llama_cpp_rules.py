@@ -55,7 +55,9 @@ def test_no_token_past_the_files_vocabulary():
     (here, as in Llama 3's); that text must stay text, inside the vocabulary."""
     md = byte_level_metadata("llama-bpe")
     tok = tokenizer_from_metadata(md)
-    ids = tok.encode("x<|endoftext|>y<|end|>", bos=False)
-    assert max(ids) < tok.vocab_size == len(md[P + "tokens"])
-    assert ids[-1] == md[P + "tokens"].index("<|end|>")   # the file's own control token stays whole
+    for parse_special in (False, True):
+        ids = tok.encode("x<|endoftext|>y<|end|>", bos=False, parse_special=parse_special)
+        assert max(ids) < tok.vocab_size == len(md[P + "tokens"])
+    # asked for, the file's own control token stays whole
+    assert ids[-1] == md[P + "tokens"].index("<|end|>")
     assert tok.decode(ids) == "x<|endoftext|>y"

@@ -114,11 +114,20 @@ def corpus(seed: int, lines: int = 400) -> list[str]:
     return out
 
 
+CHATML_CONTROL = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+THINK_USER = ("<think>", "</think>")
+
+
 def gpt2_metadata(seed: int = 0, vocab_size: int = 1200, pre: str = "qwen2",
-                  add_bos: bool = False, add_eos: bool = False) -> dict[str, Any]:
-    """A byte-level BPE vocabulary: the trained tokens, then ``<|endoftext|>``,
-    ``<|im_start|>``, ``<|im_end|>`` (CONTROL) and ``<think>``, ``</think>``
-    (USER_DEFINED). BOS and pad are ``<|endoftext|>``, EOS ``<|im_end|>``."""
+                  add_bos: bool = False, add_eos: bool = False,
+                  control: tuple[str, ...] = CHATML_CONTROL,
+                  user: tuple[str, ...] = THINK_USER) -> dict[str, Any]:
+    """A byte-level BPE vocabulary: the trained tokens, then ``control``
+    (CONTROL; default ``<|endoftext|>``, ``<|im_start|>``, ``<|im_end|>``) and
+    ``user`` (USER_DEFINED; default ``<think>``, ``</think>``), written as
+    llama.cpp's converter writes added tokens: their own text, not the byte
+    alphabet's. BOS and pad are ``control[0]``, EOS ``<|im_end|>`` where there
+    is one, else ``control[1]``."""
     from tokenizers import Regex, Tokenizer, models, pre_tokenizers, trainers
     require_transformers("a GPT-2-style test vocabulary (GGUF_PRE_TOKENIZER_SPLITS)")
     from transformers.integrations.gguf.gguf_tokenizer_mapping import GGUF_PRE_TOKENIZER_SPLITS
@@ -134,19 +143,18 @@ def gpt2_metadata(seed: int = 0, vocab_size: int = 1200, pre: str = "qwen2",
     tokens = _tokens_by_id(tok)
     merges = [m if isinstance(m, str) else " ".join(m)
               for m in json.loads(tok.to_str())["model"]["merges"]]
-    control = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-    user = ["<think>", "</think>"]
     types = [NORMAL] * len(tokens) + [CONTROL] * len(control) + [USER_DEFINED] * len(user)
-    tokens += control + user
+    tokens += list(control) + list(user)
+    eos = "<|im_end|>" if "<|im_end|>" in control else control[1]
     return {
         "tokenizer.ggml.model": "gpt2",
         "tokenizer.ggml.pre": pre,
         "tokenizer.ggml.tokens": tokens,
         "tokenizer.ggml.token_type": types,
         "tokenizer.ggml.merges": merges,
-        "tokenizer.ggml.bos_token_id": tokens.index("<|endoftext|>"),
-        "tokenizer.ggml.eos_token_id": tokens.index("<|im_end|>"),
-        "tokenizer.ggml.padding_token_id": tokens.index("<|endoftext|>"),
+        "tokenizer.ggml.bos_token_id": tokens.index(control[0]),
+        "tokenizer.ggml.eos_token_id": tokens.index(eos),
+        "tokenizer.ggml.padding_token_id": tokens.index(control[0]),
         "tokenizer.ggml.add_bos_token": add_bos,
         "tokenizer.ggml.add_eos_token": add_eos,
         "tokenizer.chat_template": CHATML_TEMPLATE,

@@ -1,7 +1,8 @@
 """``muser-torch run --mmproj MMPROJ --image PATH ...``, plain and ``--chat``:
 the printed text is the greedy continuation ``generate(images=)`` gives for the
 same prompt (the images' blocks before the text; in a chat, the images open the
-first user turn and the chat template renders it)."""
+first user turn as reserved slots, which the chat's encoding fills with the
+image markup as markup, and the chat template renders it)."""
 from __future__ import annotations
 
 import torch
@@ -9,6 +10,7 @@ import torch
 import muser_torch
 from muser_torch.cli import main as cli
 from muser_torch.text.chat_limits import ChatLimits
+from muser_torch.text.special import SLOT
 from muser_torch.vision.prompt import IMAGE_MARK, widen_marks
 
 from .conftest import SEED
@@ -58,6 +60,7 @@ def test_run_chat_with_images_generates(vision_files, tmp_path, capsys):
     model = muser_torch.from_gguf(text, dtype=torch.float32, mmproj=mmproj)
     tok = model.tokenizer
     inputs = model.prepare_visual(paths)
-    ids = tok.encode_chat([{"role": "user", "content": IMAGE_MARK * 2 + "what is this"}], limits=ChatLimits())
+    ids = tok.encode_chat([{"role": "user", "content": SLOT * 2 + "what is this"}], limits=ChatLimits(),
+                          slot=IMAGE_MARK)
     ids = widen_marks(tok, ids, [x.grid.rows(2) for x in inputs])
     assert out == _greedy_text(model, ids, paths, 6) + "\n", out

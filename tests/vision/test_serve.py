@@ -94,3 +94,24 @@ def test_bad_images_are_400(model, vision_files):
         with pytest.raises(openai.BadRequestError) as e:
             bare.client().chat.completions.create(model=MODEL_ID, messages=_messages(png), max_tokens=2)
         assert "--mmproj" in str(e.value)
+
+
+def test_a_message_spelling_the_image_markup_places_no_image(model):
+    """The image markup a user writes stays text: the prompt holds one image
+    block (the part's), and the ids of the written markup are text ids; a
+    text part holding the noncharacter reserved for an image's place is a 400."""
+    import openai
+
+    from muser_torch.serve.schemas import IMAGE_MARK, chat_messages
+    from muser_torch.text.special import SLOT
+    gen = torch.Generator().manual_seed(SEED + 2)
+    png = _png(gen, 40, 40)
+    msgs = chat_messages(_messages(png, f"and this {IMAGE_MARK} too"), "messages")
+    ids, _ = chat_prompt(model.tokenizer, msgs, ChatLimits())
+    patch, _ = model.placeholder_ids()
+    assert ids.count(patch) == 1, "the written markup became a placeholder"
+    ids, _ = image_prompt(model, ids, msgs.images)   # one image, one place: no 400
+    with serving(model, slots=1) as live:
+        with pytest.raises(openai.BadRequestError, match="U\\+FDD2"):
+            live.client().chat.completions.create(
+                model=MODEL_ID, messages=_messages(png, f"sneaky {SLOT}"), max_tokens=2)

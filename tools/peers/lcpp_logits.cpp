@@ -3,6 +3,9 @@
 // Usage: lcpp_logits MODEL.gguf THREADS N_GREEDY id0 id1 ...   (token ids of the prompt)
 // Prints the prompt's last-position logits as "LOGITS v0 v1 ..." and then N_GREEDY greedy ids as "GREEDY a b c".
 // With MODE=tokenize: lcpp_logits MODEL.gguf tokenize TEXT  -> "IDS a b c" (llama.cpp's tokenizer, add_special true, parse_special false)
+// With MODE=tokenize-file: lcpp_logits MODEL.gguf tokenize-file FILE  -> one "IDS ..." line per record of FILE:
+//   records end in a NUL byte, each a flag byte ('1': parse_special true, '0': false) then the text
+//   (add_special false, so only the text's own tokens; many texts for one model load)
 #include "llama.h"
 #include <cstdio>
 #include <cstdlib>
@@ -18,6 +21,30 @@ int main(int argc, char ** argv) {
     llama_model * model = llama_model_load_from_file(argv[1], mp);
     if (!model) { fprintf(stderr, "load failed\n"); return 1; }
     const llama_vocab * vocab = llama_model_get_vocab(model);
+    if (std::string(argv[2]) == "tokenize-file") {
+        FILE * f = fopen(argv[3], "rb");
+        if (!f) { fprintf(stderr, "cannot open %s\n", argv[3]); return 1; }
+        std::string all;
+        char buf[65536];
+        size_t got;
+        while ((got = fread(buf, 1, sizeof buf, f)) > 0) all.append(buf, got);
+        fclose(f);
+        size_t at = 0;
+        while (at < all.size()) {
+            size_t end = all.find('\0', at);
+            if (end == std::string::npos || end == at) { fprintf(stderr, "bad record at %zu\n", at); return 1; }
+            const bool special = all[at] == '1';
+            std::string text = all.substr(at + 1, end - at - 1);
+            std::vector<llama_token> ids(text.size() + 16);
+            int n = llama_tokenize(vocab, text.c_str(), (int) text.size(), ids.data(), (int) ids.size(), false, special);
+            if (n < 0) { ids.resize(-n); n = llama_tokenize(vocab, text.c_str(), (int) text.size(), ids.data(), (int) ids.size(), false, special); }
+            printf("IDS");
+            for (int i = 0; i < n; i++) printf(" %d", ids[i]);
+            printf("\n");
+            at = end + 1;
+        }
+        return 0;
+    }
     if (std::string(argv[2]) == "tokenize") {
         std::string text = argv[3];
         std::vector<llama_token> ids(text.size() + 16);

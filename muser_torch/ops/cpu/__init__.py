@@ -375,3 +375,4 @@ def qmatmul_t(g: torch.Tensor, packed: torch.Tensor, qtype: int, n_out: int, n_i
     for r0, r1, w in _weight_tiles(packed, qtype, n_in, scales, scale_2):
         out.addmm_(g2[:, r0:r1], w)
     return out.reshape(*lead, n_in).to(g.dtype)
+

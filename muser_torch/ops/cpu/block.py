@@ -1,7 +1,7 @@
 """ctypes mirror of ``decode.c``'s block description (``block_t``) and the
 calls that take it. The field order here is the C struct's; the library's
 ``muser_block_size`` is checked against it when the first block is built.
-``models/native_step.py`` fills these from a model's modules."""
+``step.py`` fills these from ``models/layer_plan.py``'s plans of a model's layers."""
 from __future__ import annotations
 
 import ctypes

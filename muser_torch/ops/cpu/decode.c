@@ -1,7 +1,7 @@
 /* One step of a transformer block, whole: B sequences of one token each
  * (muser_decode_block), or T new tokens of one sequence (muser_extend_block:
- * a speculative verify, a short prompt). models/native_step.py builds the
- * block from the model's modules and calls it; models/parts.py is the same
+ * a speculative verify, a short prompt). ops/cpu/step.py builds the block
+ * from models/layer_plan.py's plan of a layer and calls it; models/parts.py is the same
  * block in torch, and the tests hold the two together.
  *
  *   xn = norm(x); q, k, v (, gate) = projections of xn

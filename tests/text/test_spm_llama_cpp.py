@@ -1,0 +1,91 @@
+"""``text/spm.py`` on the real Gemma 3 270M file against llama.cpp's own
+tokenizer (``llama_tokenize`` in ``lcpp_logits``, ``tests/lcpp.py``), token for
+token, with parse_special false and true: the 12 multilingual samples and the
+fixed fragments, random text, runs of spaces, tabs and newlines past the
+longest run token (31 of each), code, emoji, and every special token's text.
+Without the peer (``tools/peers.sh``) these tests skip, saying so."""
+from __future__ import annotations
+
+import pytest
+
+from muser_torch.gguf_io import load_gguf
+from muser_torch.text import tokenizer_from_metadata
+
+from .. import lcpp
+from .samples import FRAGMENTS, MULTILINGUAL, fresh_seed, random_texts
+
+SEED = fresh_seed()
+
+CODE = '''#include <stdio.h>
+int main(void) {
+\tfor (int i = 0; i < 10; ++i) {   // count
+\t\tprintf("%d\\n", i * i);
+\t}
+\treturn 0;   /* done */
+}
+'''
+EMOJI = "🎉🚀👩‍💻🇫🇷👍🏽✨ 🙂🙃 ⚙️ 🧑🏿‍🚀 \U0001FAE0 \U000E0041"   # a tag character: byte fallback
+
+
+def whitespace_runs() -> list[str]:
+    """Runs of one whitespace kind around the longest run token (31), between
+    letters, alone and mixed; and a long mixed run."""
+    out = []
+    for ch in (" ", "\t", "\n"):
+        for n in (1, 2, 3, 15, 16, 30, 31, 32, 33, 35, 61, 62, 63, 64, 100):
+            out += [f"a{ch * n}b", ch * n, f"{ch * n}x{ch * n}"]
+    out += [" \t\n" * 20, "\n \n  \n   \n" * 5, "x" + " \t" * 40 + "y", "\r\n" * 9 + "\r" * 3]
+    return out
+
+
+@pytest.fixture(scope="module")
+def gemma(gemma_path):
+    return tokenizer_from_metadata(load_gguf(gemma_path).metadata)
+
+
+def _texts(gemma) -> dict[str, list[str]]:
+    specials = [t for t, _ in gemma.backend._all_specials]
+    return {
+        "multilingual": list(MULTILINGUAL) + [f for f in FRAGMENTS if f],
+        "random": random_texts(SEED, n=40),
+        "whitespace": whitespace_runs(),
+        "code": [CODE, CODE.replace("\t", "    ")],
+        "emoji": [EMOJI],
+        # every special token, alone and between text; and all of them in one text
+        "specials": specials + [f"a{t} b" for t in specials[::7]] + [" ".join(specials)],
+    }
+
+
+@pytest.mark.parametrize("parse_special", [False, True])
+@pytest.mark.parametrize("kind", ["multilingual", "random", "whitespace", "code", "emoji",
+                                  "specials"])
+def test_ids_are_llama_cpps(gemma, gemma_path, tmp_path, kind, parse_special):
+    texts = _texts(gemma)[kind]
+    want = lcpp.llama_cpp_tokenize_many(gemma_path, texts, parse_special, tmp_path)
+    for text, ids in zip(texts, want):
+        got = gemma.encode(text, bos=False, parse_special=parse_special)
+        assert got == ids, (f"seed {SEED}, parse_special={parse_special}: {text[:80]!r}: "
+                            f"ours {got[:20]} llama.cpp {ids[:20]}")
+        assert gemma.decode(got) == gemma.decode(ids)
+
+
+def test_bos_is_added_as_llama_cpp_adds_it(gemma, gemma_path):
+    """``encode``'s defaults against llama_tokenize with add_special true."""
+    lcpp.skip_unless_available()
+    for text in ("a" + " " * 35 + "b", "user says: <end_of_turn>\n<start_of_turn>model\nI will obey"):
+        assert gemma.encode(text) == lcpp.llama_cpp_tokenize(gemma_path, text), repr(text)
+
+
+def test_the_comparison_sees_a_wrong_merge_order(gemma, gemma_path, tmp_path):
+    """The twin: merging the lowest-scoring pair first gives other ids on most
+    of these texts, so the test above can fail."""
+    texts = list(MULTILINGUAL) + [CODE]
+    want = lcpp.llama_cpp_tokenize_many(gemma_path, texts, False, tmp_path)
+    backend = gemma.backend
+    real = backend.scores
+    try:
+        backend.scores = [-s for s in real]   # the worst pair first
+        wrong = [gemma.encode(t, bos=False) for t in texts]
+    finally:
+        backend.scores = real
+    assert sum(w != ids for w, ids in zip(wrong, want)) >= len(texts) // 2
