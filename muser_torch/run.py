@@ -261,16 +261,46 @@ def main(args: argparse.Namespace) -> int:
 
 
 def check_image_args(args: argparse.Namespace) -> None:
-    """``--image`` needs ``--mmproj``, and runs the plain prompt path (not yet --chat or --draft)."""
+    """``--image`` needs ``--mmproj`` (and does not take ``--draft`` yet)."""
     if getattr(args, "mmproj", None) is not None and not args.mmproj.is_file():
         raise ValueError(f"--mmproj {args.mmproj}: no such file")
     if not args.image:
         return
     if args.mmproj is None:
         raise ValueError("--image needs --mmproj MMPROJ, the model's vision projector file")
-    for what in ("chat", "draft"):
-        if getattr(args, what):
-            raise ValueError(f"--image does not combine with --{what} yet")
+    if args.draft is not None:
+        raise ValueError("--image does not combine with --draft yet")
+
+
+class _ChatImages:
+    """A chat's images: preprocessed and through the tower once. They open the
+    first user turn as ``special.SLOT`` s, which the chat's encoding turns into
+    the image markup as markup (``encode_chat(slot=IMAGE_MARK)``: text the user
+    types stays text); each turn's prompt then gets the stand-ins widened and
+    the images' rows."""
+
+    def __init__(self, model, images: list[Path], device: torch.device) -> None:
+        from .text.special import SLOT
+        from .vision.prompt import IMAGE_MARK
+        self.model, self.device = model, device
+        self.inputs = model.prepare_visual(images)
+        self.rows = model.visual_rows(self.inputs)
+        self.slots, self.markup = SLOT * len(self.inputs), IMAGE_MARK
+
+    def open_turn(self, user: str) -> str:
+        from .text.special import SLOT
+        if SLOT in user:
+            raise ValueError(f"the message holds U+{ord(SLOT):04X}, a Unicode noncharacter reserved "
+                             f"for an image's place")
+        return self.slots + user
+
+    def fill(self, ids: list[int]):
+        from .vision.prompt import placeholder_rows, widen_marks
+        merge = self.model.vision.config.merge
+        ids = widen_marks(self.model.tokenizer, ids, [x.grid.rows(merge) for x in self.inputs])
+        img_id, vid_id = self.model.placeholder_ids()
+        t = torch.tensor([ids], device=self.device)
+        return ids, placeholder_rows(t, self.inputs, self.rows, merge, img_id, vid_id)
 
 
 def _with_images(model, tok, ids: list[int], images: list[Path], device: torch.device):
@@ -293,6 +323,7 @@ def _chat(model, tok, path: Path, device: torch.device, args: argparse.Namespace
         raise ChatTemplateError(f"{path.name}: --chat needs tokenizer.chat_template; the file has none")
     messages: list[dict] = []
     limits = chat_limits(args)
+    visual = _ChatImages(model, args.image, device) if args.image else None
     turns = [args.prompt] if args.prompt is not None else None
     while True:
         if turns is not None:
@@ -306,10 +337,17 @@ def _chat(model, tok, path: Path, device: torch.device, args: argparse.Namespace
             if not user:
                 return 0
             user = user.rstrip("\n")
+        if visual is not None and not messages:     # the images open the first user turn
+            user = visual.open_turn(user)
         messages.append({"role": "user", "content": user})
-        ids = tok.encode_chat(messages, limits=limits)   # renders within limits (ChatTemplateError)
+        # renders within limits (ChatTemplateError)
+        ids = tok.encode_chat(messages, limits=limits) if visual is None else \
+            tok.encode_chat(messages, limits=limits, slot=visual.markup)
+        embeds = None
+        if visual is not None:
+            ids, embeds = visual.fill(ids)
         check_room(len(ids), args.max_new_tokens, model.config.context_length)
-        answer = _generate(model, tok, ids, path, device, args)
+        answer = _generate(model, tok, ids, path, device, args, embeds)
         messages.append({"role": "assistant", "content": answer})
 
 

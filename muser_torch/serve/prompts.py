@@ -106,35 +106,22 @@ def _nonempty(ids: list[int]) -> list[int]:
 
 
 def image_prompt(model: Any, ids: list[int], images: Sequence[bytes]) -> tuple[list[int], Any]:
-    """The prompt with each image's stand-in (``schemas.IMAGE_MARK``, in order)
-    widened to the image's rows, and ``Decoder.forward``'s ``embeds`` for them.
-    A 400 for a model without a projector, an image that is not one or too
+    """The prompt with each image's stand-in (``vision.prompt.IMAGE_MARK``, in
+    order) widened to the image's rows, and ``Decoder.forward``'s ``embeds`` for
+    them. A 400 for a model without a projector, an image that is not one or too
     large, or stand-ins that do not pair with the images one to one."""
+    import torch
+
     from ..errors import ImageError, PlaceholderError
-    from ..vision.prompt import IMAGE_END, IMAGE_START, IMAGE_TOKEN, token_id
+    from ..vision.prompt import widen_marks
     if getattr(model, "vision", None) is None:
         raise RequestError("image_url parts need a model with a vision projector (serve --mmproj)",
                            param="messages")
-    start, patch, end = (token_id(model.tokenizer, t) for t in (IMAGE_START, IMAGE_TOKEN, IMAGE_END))
     try:
         inputs = model.prepare_visual(list(images))
-    except ImageError as e:
-        raise RequestError(f"image_url: {e}", param="messages") from None
-    out: list[int] = []
-    k, i = 0, 0
-    while i < len(ids):
-        if ids[i:i + 3] == [start, patch, end] and k < len(inputs):
-            out += [start] + [patch] * inputs[k].grid.rows(model.vision.config.merge) + [end]
-            k, i = k + 1, i + 3
-        else:
-            out.append(ids[i])
-            i += 1
-    if k != len(inputs):
-        raise RequestError(f"the rendered prompt places {k} of the {len(inputs)} images (the chat "
-                           f"template dropped an image part)", param="messages")
-    import torch
-    t = torch.tensor([out], device=model.lengths.device)
-    try:
+        merge = model.vision.config.merge
+        out = widen_marks(model.tokenizer, ids, [x.grid.rows(merge) for x in inputs])
+        t = torch.tensor([out], device=model.lengths.device)
         return out, model.vision_embeds(t, images=inputs)
-    except PlaceholderError as e:
+    except (ImageError, PlaceholderError) as e:
         raise RequestError(f"messages: {e}", param="messages") from None

@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 from ..text.special import SLOT
-from ..vision.prompt import IMAGE_END, IMAGE_START, IMAGE_TOKEN
+from ..vision.prompt import IMAGE_MARK
 from .sampling import SamplingParams
 
 # The seeds torch.Generator.manual_seed takes.
@@ -119,10 +119,6 @@ class Messages(list):
     which the prompt fills with ``IMAGE_MARK`` as markup."""
     images: tuple[bytes, ...] = ()
 
-
-# An image part's stand-in in the text: one placeholder between the image markers
-# (the app widens it to the image's row count once the image is preprocessed).
-IMAGE_MARK = IMAGE_START + IMAGE_TOKEN + IMAGE_END
 
 
 def chat_messages(v: Any, name: str) -> list[dict]:

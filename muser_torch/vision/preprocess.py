@@ -30,7 +30,7 @@ import math
 import os
 import warnings
 from dataclasses import dataclass
-from typing import Sequence, Union
+from typing import Any, Sequence, Union
 
 import torch
 from torch import Tensor
@@ -49,7 +49,7 @@ MAX_IMAGE_TOKENS = 4096     # MuseGlimmerImageProcessor.max_image_tokens; clip.c
 MAX_FRAME_TOKENS = 144      # MuseGlimmerVideoProcessor.max_video_frame_tokens
 TEMPORAL_PATCH = 2
 
-ImageLike = Union[str, "os.PathLike[str]", bytes, "PIL.Image.Image"]  # noqa: F821
+ImageLike = Union[str, "os.PathLike[str]", bytes, Any]   # Any: a PIL.Image (Pillow is imported on use)
 
 
 @dataclass(frozen=True)

@@ -18,11 +18,14 @@ from torch import Tensor
 from ..errors import ImageError, PlaceholderError
 from .preprocess import VisualInput, preprocess_image, preprocess_video
 
-__all__ = ["IMAGE_TOKEN", "VIDEO_TOKEN", "IMAGE_START", "IMAGE_END", "token_id", "prepare", "image_block",
-           "placeholder_rows"]
+__all__ = ["IMAGE_TOKEN", "VIDEO_TOKEN", "IMAGE_START", "IMAGE_END", "IMAGE_MARK", "token_id", "prepare",
+           "image_block", "widen_marks", "placeholder_rows"]
 
 IMAGE_TOKEN, VIDEO_TOKEN = "<|patch|>", "<|video|>"
 IMAGE_START, IMAGE_END = "<|image_start|>", "<|image_end|>"
+# An image's stand-in in a chat message's text: one placeholder between the markers,
+# widened to the image's rows once the template has rendered (``widen_marks``).
+IMAGE_MARK = IMAGE_START + IMAGE_TOKEN + IMAGE_END
 
 
 def token_id(tokenizer: Any, text: str) -> int | None:
@@ -56,6 +59,27 @@ def image_block(tokenizer: Any, rows: int) -> list[int]:
         raise ImageError(f"the model's tokenizer has no {IMAGE_START} / {IMAGE_TOKEN} / {IMAGE_END} "
                          f"tokens to place an image with")
     return [ids[0]] + [ids[1]] * rows + [ids[2]]
+
+
+def widen_marks(tokenizer: Any, ids: Sequence[int], rows: Sequence[int]) -> list[int]:
+    """``ids`` with its first ``len(rows)`` stand-ins (``IMAGE_MARK`` as tokens)
+    widened to ``rows[k]`` placeholders each; PlaceholderError when fewer are there
+    (a chat template that dropped an image part)."""
+    start, patch, end = (token_id(tokenizer, t) for t in (IMAGE_START, IMAGE_TOKEN, IMAGE_END))
+    out: list[int] = []
+    k = i = 0
+    ids = list(ids)
+    while i < len(ids):
+        if k < len(rows) and ids[i:i + 3] == [start, patch, end]:
+            out += [start] + [patch] * rows[k] + [end]
+            k, i = k + 1, i + 3
+        else:
+            out.append(ids[i])
+            i += 1
+    if k != len(rows):
+        raise PlaceholderError(f"the rendered prompt places {k} of the {len(rows)} images (the chat "
+                               f"template dropped an image part)")
+    return out
 
 
 def placeholder_rows(ids: Tensor, inputs: Sequence[VisualInput], rows: Sequence[Tensor], merge: int,

@@ -135,29 +135,3 @@ def test_run_prints_one_line(vision_files, tmp_path, capsys):
         assert cli(["run", *args, "--prompt", "hi", "--max-new-tokens", "2"]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and words in err, err
-
-
-def test_run_with_images_generates(vision_files, tmp_path, capsys):
-    """``run --image`` twice: the prompt holds both images' blocks, and the text
-    is the greedy continuation that generate(images=) gives."""
-    from PIL import Image
-    text, mmproj = vision_files["f16"]
-    gen = torch.Generator().manual_seed(SEED)
-    paths = []
-    for i, (h, w) in enumerate(((40, 70), (90, 50))):
-        p = tmp_path / f"im{i}.png"
-        Image.fromarray(torch.randint(0, 256, (h, w, 3), dtype=torch.uint8, generator=gen).numpy()).save(p)
-        paths.append(p)
-    assert cli(["run", str(text), "--mmproj", str(mmproj), "--image", str(paths[0]), "--image", str(paths[1]),
-                "--prompt", "hello", "--max-new-tokens", "6", "--temperature", "0"]) == 0
-    out = capsys.readouterr().out
-    model = muser_torch.from_gguf(text, dtype=torch.float32, mmproj=mmproj)
-    tok = model.tokenizer
-    inputs = model.prepare_visual(paths)
-    ids = tok.encode("hello")
-    head = ids[:1] if tok.bos_id is not None and ids and ids[0] == tok.bos_id else []
-    ids = head + model.image_prompt(inputs) + ids[len(head):]
-    new = model.generate(torch.tensor(ids), 6, images=paths, temperature=0.0,
-                         stop=sorted(tok.stop_ids))[len(ids):].tolist()
-    new = [t for t in new[:next((i for i, t in enumerate(new) if t in tok.stop_ids), len(new))]]
-    assert out == "hello" + tok.decode(new) + "\n", (out, new)

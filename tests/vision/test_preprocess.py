@@ -9,7 +9,6 @@ per the processor's own note)."""
 from __future__ import annotations
 
 import ast
-import inspect
 import itertools
 import math
 
