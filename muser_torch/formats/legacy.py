@@ -183,8 +183,8 @@ def q5_0_as_q8_0(packed: torch.Tensor) -> torch.Tensor:
     """Q5_0 rows ``uint8 [n_out, blocks * 22]`` as Q8_0 rows ``[n_out, blocks *
     34]`` of the same values, exactly: a Q5_0 element is ``d * (q - 16)`` with q
     in 0..31, which Q8_0 holds as the int8 ``q - 16`` under the same f16 ``d``.
-    The seed's ``transcode_q5_to_q8`` trade: 55% more bytes for a kernel that
-    reads whole bytes (Chapter 6, section 6.8)."""
+    A load-time trade: 55% more bytes for a kernel that reads whole bytes
+    (docs/performance.md, "Q5_0 as Q8_0")."""
     n_out = packed.shape[0]
     blocks = packed.reshape(-1, GGMLType.Q5_0.block_bytes)
     codes = _nibble_codes(Q5_0.field(blocks, "qs")).bitwise_or_(_fifth_bits(Q5_0.field(blocks, "qh")))
