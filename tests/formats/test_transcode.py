@@ -11,14 +11,13 @@ import os
 import numpy as np
 import pytest
 import torch
+from gguf import GGMLQuantizationType as Q
+from gguf import quants as gguf_quants
 
 import muser_torch
 from muser_torch.formats import GGMLType, random_weight
 from muser_torch.formats.legacy import q5_0_as_q8_0
 from muser_torch.nn import QLinear
-
-gguf_quants = pytest.importorskip("gguf.quants")
-from gguf import GGMLQuantizationType as Q  # noqa: E402
 
 SEED = int(os.environ.get("MUSER_TEST_SEED", int.from_bytes(os.urandom(4), "little")))
 
