@@ -61,11 +61,23 @@ class GGUFTokenizer:
         self._compiled = None
         # Control-token text is text unless asked for (``encode``'s parse_special,
         # the markup of a chat): the backend never matches it, ``special`` does.
-        if self._spm:   # the types as llama.cpp's loader leaves them
+        # ``controls`` are the tokens llama.cpp's parse_special decides (its
+        # loader's types); ``markup`` adds those the file calls CONTROL and
+        # llama.cpp matches always (gpt-oss's channel markers, Muse Glimmer's
+        # turns): ``encode`` matches them as llama.cpp does, a chat only in
+        # the template's markup.
+        if self._spm:
             self.controls = backend.controls
+            self._always: dict[str, int] = backend.demoted
         else:
             self.backend.encode_special_tokens = True
-            self.controls = special.control_table(vocab.tokens, vocab.token_types)
+            ids = {t: i for i, t in enumerate(vocab.tokens)}
+            types = special.llama_cpp_types(vocab.tokens, vocab.token_types, ids)
+            self.controls = special.control_table(vocab.tokens, types)
+            file_controls = special.control_table(vocab.tokens, vocab.token_types)
+            self._always = {t: i for t, i in file_controls.items()
+                            if types[i] == special.USER_DEFINED}
+        self.markup = {**self.controls, **self._always}
         self._marker: "special.Marker | None" = None
 
     @classmethod
@@ -103,7 +115,7 @@ class GGUFTokenizer:
             raise ValueError(f"parse_special is True or False, got {parse_special!r}")
         if self._spm:   # llama.cpp's own partition, every special token longest first
             return self._with_ends(self.backend.encode(text, parse_special), bos, eos)
-        parts = special.split_controls(text, self.controls) if parse_special else [text]
+        parts = special.split_controls(text, self.markup if parse_special else self._always)
         return self._with_ends(self._encode_parts(parts), bos, eos)
 
     def decode(self, ids: Iterable[int]) -> str:
@@ -158,7 +170,7 @@ class GGUFTokenizer:
         (markup and message text together) tokenized as one fragment."""
         pieces = special.spans(rendered)
         markup = special.MARKS.join(t for is_text, t in pieces if not is_text)
-        found = {t: i for t, i in self.controls.items() if t in markup}   # once, not per span
+        found = {t: i for t, i in self.markup.items() if t in markup}   # once, not per span
         parts: list[str | int] = []
         for is_text, t in pieces:
             parts += [t] if is_text else special.split_controls(t, found)
@@ -169,7 +181,7 @@ class GGUFTokenizer:
         if self._marker is None:
             types = self.vocab.token_types or ()
             user = [t for t, k in zip(self.vocab.tokens, types) if k == special.USER_DEFINED]
-            self._marker = special.Marker(self.controls, user)
+            self._marker = special.Marker(self.markup, user)
         return self._marker
 
     def _encode_parts(self, parts: Sequence[str | int]) -> list[int]:
@@ -190,9 +202,10 @@ class GGUFTokenizer:
         return ids
 
     def _text_ids(self, text: str) -> list[int]:
-        """The ids of one fragment of text, control-token text kept as text."""
+        """The ids of one fragment of text, the text of every markup token
+        (``markup``) kept as text."""
         if self._spm:
-            return self.backend.encode(text, parse_special=False)
+            return self.backend.encode(text, parse_special=False, markup_as_text=True)
         return self.backend.encode(text, add_special_tokens=False).ids
 
     def _with_ends(self, ids: list[int], bos: bool | None, eos: bool | None) -> list[int]:

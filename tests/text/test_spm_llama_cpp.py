@@ -12,30 +12,9 @@ from muser_torch.gguf_io import load_gguf
 from muser_torch.text import tokenizer_from_metadata
 
 from .. import lcpp
-from .samples import FRAGMENTS, MULTILINGUAL, fresh_seed, random_texts
+from .samples import CODE, EMOJI, FRAGMENTS, MULTILINGUAL, fresh_seed, random_texts, whitespace_runs
 
 SEED = fresh_seed()
-
-CODE = '''#include <stdio.h>
-int main(void) {
-\tfor (int i = 0; i < 10; ++i) {   // count
-\t\tprintf("%d\\n", i * i);
-\t}
-\treturn 0;   /* done */
-}
-'''
-EMOJI = "🎉🚀👩‍💻🇫🇷👍🏽✨ 🙂🙃 ⚙️ 🧑🏿‍🚀 \U0001FAE0 \U000E0041"   # a tag character: byte fallback
-
-
-def whitespace_runs() -> list[str]:
-    """Runs of one whitespace kind around the longest run token (31), between
-    letters, alone and mixed; and a long mixed run."""
-    out = []
-    for ch in (" ", "\t", "\n"):
-        for n in (1, 2, 3, 15, 16, 30, 31, 32, 33, 35, 61, 62, 63, 64, 100):
-            out += [f"a{ch * n}b", ch * n, f"{ch * n}x{ch * n}"]
-    out += [" \t\n" * 20, "\n \n  \n   \n" * 5, "x" + " \t" * 40 + "y", "\r\n" * 9 + "\r" * 3]
-    return out
 
 
 @pytest.fixture(scope="module")
