@@ -34,12 +34,14 @@ Nothing here parses JSON or needs a third-party package: building the
 from __future__ import annotations
 
 import heapq
+import re
 from typing import Iterable, Sequence
 
 from ..errors import MetadataError
 from .special import llama_cpp_types
 
 SPACE = "\u2581"
+_NOT_NORMAL = re.compile(rb"[^\x01]")
 # llama.cpp's token types (gguf-py's TokenType)
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
 
@@ -53,15 +55,18 @@ class SpmTokenizer:
         n = len(tokens)
         # Building is one dict and one pass over the types: every other table
         # reads only the few thousand tokens that are not NORMAL.
-        texts = list(tokens) if "" not in tokens else \
-            [t if t else f"[EMPTY_{i}]" for i, t in enumerate(tokens)]
-        self.texts = texts
+        texts = tokens if "" not in tokens else \
+            [t if t else f"[EMPTY_{i}]" for i, t in enumerate(tokens)]   # read, never changed
+        self.texts: Sequence[str] = texts
         self.ids: dict[str, int] = dict(zip(texts, range(n)))   # a repeated text: the last id
         self.scores: Sequence[float] = scores if scores is not None else [0.0] * n
         self.types: list[int] = llama_cpp_types(texts, types, self.ids)
         self.add_space_prefix = add_space_prefix
         self.byte_ids = [self.ids.get(f"<0x{b:02X}>", self.ids.get(chr(b))) for b in range(256)]
-        odd = [i for i, k in enumerate(self.types) if k != NORMAL]
+        # the ids of the types that are not NORMAL: a regex over the types as
+        # bytes (0-6, checked by metadata.py) finds them in C, not a Python loop
+        odd = [m.start() for m in _NOT_NORMAL.finditer(bytes(self.types))]
+        check_byte_tokens(texts, [i for i in odd if self.types[i] == BYTE])
         # (text, id) of the special tokens, in the order they are cut out: the
         # longest in UTF-8 bytes first; among equal lengths by id (llama.cpp's
         # std::sort leaves their order open; it matters only where two of one
@@ -225,10 +230,10 @@ def _utf8_run(run: bytearray) -> str:
         return "\ufffd" * len(run)
 
 
-def check_byte_tokens(tokens: Sequence[str], types: Sequence[int] | None) -> None:
-    """Refuse a BYTE token whose text is not ``<0xNN>``: decoding reads its byte
-    from that text."""
-    for i in [i for i, k in enumerate(types or ()) if k == BYTE]:
+def check_byte_tokens(tokens: Sequence[str], byte_ids: Iterable[int]) -> None:
+    """Refuse a BYTE token (its id among ``byte_ids``) whose text is not
+    ``<0xNN>``: decoding reads its byte from that text."""
+    for i in byte_ids:
         t = tokens[i]
         if not (len(t) == 6 and t.startswith("<0x") and t.endswith(">")
                               and all(c in "0123456789ABCDEFabcdef" for c in t[3:5])):
