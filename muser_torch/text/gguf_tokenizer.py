@@ -79,6 +79,7 @@ class GGUFTokenizer:
             file_controls = special.control_table(vocab.tokens, vocab.token_types)
             self._always = {t: i for t, i in file_controls.items()
                             if types[i] == special.USER_DEFINED}
+            _controls_as_special(self.backend, self.controls, vocab.token_types)
         self.markup = {**self.controls, **self._always}
         self._marker: "special.Marker | None" = None
 
@@ -232,6 +233,21 @@ class GGUFTokenizer:
         if not 0 <= i < self.vocab_size:
             raise ValueError(f"token id {i} is outside the vocabulary [0, {self.vocab_size})")
         return i
+
+
+def _controls_as_special(backend: Any, controls: Mapping[str, int],
+                         file_types: Sequence[int] | None) -> None:
+    """A USER_DEFINED token of the file that llama.cpp makes CONTROL by its
+    text (an ``<|im_end|>`` typed USER_DEFINED) is registered as special in
+    ``backend``, which then leaves its text as text (``encode_special_tokens``):
+    parse_special decides it, as in llama.cpp."""
+    from tokenizers import AddedToken
+
+    retyped = [t for t, i in controls.items()
+               if file_types is not None and file_types[i] == special.USER_DEFINED]
+    if retyped:
+        backend.add_special_tokens([AddedToken(t, special=True, normalized=False)
+                                    for t in retyped])
 
 
 @contextlib.contextmanager

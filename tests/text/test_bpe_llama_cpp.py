@@ -11,7 +11,9 @@ converter writes them: Qwen 2 (ChatML, ``<think>``), Llama 3 (``llama-bpe``,
 its header tokens), DeepSeek-R1-Distill-Qwen (``deepseek-r1-qwen``, its
 full-width markers outside the byte alphabet), and one holding every chat
 family's markup, gpt-oss's channel markers among them (llama.cpp's loader
-makes those USER_DEFINED: matched whole either way). Without the peer
+makes those USER_DEFINED: matched whole either way), and one whose
+``<|im_end|>`` the file types USER_DEFINED (llama.cpp's loader makes it
+CONTROL: parse_special decides it). Without the peer
 (``tools/peers.sh``) these tests skip, saying so."""
 from __future__ import annotations
 
@@ -38,6 +40,8 @@ FAMILIES = {
     "llama3": ("llama-bpe", "llama", LLAMA3_CONTROL, LLAMA3_USER),
     "deepseek-r1-qwen": ("deepseek-r1-qwen", "qwen2", R1_CONTROL, R1_USER),
     "every-family": ("qwen2", "qwen2", FAMILY_CONTROL, FAMILY_USER),
+    # <|im_end|> typed USER_DEFINED: llama.cpp's loader makes it CONTROL by its text
+    "retyped": ("qwen2", "qwen2", ("<|endoftext|>", "<|im_start|>"), ("<|im_end|>", "<think>")),
 }
 
 
