@@ -10,8 +10,9 @@ Each load starts from the file's metadata as ``load_gguf`` returns it (read
 first, not timed) and ends with a tokenizer ready to encode. Printed, as
 medians:
 - spm.py's first load in a fresh Python process (nothing of an earlier load
-  left: the uncached case), the first encode after it, and a load repeated in
-  one process;
+  left: the uncached case), wall and CPU time (on a busy host the wall time is
+  the CPU time over the share of a core the process gets), the first encode
+  after it, and a load repeated in one process;
 - the old path uncached (its conversion, about 9 s on a quiet 2-core host;
   timed once) and cached (its entry read back by ``tokenizers``);
 - the ratios, the host's load average, and encode throughput on the same few
@@ -40,33 +41,34 @@ from muser_torch.gguf_io import load_gguf
 from muser_torch.text.gguf_tokenizer import GGUFTokenizer
 md = load_gguf(sys.argv[1]).metadata
 text = open(sys.argv[2], encoding="utf-8").read()[:4096]
-start = time.perf_counter()
+start, cpu = time.perf_counter(), time.process_time()
 tok = GGUFTokenizer.from_metadata(md)
-loaded = time.perf_counter()
+loaded, cpu_loaded = time.perf_counter(), time.process_time()
 tok.encode(text)
-print(json.dumps({"load": loaded - start, "encode": time.perf_counter() - loaded}))
+print(json.dumps({"load": loaded - start, "cpu": cpu_loaded - cpu,
+                  "encode": time.perf_counter() - loaded}))
 """
 
 
 def _median_seconds(f, repeats: int) -> tuple[float, object]:
     times, out = [], None
     for _ in range(repeats):
+        out = None   # the last result freed before the clock starts, not inside the timing
         start = time.perf_counter()
         out = f()
         times.append(time.perf_counter() - start)
     return statistics.median(times), out
 
 
-def _fresh_loads(model: str, repeats: int) -> tuple[float, float]:
-    """Median (load, first encode) seconds over ``repeats`` fresh processes."""
+def _fresh_loads(model: str, repeats: int) -> tuple[float, float, float]:
+    """Median (load, its CPU time, first encode) seconds over ``repeats`` fresh processes."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [
         str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH")])))
     runs = [json.loads(subprocess.run([sys.executable, "-c", FRESH, model, str(TEXT_FILE)],
                                       capture_output=True, text=True, check=True,
                                       env=env).stdout)
             for _ in range(repeats)]
-    return (statistics.median(r["load"] for r in runs),
-            statistics.median(r["encode"] for r in runs))
+    return tuple(statistics.median(r[k] for r in runs) for k in ("load", "cpu", "encode"))
 
 
 def main() -> None:
@@ -87,7 +89,7 @@ def main() -> None:
         return gguf_tokenizer.GGUFTokenizer(
             v, tokenizer_cache.load_or_build(md, v, gguf_tokenizer.build_backend))
 
-    first_s, first_encode_s = _fresh_loads(args.model, args.repeats)
+    first_s, first_cpu_s, first_encode_s = _fresh_loads(args.model, args.repeats)
     new_s, new = _median_seconds(lambda: gguf_tokenizer.GGUFTokenizer.from_metadata(md),
                                  args.repeats)
     start = time.perf_counter()
@@ -97,7 +99,8 @@ def main() -> None:
     old_s, prev = _median_seconds(old_cached, args.repeats)
     print(f"host load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
     print(f"spm.py, median of {args.repeats}: first load in a fresh process {first_s:.3f} s "
-          f"(then its first encode of 4 KB {first_encode_s * 1e3:.1f} ms); "
+          f"({first_cpu_s:.3f} s of CPU; then its first encode of 4 KB "
+          f"{first_encode_s * 1e3:.1f} ms); "
           f"repeated in one process {new_s:.3f} s")
     print(f"old path (tokenizers): uncached {old_uncached_s:.3f} s (one build), cached "
           f"{old_s:.3f} s (median of {args.repeats})")

@@ -206,8 +206,10 @@ def _number_list(md: Mapping[str, Any], key: str, n: int, required: bool) -> lis
         return None
     if len(items) != n:
         raise MetadataError(f"{key} has {len(items)} entries, expected one per token ({n})")
-    if set(map(type, items)) == {float} and all(map(math.isfinite, items)):
-        return items    # what our reader gives; the loop below finds the bad entry otherwise
+    # what our reader gives (a finite sum has no inf or nan in it; one that
+    # overflows goes the long way); the loop below finds the bad entry otherwise
+    if set(map(type, items)) == {float} and math.isfinite(sum(items)):
+        return items
     for i, s in enumerate(items):
         if isinstance(s, bool) or not isinstance(s, numbers.Real) or not math.isfinite(s):
             raise MetadataError(f"{key}[{i}] is {_show(s)}, expected a finite number")

@@ -55,10 +55,12 @@ class SpmTokenizer:
         n = len(tokens)
         # Building is one dict and one pass over the types: every other table
         # reads only the few thousand tokens that are not NORMAL.
-        texts = tokens if "" not in tokens else \
-            [t if t else f"[EMPTY_{i}]" for i, t in enumerate(tokens)]   # read, never changed
-        self.texts: Sequence[str] = texts
+        texts = tokens   # read, never changed
         self.ids: dict[str, int] = dict(zip(texts, range(n)))   # a repeated text: the last id
+        if "" in self.ids:   # rare: the dict answers at once where a scan of the list would not
+            texts = [t if t else f"[EMPTY_{i}]" for i, t in enumerate(tokens)]
+            self.ids = dict(zip(texts, range(n)))
+        self.texts: Sequence[str] = texts
         self.scores: Sequence[float] = scores if scores is not None else [0.0] * n
         self.types: list[int] = llama_cpp_types(texts, types, self.ids)
         self.add_space_prefix = add_space_prefix
