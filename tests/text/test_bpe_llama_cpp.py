@@ -24,7 +24,7 @@ from muser_torch.text import tokenizer_from_metadata
 
 from .. import lcpp
 from .samples import CODE, EMOJI, FRAGMENTS, MULTILINGUAL, fresh_seed, random_texts, whitespace_runs
-from .test_special_text import FAMILY_CONTROL, FAMILY_USER, R1_CONTROL, R1_USER
+from .family_templates import FAMILY_CONTROL, FAMILY_USER, R1_CONTROL, R1_USER
 from .tiny_tokenizers import gpt2_metadata, write_tokenizer_gguf
 
 pytest.importorskip("transformers")

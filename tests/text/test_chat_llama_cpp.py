@@ -28,11 +28,9 @@ from muser_torch.text import tokenizer_from_metadata
 from muser_torch.text.chat import ChatTemplate
 
 from .. import lcpp
-from ..glimmer.test_tokenizer import MUSE_TEMPLATE
-from . import family_templates as ft
 from .chat_templates import CONVERSATIONS, TEMPLATES, render_variables, special_tokens
+from .family_templates import FAMILY_CONTROL, FAMILY_USER, MUSE_TEMPLATE
 from .samples import fresh_seed
-from .test_special_text import FAMILY_CONTROL, FAMILY_USER
 from .tiny_tokenizers import (CHATML_TEMPLATE, GEMMA_TEMPLATE, LLAMA2_TEMPLATE, gpt2_metadata,
                               write_tokenizer_gguf)
 
@@ -75,9 +73,8 @@ def carrying(messages: list[dict], payload: str) -> list[dict]:
 
 def chats(tok, render) -> list[tuple[str, str, list[int], list[int], str]]:
     """(conversation, plain prompt, its chat ids, the chat ids with every
-    message carrying the markup, that payload) for each conversation the
-    template renders."""
-    payload = "".join(tok.markup)
+    message carrying the template's own markup, that payload) for each
+    conversation the template renders."""
     out = []
     for conversation, (messages, tools) in sorted(CONVERSATIONS.items()):
         marker = tok.marker()
@@ -86,6 +83,9 @@ def chats(tok, render) -> list[tuple[str, str, list[int], list[int], str]]:
             ids = tok.encode_marked(render(marker.mark_messages(messages), tools), bos=False)
         except ChatTemplateError:   # the template refuses this conversation
             continue
+        # every markup token the prompt holds, and the file's BOS and EOS
+        payload = "".join([t for t in tok.markup if t in plain]
+                          + [tok.token(i) for i in (tok.bos_id, tok.eos_id) if i is not None])
         try:
             spoofed = tok.encode_marked(render(marker.mark_messages(carrying(messages, payload)),
                                                tools), bos=False)
@@ -146,7 +146,7 @@ def test_the_comparison_sees_markup_from_a_message(families, tmp_path):
     tok, path = families
     render = renderer("chatml-tools-reasoning", 0, True)
     messages, tools = CONVERSATIONS["system and turns"]
-    payload = "".join(tok.markup)
+    payload = "".join(t for t in tok.markup if t in render(messages, tools))
     plain = tok.encode(render(messages, tools), bos=False, parse_special=True)
     old = tok.encode(render(carrying(messages, payload), tools), bos=False, parse_special=True)
     assert len(control_ids(tok, old)) > len(control_ids(tok, plain))
