@@ -8,6 +8,12 @@ token. USER_DEFINED tokens (``<think>``) are matched whole either way
 (llama-vocab.cpp, ``tokenizer_st_partition``); the tokenizer's backend does that,
 in the text left between control tokens (llama.cpp takes all of them longest
 first; the two differ only where a USER_DEFINED token overlaps a control one).
+The types are those llama.cpp's loader leaves (``llama_cpp_types``): it retypes
+some tokens by their text, so an ``<|im_end|>`` the file calls USER_DEFINED is
+CONTROL, and gpt-oss's channel markers, CONTROL in the file, are USER_DEFINED.
+Those markers are matched whole by ``encode`` as llama.cpp matches them, but a
+chat takes them from the template's markup only (``GGUFTokenizer.markup``):
+Muse Glimmer writes its turns with them.
 
 A chat prompt needs both at once: the template's markup as control tokens, a
 message's content as text, even where it spells a control token (else a user
