@@ -27,14 +27,16 @@ template's markup as control tokens and the messages' text as text.
 """
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping, Sequence
+import contextlib
+import gc
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 from ..errors import ChatTemplateError, MetadataError
 from .chat_limits import ChatLimits
 from .metadata import (CHAT_TEMPLATE_KEY, LLAMA3_FAMILY_PRE, MODEL_KEY, PREFIX, VocabMetadata,
                        read_vocab_metadata)
 from . import special, spm_bpe, tokenizer_cache
-from .spm import SpmTokenizer, check_byte_tokens
+from .spm import SpmTokenizer
 from .requirements import require
 
 MODELS = ("gpt2", "llama")
@@ -52,7 +54,7 @@ class GGUFTokenizer:
         self.model = vocab.model
         self.bos_id: int | None = vocab.bos_id
         self.eos_id: int | None = vocab.eos_id
-        self.stop_ids: tuple[int, ...] = vocab.stop_ids()
+        self.stop_ids: tuple[int, ...] = vocab.stop_ids(backend.ids if self._spm else None)
         self.add_bos = vocab.add_bos
         self.add_eos = vocab.add_eos
         self.chat_template: str | None = vocab.chat_template
@@ -61,11 +63,24 @@ class GGUFTokenizer:
         self._compiled = None
         # Control-token text is text unless asked for (``encode``'s parse_special,
         # the markup of a chat): the backend never matches it, ``special`` does.
-        if self._spm:   # the types as llama.cpp's loader leaves them
+        # ``controls`` are the tokens llama.cpp's parse_special decides (its
+        # loader's types); ``markup`` adds those the file calls CONTROL and
+        # llama.cpp matches always (gpt-oss's channel markers, Muse Glimmer's
+        # turns): ``encode`` matches them as llama.cpp does, a chat only in
+        # the template's markup.
+        if self._spm:
             self.controls = backend.controls
+            self._always: dict[str, int] = backend.demoted
         else:
             self.backend.encode_special_tokens = True
-            self.controls = special.control_table(vocab.tokens, vocab.token_types)
+            ids = dict(zip(vocab.tokens, range(len(vocab.tokens))))
+            types = special.llama_cpp_types(vocab.tokens, vocab.token_types, ids)
+            self.controls = special.control_table(vocab.tokens, types)
+            file_controls = special.control_table(vocab.tokens, vocab.token_types)
+            self._always = {t: i for t, i in file_controls.items()
+                            if types[i] == special.USER_DEFINED}
+            _controls_as_special(self.backend, self.controls, vocab.token_types)
+        self.markup = {**self.controls, **self._always}
         self._marker: "special.Marker | None" = None
 
     @classmethod
@@ -73,9 +88,11 @@ class GGUFTokenizer:
         model = md.get(MODEL_KEY)
         if model not in MODELS:
             raise MetadataError(f"{MODEL_KEY} is {model!r}; this class builds {list(MODELS)}")
-        vocab = read_vocab_metadata(md, model)
         if model == "llama":
-            return cls(vocab, spm_backend(vocab))
+            with _collector_paused():
+                vocab = read_vocab_metadata(md, model)
+                return cls(vocab, spm_backend(vocab))
+        vocab = read_vocab_metadata(md, model)
         require("tokenizers")   # a cached tokenizer needs no transformers; a build does
         return cls(vocab, tokenizer_cache.load_or_build(md, vocab, build_backend))
 
@@ -103,7 +120,7 @@ class GGUFTokenizer:
             raise ValueError(f"parse_special is True or False, got {parse_special!r}")
         if self._spm:   # llama.cpp's own partition, every special token longest first
             return self._with_ends(self.backend.encode(text, parse_special), bos, eos)
-        parts = special.split_controls(text, self.controls) if parse_special else [text]
+        parts = special.split_controls(text, self.markup if parse_special else self._always)
         return self._with_ends(self._encode_parts(parts), bos, eos)
 
     def decode(self, ids: Iterable[int]) -> str:
@@ -160,7 +177,7 @@ class GGUFTokenizer:
         (markup and message text together) tokenized as one fragment."""
         pieces = special.spans(rendered)
         markup = special.MARKS.join(t for is_text, t in pieces if not is_text)
-        found = {t: i for t, i in self.controls.items() if t in markup}   # once, not per span
+        found = {t: i for t, i in self.markup.items() if t in markup}   # once, not per span
         parts: list[str | int] = []
         for is_text, t in pieces:
             parts += [t] if is_text else special.split_controls(t, found)
@@ -171,7 +188,7 @@ class GGUFTokenizer:
         if self._marker is None:
             types = self.vocab.token_types or ()
             user = [t for t, k in zip(self.vocab.tokens, types) if k == special.USER_DEFINED]
-            self._marker = special.Marker(self.controls, user)
+            self._marker = special.Marker(self.markup, user)
         return self._marker
 
     def _encode_parts(self, parts: Sequence[str | int]) -> list[int]:
@@ -192,9 +209,10 @@ class GGUFTokenizer:
         return ids
 
     def _text_ids(self, text: str) -> list[int]:
-        """The ids of one fragment of text, control-token text kept as text."""
+        """The ids of one fragment of text, the text of every markup token
+        (``markup``) kept as text."""
         if self._spm:
-            return self.backend.encode(text, parse_special=False)
+            return self.backend.encode(text, parse_special=False, markup_as_text=True)
         return self.backend.encode(text, add_special_tokens=False).ids
 
     def _with_ends(self, ids: list[int], bos: bool | None, eos: bool | None) -> list[int]:
@@ -219,9 +237,38 @@ class GGUFTokenizer:
         return i
 
 
+def _controls_as_special(backend: Any, controls: Mapping[str, int],
+                         file_types: Sequence[int] | None) -> None:
+    """A USER_DEFINED token of the file that llama.cpp makes CONTROL by its
+    text (an ``<|im_end|>`` typed USER_DEFINED) is registered as special in
+    ``backend``, which then leaves its text as text (``encode_special_tokens``):
+    parse_special decides it, as in llama.cpp."""
+    from tokenizers import AddedToken
+
+    retyped = [t for t, i in controls.items()
+               if file_types is not None and file_types[i] == special.USER_DEFINED]
+    if retyped:
+        backend.add_special_tokens([AddedToken(t, special=True, normalized=False)
+                                    for t in retyped])
+
+
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off while a vocabulary's tables are
+    built: their hundreds of thousands of objects hold no cycles, and each
+    collection that their allocation would set off scans them all again
+    (a tenth of Gemma 3's load)."""
+    was_on = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_on:
+            gc.enable()
+
+
 def spm_backend(vocab: VocabMetadata) -> SpmTokenizer:
     """The ``SpmTokenizer`` of a checked "llama" vocabulary."""
-    check_byte_tokens(vocab.tokens, vocab.token_types)
     backend = SpmTokenizer(vocab.tokens, vocab.scores, vocab.token_types, vocab.add_space_prefix)
     if len(backend.ids) != len(vocab.tokens):
         # llama.cpp keeps the last id of a repeated text; a file that repeats

@@ -84,11 +84,16 @@ class VocabMetadata:
     def eos_id(self) -> int | None:
         return self.special_ids.get("eos_token")
 
-    def stop_ids(self) -> tuple[int, ...]:
-        """EOS first, then EOT/EOM and the end-of-turn tokens found by text, each once."""
+    def stop_ids(self, ids: Mapping[str, int] | None = None) -> tuple[int, ...]:
+        """EOS first, then EOT/EOM and the end-of-turn tokens found by text, each once.
+        ``ids`` (text -> id of a vocabulary without repeated texts) finds those
+        by lookup instead of a pass over the tokens."""
         found = [self.eos_id] if self.eos_id is not None else []
         found += self.end_ids
-        found += [i for i, t in enumerate(self.tokens) if t in END_OF_TURN_TEXTS]
+        if ids is None:
+            found += [i for i, t in enumerate(self.tokens) if t in END_OF_TURN_TEXTS]
+        else:
+            found += sorted(ids[t] for t in END_OF_TURN_TEXTS if t in ids)
         return tuple(dict.fromkeys(found))
 
 
@@ -185,6 +190,8 @@ def _string_list(md: Mapping[str, Any], key: str, required: bool,
         if required:
             raise MetadataError(f"{key} is missing")
         return None
+    if set(map(type, items)) == {str}:
+        return items    # what our reader gives; the loop below finds the bad entry otherwise
     for i, t in enumerate(items):
         if not isinstance(t, str):
             raise MetadataError(f"{key}[{i}] is {_show(t)}, expected a string")
@@ -199,8 +206,10 @@ def _number_list(md: Mapping[str, Any], key: str, n: int, required: bool) -> lis
         return None
     if len(items) != n:
         raise MetadataError(f"{key} has {len(items)} entries, expected one per token ({n})")
-    if all(type(s) is float for s in items) and all(map(math.isfinite, items)):
-        return items    # what our reader gives; the loop below finds the bad entry otherwise
+    # what our reader gives (a finite sum has no inf or nan in it; one that
+    # overflows goes the long way); the loop below finds the bad entry otherwise
+    if set(map(type, items)) == {float} and math.isfinite(sum(items)):
+        return items
     for i, s in enumerate(items):
         if isinstance(s, bool) or not isinstance(s, numbers.Real) or not math.isfinite(s):
             raise MetadataError(f"{key}[{i}] is {_show(s)}, expected a finite number")
@@ -214,7 +223,7 @@ def _token_types(md: Mapping[str, Any], n: int) -> list[int] | None:
         return None
     if len(items) != n:
         raise MetadataError(f"{key} has {len(items)} entries, expected one per token ({n})")
-    if all(type(t) is int for t in items) and set(items) <= TOKEN_TYPES.keys():
+    if set(map(type, items)) == {int} and set(items) <= TOKEN_TYPES.keys():
         return items
     for i, t in enumerate(items):
         if isinstance(t, bool) or not isinstance(t, numbers.Integral) or int(t) not in TOKEN_TYPES:

@@ -8,6 +8,12 @@ token. USER_DEFINED tokens (``<think>``) are matched whole either way
 (llama-vocab.cpp, ``tokenizer_st_partition``); the tokenizer's backend does that,
 in the text left between control tokens (llama.cpp takes all of them longest
 first; the two differ only where a USER_DEFINED token overlaps a control one).
+The types are those llama.cpp's loader leaves (``llama_cpp_types``): it retypes
+some tokens by their text, so an ``<|im_end|>`` the file calls USER_DEFINED is
+CONTROL, and gpt-oss's channel markers, CONTROL in the file, are USER_DEFINED.
+Those markers are matched whole by ``encode`` as llama.cpp matches them, but a
+chat takes them from the template's markup only (``GGUFTokenizer.markup``):
+Muse Glimmer writes its turns with them.
 
 A chat prompt needs both at once: the template's markup as control tokens, a
 message's content as text, even where it spells a control token (else a user
@@ -49,10 +55,51 @@ SLOT = "\ufdd2"
 # Found in the markup, they mean a message's text was written there unmarked.
 ESCAPED_MARK = re.compile(r"\\u0{0,4}fdd[01]|%ef%b7%9[01]", re.IGNORECASE)
 # llama.cpp's token types: parse_special decides UNKNOWN and CONTROL tokens.
-UNKNOWN, CONTROL, USER_DEFINED = 2, 3, 4
+NORMAL, UNKNOWN, CONTROL, USER_DEFINED = 1, 2, 3, 4
+# Texts that llama.cpp's loader makes CONTROL whatever the file says
+# (its end-of-turn, end-of-generation and fill-in-the-middle detection by text).
+CONTROL_BY_TEXT = frozenset({
+    "</s>", "<EOT>", "<MID>", "<PAD>", "<PRE>", "<REPO>", "<SUF>", "<end_of_turn>",
+    "<end_of_utterance>", "<eos>", "<fim-middle>", "<fim-pad>", "<fim-prefix>", "<fim-repo>",
+    "<fim-suffix>", "<fim_middle>", "<fim_pad>", "<fim_prefix>", "<fim_suffix>", "<reponame>",
+    "<turn|>", "<|calls|>", "<|call|>", "<|code_middle|>", "<|code_prefix|>", "<|code_suffix|>",
+    "<|end_of_text|>", "<|endoftext|>", "<|end|>", "<|eom_id|>", "<|eot_id|>", "<|file_sep|>",
+    "<|fim_middle|>", "<|fim_pad|>", "<|fim_prefix|>", "<|fim_repo|>", "<|fim_suffix|>",
+    "<|flush|>", "<|im_end|>", "<|middle|>", "<|prefix|>", "<|repo_name|>", "<|return|>",
+    "<|suffix|>", "<|tool_response>", "<\uff5cend\u2581of\u2581sentence\uff5c>",
+    "<\uff5cfim\u2581begin\uff5c>", "<\uff5cfim\u2581end\uff5c>", "<\uff5cfim\u2581hole\uff5c>",
+    "[EOS]", "[EOT]", "[PAD]", "[e~[", "_<EOT>", "\u2581<MID>", "\u2581<PRE>", "\u2581<SUF>",
+})
+# gpt-oss's markers, which llama.cpp's loader makes USER_DEFINED (matched whole
+# with or without parse_special).
+USER_DEFINED_BY_TEXT = frozenset({"<|channel|>", "<|message|>", "<|start|>", "<|constrain|>"})
 # The message fields that hold text; every other string is structure (role,
 # name, tool call ids, ...) that templates compare, so it is checked, not marked.
 TEXT_FIELDS = frozenset({"content", "reasoning_content", "thinking", "reasoning"})
+
+
+def llama_cpp_types(texts: Sequence[str], types: Sequence[int] | None,
+                    ids: Mapping[str, int]) -> list[int]:
+    """The token types as llama.cpp's loader leaves them, ``ids`` being its
+    text-to-id map (a repeated text: the later id). It overrides the file in
+    ways that change tokenization: a text of ``CONTROL_BY_TEXT`` becomes
+    CONTROL, gpt-oss's four markers USER_DEFINED; ``<|end|>`` is USER_DEFINED
+    beside ``<|return|>`` and ``<|call|>`` (or ``<|calls|>`` and ``<|flush|>``),
+    and ``</s>`` NORMAL beside ``<|tool_response>`` (the end tokens it then
+    ends generation with instead)."""
+    out = list(types) if types is not None else [NORMAL] * len(texts)
+    for group, kind in ((CONTROL_BY_TEXT, CONTROL), (USER_DEFINED_BY_TEXT, USER_DEFINED)):
+        for t in group:
+            i = ids.get(t)
+            if i is not None:
+                out[i] = kind
+    has = ids.__contains__
+    call = has("<|call|>") or has("<|calls|>")
+    if has("<|end|>") and ((has("<|return|>") and call) or (call and has("<|flush|>"))):
+        out[ids["<|end|>"]] = USER_DEFINED
+    if has("</s>") and has("<|tool_response>"):
+        out[ids["</s>"]] = NORMAL
+    return out
 
 
 def control_table(tokens: Sequence[str], types: Sequence[int] | None) -> dict[str, int]:

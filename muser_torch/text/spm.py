@@ -24,10 +24,7 @@ read for the facts, not the code):
    (llama.cpp also looks a non-token symbol up among the merges it made, but
    every merged symbol is a token, so only single characters reach the bytes.)
 
-Token types follow llama.cpp's loader, which overrides the file in two ways
-that change tokenization: tokens whose text names an end of turn, an end of
-generation or a fill-in-the-middle marker become CONTROL (``CONTROL_BY_TEXT``),
-and gpt-oss's four channel markers become USER_DEFINED. An empty token is
+Token types follow llama.cpp's loader (``special.llama_cpp_types``). An empty token is
 spelled ``[EMPTY_<id>]``, and a text held by two ids means the later one, as
 llama.cpp's text-to-id map has it.
 
@@ -37,31 +34,16 @@ Nothing here parses JSON or needs a third-party package: building the
 from __future__ import annotations
 
 import heapq
+import re
 from typing import Iterable, Sequence
 
 from ..errors import MetadataError
+from .special import llama_cpp_types
 
 SPACE = "\u2581"
+_NOT_NORMAL = re.compile(rb"[^\x01]")
 # llama.cpp's token types (gguf-py's TokenType)
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
-
-# Texts that llama.cpp's loader makes CONTROL whatever the file says
-# (its end-of-turn, end-of-generation and fill-in-the-middle detection by text).
-CONTROL_BY_TEXT = frozenset({
-    "</s>", "<EOT>", "<MID>", "<PAD>", "<PRE>", "<REPO>", "<SUF>", "<end_of_turn>",
-    "<end_of_utterance>", "<eos>", "<fim-middle>", "<fim-pad>", "<fim-prefix>", "<fim-repo>",
-    "<fim-suffix>", "<fim_middle>", "<fim_pad>", "<fim_prefix>", "<fim_suffix>", "<reponame>",
-    "<turn|>", "<|calls|>", "<|call|>", "<|code_middle|>", "<|code_prefix|>", "<|code_suffix|>",
-    "<|end_of_text|>", "<|endoftext|>", "<|end|>", "<|eom_id|>", "<|eot_id|>", "<|file_sep|>",
-    "<|fim_middle|>", "<|fim_pad|>", "<|fim_prefix|>", "<|fim_repo|>", "<|fim_suffix|>",
-    "<|flush|>", "<|im_end|>", "<|middle|>", "<|prefix|>", "<|repo_name|>", "<|return|>",
-    "<|suffix|>", "<|tool_response>", "<\uff5cend\u2581of\u2581sentence\uff5c>",
-    "<\uff5cfim\u2581begin\uff5c>", "<\uff5cfim\u2581end\uff5c>", "<\uff5cfim\u2581hole\uff5c>",
-    "[EOS]", "[EOT]", "[PAD]", "[e~[", "_<EOT>", "\u2581<MID>", "\u2581<PRE>", "\u2581<SUF>",
-})
-# gpt-oss's markers, which llama.cpp's loader makes USER_DEFINED (always rendered).
-USER_DEFINED_BY_TEXT = frozenset({"<|channel|>", "<|message|>", "<|start|>", "<|constrain|>"})
-
 
 class SpmTokenizer:
     """One vocabulary's encoder and decoder (module docstring). ``encode``
@@ -73,15 +55,20 @@ class SpmTokenizer:
         n = len(tokens)
         # Building is one dict and one pass over the types: every other table
         # reads only the few thousand tokens that are not NORMAL.
-        texts = list(tokens) if "" not in tokens else \
-            [t if t else f"[EMPTY_{i}]" for i, t in enumerate(tokens)]
-        self.texts = texts
+        texts = tokens   # read, never changed
         self.ids: dict[str, int] = dict(zip(texts, range(n)))   # a repeated text: the last id
+        if "" in self.ids:   # rare: the dict answers at once where a scan of the list would not
+            texts = [t if t else f"[EMPTY_{i}]" for i, t in enumerate(tokens)]
+            self.ids = dict(zip(texts, range(n)))
+        self.texts: Sequence[str] = texts
         self.scores: Sequence[float] = scores if scores is not None else [0.0] * n
-        self.types: list[int] = _llama_cpp_types(texts, types, self.ids)
+        self.types: list[int] = llama_cpp_types(texts, types, self.ids)
         self.add_space_prefix = add_space_prefix
         self.byte_ids = [self.ids.get(f"<0x{b:02X}>", self.ids.get(chr(b))) for b in range(256)]
-        odd = [i for i, k in enumerate(self.types) if k != NORMAL]
+        # the ids of the types that are not NORMAL: a regex over the types as
+        # bytes (0-6, checked by metadata.py) finds them in C, not a Python loop
+        odd = [m.start() for m in _NOT_NORMAL.finditer(bytes(self.types))]
+        check_byte_tokens(texts, [i for i in odd if self.types[i] == BYTE])
         # (text, id) of the special tokens, in the order they are cut out: the
         # longest in UTF-8 bytes first; among equal lengths by id (llama.cpp's
         # std::sort leaves their order open; it matters only where two of one
@@ -90,6 +77,10 @@ class SpmTokenizer:
         specials.sort(key=lambda p: (-len(p[0].encode("utf-8")), p[1]))
         self._all_specials = specials
         self._user_specials = [p for p in specials if self.types[p[1]] == USER_DEFINED]
+        # CONTROL in the file, USER_DEFINED in llama.cpp (gpt-oss's markers):
+        # matched always, except in a chat message's text (``markup_as_text``)
+        self.demoted = {t: i for t, i in self._user_specials if types and types[i] == CONTROL}
+        self._text_specials = [p for p in self._user_specials if p[0] not in self.demoted]
         self._skip = frozenset(i for i in odd if self.types[i] in (CONTROL, UNKNOWN))
         self._bytes_of = {i: int(texts[i][3:5], 16) for i in odd if self.types[i] == BYTE}
         # text -> id of the tokens parse_special turns on, the first id of a text
@@ -99,12 +90,14 @@ class SpmTokenizer:
 
     # ---- encoding -----------------------------------------------------------
 
-    def encode(self, text: str, parse_special: bool = False) -> list[int]:
+    def encode(self, text: str, parse_special: bool = False,
+               markup_as_text: bool = False) -> list[int]:
         """The ids of ``text``, BOS and EOS left to the caller (llama.cpp's
-        ``llama_tokenize`` with add_special false)."""
+        ``llama_tokenize`` with add_special false). ``markup_as_text`` keeps
+        the ``demoted`` tokens' text as text too (a chat message's text)."""
         out: list[int] = []
         prev_special = True   # the first fragment is prefixed, as after a special token
-        for part in self.partition(text, parse_special):
+        for part in self.partition(text, parse_special, markup_as_text):
             if isinstance(part, int):
                 out.append(part)
                 prev_special = True
@@ -115,9 +108,11 @@ class SpmTokenizer:
             prev_special = False
         return out
 
-    def partition(self, text: str, parse_special: bool) -> list[str | int]:
+    def partition(self, text: str, parse_special: bool,
+                  markup_as_text: bool = False) -> list[str | int]:
         """``text`` as runs of text and special-token ids (rule 1)."""
-        specials = self._all_specials if parse_special else self._user_specials
+        specials = self._all_specials if parse_special else \
+            self._text_specials if markup_as_text else self._user_specials
         parts: list[str | int] = [text] if text else []
         for tok, i in specials:
             if tok not in text:   # the whole text first: most tokens appear nowhere
@@ -237,23 +232,10 @@ def _utf8_run(run: bytearray) -> str:
         return "\ufffd" * len(run)
 
 
-def _llama_cpp_types(texts: Sequence[str], types: Sequence[int] | None,
-                     ids: dict[str, int]) -> list[int]:
-    """The token types as llama.cpp's loader leaves them (module docstring).
-    It changes the id its text-to-id map holds for each text, so do we."""
-    out = list(types) if types is not None else [NORMAL] * len(texts)
-    for group, kind in ((CONTROL_BY_TEXT, CONTROL), (USER_DEFINED_BY_TEXT, USER_DEFINED)):
-        for t in group:
-            i = ids.get(t)
-            if i is not None:
-                out[i] = kind
-    return out
-
-
-def check_byte_tokens(tokens: Sequence[str], types: Sequence[int] | None) -> None:
-    """Refuse a BYTE token whose text is not ``<0xNN>``: decoding reads its byte
-    from that text."""
-    for i in [i for i, k in enumerate(types or ()) if k == BYTE]:
+def check_byte_tokens(tokens: Sequence[str], byte_ids: Iterable[int]) -> None:
+    """Refuse a BYTE token (its id among ``byte_ids``) whose text is not
+    ``<0xNN>``: decoding reads its byte from that text."""
+    for i in byte_ids:
         t = tokens[i]
         if not (len(t) == 6 and t.startswith("<0x") and t.endswith(">")
                               and all(c in "0123456789ABCDEFabcdef" for c in t[3:5])):

@@ -7,6 +7,7 @@ import pytest
 from muser_torch.gguf_io import load_gguf, save_gguf
 from muser_torch.text.byte_tokenizer import ByteTokenizer
 
+from ..text.family_templates import MUSE_TEMPLATE
 
 
 def test_bytes_round_trip():
@@ -36,10 +37,6 @@ def test_foreign_tokenizers_are_refused(key, value):
 
 
 # ---- Muse Glimmer files: the release's kind of tokenizer, and none ----------
-
-MUSE_TEMPLATE = ("{% for m in messages %}<|start|>{{ m['role'] }}\n{{ m['content'] }}<|eot|>"
-                 "{% endfor %}{% if add_generation_prompt %}<|start|>assistant\n{% endif %}")
-
 
 def _muse_vocab() -> dict:
     """A byte-level BPE (``gpt2``) vocabulary shaped like the release's: the

@@ -2,7 +2,10 @@
 written here (none is a copy of a published template file). Each comment
 names the format a template renders; ``chat_templates.TEMPLATES`` is the
 table that lists them with the others, ``FAMILY_TOKENS`` the special
-token strings each family's files name.
+token strings each family's files name, ``FAMILY_CONTROL`` and
+``FAMILY_USER`` every family's markup tokens (a vocabulary that holds them
+all renders every template here), ``MUSE_TEMPLATE`` the Muse Glimmer tests'
+plain turn template.
 """
 from __future__ import annotations
 
@@ -319,3 +322,24 @@ RENDER_VARIABLES = {
     "qwen3-tools-thinking": [{"enable_thinking": False}, {"enable_thinking": True}],
     "glimmer-atem": [{"reasoning_strength": "low"}],
 }
+
+# DeepSeek-R1's markers: outside GPT-2's byte alphabet (U+FF5C, U+2581).
+R1_CONTROL = ("<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>")
+R1_USER = ("<think>", "</think>", "<｜tool▁sep｜>")
+
+# Every family's markup, CONTROL and USER_DEFINED as the families' files type it.
+FAMILY_CONTROL = ("<s>", "</s>", "<unk>", "<pad>", "<|begin_of_text|>", "<|end_of_text|>",
+                  "<|eot_id|>", "<|start_header_id|>", "<|end_header_id|>", "<bos>", "<eos>",
+                  "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|im_sep|>", "<|assistant|>",
+                  "<|end|>", "<|eom|>", "<|eot|>", "<|message|>", "<|start|>", "<start_of_turn>",
+                  "<end_of_turn>", "<start_of_image>", "[INST]", "[/INST]", "[SYSTEM_PROMPT]",
+                  "[/SYSTEM_PROMPT]", "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]", "[TOOL_CALLS]",
+                  "[TOOL_RESULTS]", "[/TOOL_RESULTS]") + R1_CONTROL + (
+                  "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>", "<｜tool▁call▁begin｜>",
+                  "<｜tool▁call▁end｜>", "<｜tool▁outputs▁begin｜>", "<｜tool▁outputs▁end｜>",
+                  "<｜tool▁output▁begin｜>", "<｜tool▁output▁end｜>", "<｜tool▁sep｜>")
+FAMILY_USER = ("<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_response>",
+               "</tool_response>", "<tools>", "</tools>", "</tool_output>", "<image>")
+
+MUSE_TEMPLATE = ("{% for m in messages %}<|start|>{{ m['role'] }}\n{{ m['content'] }}<|eot|>"
+                 "{% endfor %}{% if add_generation_prompt %}<|start|>assistant\n{% endif %}")

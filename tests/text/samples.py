@@ -73,3 +73,27 @@ def random_texts(seed: int, n: int = 24) -> list[str]:
 
 def all_samples(seed: int) -> list[str]:
     return list(FRAGMENTS) + random_texts(seed)
+
+
+# Text for the comparisons with llama.cpp's tokenizer (test_spm_llama_cpp.py,
+# test_bpe_llama_cpp.py): C code with tabs, emoji sequences, runs of whitespace.
+CODE = '''#include <stdio.h>
+int main(void) {
+\tfor (int i = 0; i < 10; ++i) {   // count
+\t\tprintf("%d\\n", i * i);
+\t}
+\treturn 0;   /* done */
+}
+'''
+EMOJI = "🎉🚀👩‍💻🇫🇷👍🏽✨ 🙂🙃 ⚙️ 🧑🏿‍🚀 \U0001FAE0 \U000E0041"   # a tag character: byte fallback
+
+
+def whitespace_runs() -> list[str]:
+    """Runs of one whitespace kind around the longest run token (31), between
+    letters, alone and mixed; and a long mixed run."""
+    out = []
+    for ch in (" ", "\t", "\n"):
+        for n in (1, 2, 3, 15, 16, 30, 31, 32, 33, 35, 61, 62, 63, 64, 100):
+            out += [f"a{ch * n}b", ch * n, f"{ch * n}x{ch * n}"]
+    out += [" \t\n" * 20, "\n \n  \n   \n" * 5, "x" + " \t" * 40 + "y", "\r\n" * 9 + "\r" * 3]
+    return out

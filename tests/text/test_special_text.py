@@ -23,6 +23,7 @@ from muser_torch.text.metadata import read_vocab_metadata
 
 from .. import lcpp
 from . import family_templates as ft
+from .family_templates import FAMILY_CONTROL, FAMILY_USER, R1_CONTROL, R1_USER
 from .chat_templates import CONVERSATIONS, TEMPLATES, render_variables, special_tokens
 from .samples import fresh_seed
 from .tiny_tokenizers import CHATML_TEMPLATE, GEMMA_TEMPLATE, gpt2_metadata
@@ -35,8 +36,6 @@ CHAT = [{"role": "system", "content": "Answer briefly."},
         {"role": "user", "content": "  What is the capital of France?\n"},
         {"role": "assistant", "content": "Paris."},
         {"role": "user", "content": "And of Japan?"}]
-R1_CONTROL = ("<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>")
-R1_USER = ("<think>", "</think>", "<｜tool▁sep｜>")
 
 
 def controls_in(tok, ids: list[int]) -> list[int]:
@@ -194,18 +193,6 @@ def test_r1_markers_become_control_ids():
 
 # ---- every chat template of the tests --------------------------------------------
 
-FAMILY_CONTROL = ("<s>", "</s>", "<unk>", "<pad>", "<|begin_of_text|>", "<|end_of_text|>",
-                  "<|eot_id|>", "<|start_header_id|>", "<|end_header_id|>", "<bos>", "<eos>",
-                  "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|im_sep|>", "<|assistant|>",
-                  "<|end|>", "<|eom|>", "<|eot|>", "<|message|>", "<|start|>", "<start_of_turn>",
-                  "<end_of_turn>", "<start_of_image>", "[INST]", "[/INST]", "[SYSTEM_PROMPT]",
-                  "[/SYSTEM_PROMPT]", "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]", "[TOOL_CALLS]",
-                  "[TOOL_RESULTS]", "[/TOOL_RESULTS]") + R1_CONTROL + (
-                  "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>", "<｜tool▁call▁begin｜>",
-                  "<｜tool▁call▁end｜>", "<｜tool▁outputs▁begin｜>", "<｜tool▁outputs▁end｜>",
-                  "<｜tool▁output▁begin｜>", "<｜tool▁output▁end｜>", "<｜tool▁sep｜>")
-FAMILY_USER = ("<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_response>",
-               "</tool_response>", "<tools>", "</tools>", "</tool_output>", "<image>")
 CASES = [(name, i) for name in sorted(TEMPLATES) for i in range(len(render_variables(name)))]
 
 

@@ -3,7 +3,10 @@ tokenizer (``llama_tokenize`` in ``lcpp_logits``, ``tests/lcpp.py``), token for
 token, with parse_special false and true: the 12 multilingual samples and the
 fixed fragments, random text, runs of spaces, tabs and newlines past the
 longest run token (31 of each), code, emoji, and every special token's text.
-Without the peer (``tools/peers.sh``) these tests skip, saying so."""
+The same samples on small Llama-2-style vocabularies trained here
+(``tiny_tokenizers``: by the ``tokenizers`` library and by sentencepiece
+itself, with the space prefix on and off), written as tokenizer-only files
+that llama.cpp loads as a vocabulary. Without the peer (``tools/peers.sh``) these tests skip, saying so."""
 from __future__ import annotations
 
 import pytest
@@ -12,30 +15,10 @@ from muser_torch.gguf_io import load_gguf
 from muser_torch.text import tokenizer_from_metadata
 
 from .. import lcpp
-from .samples import FRAGMENTS, MULTILINGUAL, fresh_seed, random_texts
+from .samples import CODE, EMOJI, FRAGMENTS, MULTILINGUAL, fresh_seed, random_texts, whitespace_runs
+from .tiny_tokenizers import llama_metadata, sentencepiece_llama_metadata, write_tokenizer_gguf
 
 SEED = fresh_seed()
-
-CODE = '''#include <stdio.h>
-int main(void) {
-\tfor (int i = 0; i < 10; ++i) {   // count
-\t\tprintf("%d\\n", i * i);
-\t}
-\treturn 0;   /* done */
-}
-'''
-EMOJI = "🎉🚀👩‍💻🇫🇷👍🏽✨ 🙂🙃 ⚙️ 🧑🏿‍🚀 \U0001FAE0 \U000E0041"   # a tag character: byte fallback
-
-
-def whitespace_runs() -> list[str]:
-    """Runs of one whitespace kind around the longest run token (31), between
-    letters, alone and mixed; and a long mixed run."""
-    out = []
-    for ch in (" ", "\t", "\n"):
-        for n in (1, 2, 3, 15, 16, 30, 31, 32, 33, 35, 61, 62, 63, 64, 100):
-            out += [f"a{ch * n}b", ch * n, f"{ch * n}x{ch * n}"]
-    out += [" \t\n" * 20, "\n \n  \n   \n" * 5, "x" + " \t" * 40 + "y", "\r\n" * 9 + "\r" * 3]
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -43,8 +26,8 @@ def gemma(gemma_path):
     return tokenizer_from_metadata(load_gguf(gemma_path).metadata)
 
 
-def _texts(gemma) -> dict[str, list[str]]:
-    specials = [t for t, _ in gemma.backend._all_specials]
+def _texts(tok) -> dict[str, list[str]]:
+    specials = [t for t, _ in tok.backend._all_specials]
     return {
         "multilingual": list(MULTILINGUAL) + [f for f in FRAGMENTS if f],
         "random": random_texts(SEED, n=40),
@@ -67,6 +50,39 @@ def test_ids_are_llama_cpps(gemma, gemma_path, tmp_path, kind, parse_special):
         assert got == ids, (f"seed {SEED}, parse_special={parse_special}: {text[:80]!r}: "
                             f"ours {got[:20]} llama.cpp {ids[:20]}")
         assert gemma.decode(got) == gemma.decode(ids)
+
+
+# name -> the metadata of a small sentencepiece-style vocabulary
+TINY = {
+    "tokenizers-bpe": lambda: llama_metadata(SEED),
+    "tokenizers-bpe-no-prefix": lambda: llama_metadata(SEED + 1, add_space_prefix=False),
+    "sentencepiece": lambda: sentencepiece_llama_metadata(SEED + 2)[0],
+    "sentencepiece-no-prefix": lambda: sentencepiece_llama_metadata(SEED + 3,
+                                                                    add_space_prefix=False)[0],
+}
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """name -> (our tokenizer read back from the written file, its path)."""
+    root = tmp_path_factory.mktemp("spm")
+    out = {}
+    for name, build in TINY.items():
+        path = write_tokenizer_gguf(root / f"{name}.gguf", build(), "llama")
+        out[name] = tokenizer_from_metadata(load_gguf(path).metadata), path
+    return out
+
+
+@pytest.mark.parametrize("parse_special", [False, True])
+@pytest.mark.parametrize("name", TINY)
+def test_small_vocabularies_are_llama_cpps(tiny, tmp_path, name, parse_special):
+    tok, path = tiny[name]
+    texts = [t for kind in _texts(tok).values() for t in kind]
+    want = lcpp.llama_cpp_tokenize_many(path, texts, parse_special, tmp_path)
+    for text, ids in zip(texts, want):
+        got = tok.encode(text, bos=False, parse_special=parse_special)
+        assert got == ids, (f"seed {SEED}, {name}, parse_special={parse_special}: {text[:80]!r}: "
+                            f"ours {got[:20]} llama.cpp {ids[:20]}")
 
 
 def test_bos_is_added_as_llama_cpp_adds_it(gemma, gemma_path):

@@ -234,11 +234,17 @@ def sentencepiece_llama_metadata(seed: int = 0, vocab_size: int = 800,
 
 def write_tokenizer_gguf(path: str | Path, metadata: dict[str, Any], architecture: str) -> Path:
     """A GGUF holding only these keys and ``general.architecture`` (no tensors):
-    enough for transformers' ``AutoTokenizer.from_pretrained(dir, gguf_file=...)``."""
+    enough for transformers' ``AutoTokenizer.from_pretrained(dir, gguf_file=...)``
+    and for llama.cpp's vocab_only load (``tests/lcpp.py``), which wants the
+    token types as INT32, as llama.cpp's converter writes them."""
+    from gguf.constants import GGUFValueType
+
     from muser_torch.gguf_io import save_gguf
 
     path = Path(path)
-    save_gguf(path, {"general.architecture": architecture, "general.name": "tiny", **metadata}, {})
+    save_gguf(path, {"general.architecture": architecture, "general.name": "tiny", **metadata}, {},
+              types={"tokenizer.ggml.token_type": GGUFValueType.INT32,
+                     "tokenizer.ggml.scores": GGUFValueType.FLOAT32})
     return path
 
 

@@ -6,6 +6,8 @@
 // With MODE=tokenize-file: lcpp_logits MODEL.gguf tokenize-file FILE  -> one "IDS ..." line per record of FILE:
 //   records end in a NUL byte, each a flag byte ('1': parse_special true, '0': false) then the text
 //   (add_special false, so only the text's own tokens; many texts for one model load)
+// The tokenize modes load the vocabulary only (vocab_only): a file of tokenizer keys and
+// general.architecture, with no hyperparameters or tensors, is enough for them.
 #include "llama.h"
 #include <cstdio>
 #include <cstdlib>
@@ -18,10 +20,12 @@ int main(int argc, char ** argv) {
     llama_backend_init();
     auto mp = llama_model_default_params();
     mp.n_gpu_layers = 0;
+    const std::string mode = argv[2];
+    mp.vocab_only = mode == "tokenize" || mode == "tokenize-file";
     llama_model * model = llama_model_load_from_file(argv[1], mp);
     if (!model) { fprintf(stderr, "load failed\n"); return 1; }
     const llama_vocab * vocab = llama_model_get_vocab(model);
-    if (std::string(argv[2]) == "tokenize-file") {
+    if (mode == "tokenize-file") {
         FILE * f = fopen(argv[3], "rb");
         if (!f) { fprintf(stderr, "cannot open %s\n", argv[3]); return 1; }
         std::string all;
@@ -45,7 +49,7 @@ int main(int argc, char ** argv) {
         }
         return 0;
     }
-    if (std::string(argv[2]) == "tokenize") {
+    if (mode == "tokenize") {
         std::string text = argv[3];
         std::vector<llama_token> ids(text.size() + 16);
         int n = llama_tokenize(vocab, text.c_str(), (int) text.size(), ids.data(), (int) ids.size(), true, false);
