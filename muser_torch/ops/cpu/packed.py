@@ -1,0 +1,119 @@
+"""Weights repacked at load for the ggml-numerics kernels (``qdot_packed.c``).
+
+``repack`` interleaves ``PACKED_ROWS`` rows block by block, each field of
+the block in struct order (``formats/layout.py``), chunk by chunk (4 bytes; a
+2-byte ``d`` is one chunk), row by row; rows past the last whole group stay
+as they are, after the groups. The result is the file's bytes moved, none
+changed: the same size, ``unpack`` gives the file's bytes back, and
+tests/ops/cpu/test_packed.py checks it against an independent index walk.
+``qdot_packed.c`` reads this layout (its header draws it) and computes what
+``muser_matmul_q8`` computes on the file's layout, bit for bit.
+"""
+from __future__ import annotations
+
+import torch
+
+from ...formats.types import GGMLType
+from .build import _native_lib
+
+PACKED_ROWS = 16        # rows per group; qdot_packed.c's PACKED_ROWS (checked at first use)
+CHUNK = 4               # bytes of a field per row before the next row's
+PACKED_TYPES = frozenset({GGMLType.Q8_0, GGMLType.Q4_0, GGMLType.Q5_0})
+ISA_NAMES = ("plain C", "AVX2", "AVX-512 VNNI")
+
+
+def serves(qtype: GGMLType) -> bool:
+    """Whether ``qtype`` has a repacked kernel."""
+    return GGMLType(qtype) in PACKED_TYPES
+
+
+def _check_args(op: str, packed: torch.Tensor, qtype: GGMLType) -> None:
+    if qtype not in PACKED_TYPES:
+        raise ValueError(f"{op}: no packed layout for {qtype.name} "
+                         f"(serves {', '.join(sorted(t.name for t in PACKED_TYPES))})")
+    if packed.dtype != torch.uint8 or packed.dim() != 2 or packed.shape[1] % qtype.block_bytes:
+        raise ValueError(f"{op}: packed must be uint8 [n_out, row_bytes] with whole "
+                         f"{qtype.name} blocks of {qtype.block_bytes} bytes, got "
+                         f"{packed.dtype} {tuple(packed.shape)}")
+
+
+def _groups(packed: torch.Tensor, qtype: GGMLType) -> tuple[int, int, int]:
+    """(groups, blocks per row, block bytes)."""
+    return packed.shape[0] // PACKED_ROWS, packed.shape[1] // qtype.block_bytes, qtype.block_bytes
+
+
+def repack(packed: torch.Tensor, qtype: GGMLType) -> torch.Tensor:
+    """The file's rows ``packed`` (uint8 ``[n_out, row_bytes]``) in the packed
+    layout, a new tensor of the same shape (its rows no longer rows)."""
+    qtype = GGMLType(qtype)
+    _check_args("repack", packed, qtype)
+    G, nb, B = _groups(packed, qtype)
+    head = packed[:G * PACKED_ROWS].reshape(G, PACKED_ROWS, nb, B)
+    parts = []
+    for f in qtype.layout.fields:
+        c = min(CHUNK, f.nbytes)
+        v = head[..., f.offset:f.offset + f.nbytes].reshape(G, PACKED_ROWS, nb, f.nbytes // c, c)
+        parts.append(v.permute(0, 2, 3, 1, 4).reshape(G, nb, PACKED_ROWS * f.nbytes))
+    out = torch.empty_like(packed)
+    out[:G * PACKED_ROWS] = torch.cat(parts, dim=2).reshape(G * PACKED_ROWS, nb * B)
+    out[G * PACKED_ROWS:] = packed[G * PACKED_ROWS:]
+    return out
+
+
+def unpack(repacked: torch.Tensor, qtype: GGMLType) -> torch.Tensor:
+    """The inverse of ``repack``: the file's rows back."""
+    qtype = GGMLType(qtype)
+    _check_args("unpack", repacked, qtype)
+    G, nb, B = _groups(repacked, qtype)
+    head = repacked[:G * PACKED_ROWS].reshape(G, nb, PACKED_ROWS * B)
+    out = torch.empty_like(repacked)
+    rows = out[:G * PACKED_ROWS].view(G, PACKED_ROWS, nb, B)
+    at = 0
+    for f in qtype.layout.fields:
+        c = min(CHUNK, f.nbytes)
+        v = head[..., at:at + PACKED_ROWS * f.nbytes].reshape(G, nb, f.nbytes // c, PACKED_ROWS, c)
+        rows[..., f.offset:f.offset + f.nbytes] = v.permute(0, 3, 1, 2, 4).reshape(G, PACKED_ROWS, nb, f.nbytes)
+        at += PACKED_ROWS * f.nbytes
+    out[G * PACKED_ROWS:] = repacked[G * PACKED_ROWS:]
+    return out
+
+
+def _lib():
+    lib = _native_lib()
+    if lib is None:
+        raise RuntimeError("muser packed kernels: the native CPU library is unavailable")
+    if lib.muser_packed_rows() != PACKED_ROWS:
+        raise RuntimeError("qdot_packed.c's PACKED_ROWS does not match ops/cpu/packed.py's")
+    return lib
+
+
+def isa(force: int | None = None) -> int:
+    """The kernels in use (an index into ``ISA_NAMES``); ``force`` selects a
+    lower one (the tests run every one the CPU has), ValueError if it lacks it."""
+    got = _lib().muser_packed_isa(-1 if force is None else int(force))
+    if got < 0:
+        raise ValueError(f"packed kernels: this CPU cannot run {ISA_NAMES[force]}")
+    return got
+
+
+def isa_name() -> str:
+    return ISA_NAMES[isa()]
+
+
+def matmul(x: torch.Tensor, repacked: torch.Tensor, qtype: GGMLType, n_out: int, n_in: int,
+           threads: int = 1) -> torch.Tensor:
+    """``x[T, n_in] @ W.T`` in ggml's numerics on W's ``repack``: float32 ``[T, n_out]``."""
+    qtype = GGMLType(qtype)
+    _check_args("packed matmul", repacked, qtype)
+    if repacked.shape != (n_out, qtype.row_bytes(n_in)):
+        raise ValueError(f"packed matmul: weight is {tuple(repacked.shape)}, expected "
+                         f"({n_out}, {qtype.row_bytes(n_in)}) for {qtype.name} {n_in}->{n_out}")
+    if x.dim() != 2 or x.shape[1] != n_in or x.shape[0] < 1:
+        raise ValueError(f"packed matmul: x must be [tokens >= 1, {n_in}], got {tuple(x.shape)}")
+    x = x.to(torch.float32).contiguous()
+    y = torch.empty(x.shape[0], n_out, dtype=torch.float32)
+    rc = _lib().muser_matmul_q8p(int(qtype), repacked.data_ptr(), n_out, n_in, x.data_ptr(),
+                                 x.shape[0], y.data_ptr(), threads)
+    if rc:
+        raise RuntimeError(f"muser_matmul_q8p failed ({rc}) for {qtype.name} {n_in}->{n_out}")
+    return y
