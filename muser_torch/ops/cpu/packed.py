@@ -90,6 +90,9 @@ def _lib():
 def isa(force: int | None = None) -> int:
     """The kernels in use (an index into ``ISA_NAMES``); ``force`` selects a
     lower one (the tests run every one the CPU has), ValueError if it lacks it."""
+    if force is not None and force not in range(len(ISA_NAMES)):
+        raise ValueError(f"packed kernels: isa must be one of 0..{len(ISA_NAMES) - 1} "
+                         f"({', '.join(ISA_NAMES)}), got {force!r}")
     got = _lib().muser_packed_isa(-1 if force is None else int(force))
     if got < 0:
         raise ValueError(f"packed kernels: this CPU cannot run {ISA_NAMES[force]}")
