@@ -83,7 +83,8 @@ def _linear(m) -> cb.Linear | None:
         return cb.ABSENT
     if type(m) is not QLinear or not m.packed.is_cpu or not _plain_f32(m.bias):
         return None
-    return cb.linear(m.packed, m.qtype, m.n_out, m.n_in, m.scales, m.scale_2, m.numerics, m.bias)
+    return cb.linear(m.packed, m.qtype, m.n_out, m.n_in, m.scales, m.scale_2, m.numerics, m.bias,
+                     m.repacked())
 
 
 def _describe(layer) -> cb.Block | None:

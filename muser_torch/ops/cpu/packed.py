@@ -11,8 +11,11 @@ tests/ops/cpu/test_packed.py checks it against an independent index walk.
 """
 from __future__ import annotations
 
+import os
+
 import torch
 
+from ... import changes
 from ...formats.types import GGMLType
 from .build import _native_lib
 
@@ -20,6 +23,23 @@ PACKED_ROWS = 16        # rows per group; qdot_packed.c's PACKED_ROWS (checked a
 CHUNK = 4               # bytes of a field per row before the next row's
 PACKED_TYPES = frozenset({GGMLType.Q8_0, GGMLType.Q4_0, GGMLType.Q5_0})
 ISA_NAMES = ("plain C", "AVX2", "AVX-512 VNNI")
+
+
+_enabled = os.environ.get("MUSER_CPU_REPACK", "1") != "0"
+
+
+def enabled() -> bool:
+    """Whether ggml-numerics ``QLinear`` modules run on a repack of their weight."""
+    return _enabled
+
+
+def set_enabled(flag: bool) -> None:
+    """Turn the repack on or off for every ``QLinear`` from the next call on
+    (a benchmark compares the two in one process); counted as a change, so the
+    native step's cached descriptions are rebuilt (``muser_torch.changes``)."""
+    global _enabled
+    _enabled = bool(flag)
+    changes.bump()
 
 
 def serves(qtype: GGMLType) -> bool:

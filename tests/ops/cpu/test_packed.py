@@ -183,3 +183,34 @@ def test_bad_arguments_are_refused():
         P.matmul(torch.zeros(1, 31), rows, GGMLType.Q8_0, 16, 32)
     with pytest.raises(ValueError, match="isa must be one of"):
         P.isa(7)
+
+
+def test_qlinear_runs_on_the_repack_in_the_ggml_numerics_only():
+    """A ggml-numerics QLinear of a packed type keeps a repack beside its
+    weight (made once, kept while the weight is the same tensor) and gives
+    the op's values bit for bit (tests/ops/cpu/test_eager.py checks every
+    type); exact numerics, other types and repacking off keep none."""
+    from muser_torch import QLinear
+    from muser_torch.formats import random_weight
+
+    seed = fresh_seed()
+    g = torch.Generator().manual_seed(seed)
+    w = random_weight(GGMLType.Q5_0, 37, 96, generator=g)
+    m = QLinear.from_weight(w)
+    assert m.repacked() is None, "exact numerics"
+    m.numerics = "ggml"
+    rep = m.repacked()
+    assert rep is not None and rep is m.repacked(), "made once"
+    assert torch.equal(P.unpack(rep, GGMLType.Q5_0), m.packed)
+    x = torch.randn(3, 96, generator=g)
+    with torch.no_grad():
+        assert torch.equal(m(x), torch.ops.muser.qmatmul_ggml(x, *w.op_args())), f"seed {seed}"
+        P.set_enabled(False)
+        try:
+            assert m.repacked() is None
+            assert torch.equal(m(x), torch.ops.muser.qmatmul_ggml(x, *w.op_args())), f"seed {seed}"
+        finally:
+            P.set_enabled(True)
+    k = QLinear.from_weight(random_weight(GGMLType.Q4_K, 16, 256, generator=g))
+    k.numerics = "ggml"
+    assert k.repacked() is None, "Q4_K has no packed kernel yet"
