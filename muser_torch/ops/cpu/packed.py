@@ -21,6 +21,7 @@ from .build import _native_lib
 
 PACKED_ROWS = 16        # rows per group; qdot_packed.c's PACKED_ROWS (checked at first use)
 CHUNK = 4               # bytes of a field per row before the next row's
+_REPACK_STEP = 1024     # groups repacked at a time
 PACKED_TYPES = frozenset({GGMLType.Q8_0, GGMLType.Q4_0, GGMLType.Q5_0})
 ISA_NAMES = ("plain C", "AVX2", "AVX-512 VNNI")
 
@@ -64,18 +65,24 @@ def _groups(packed: torch.Tensor, qtype: GGMLType) -> tuple[int, int, int]:
 
 def repack(packed: torch.Tensor, qtype: GGMLType) -> torch.Tensor:
     """The file's rows ``packed`` (uint8 ``[n_out, row_bytes]``) in the packed
-    layout, a new tensor of the same shape (its rows no longer rows)."""
+    layout, a new tensor of the same shape (its rows no longer rows). Made
+    ``_REPACK_STEP`` groups at a time, so the temporaries stay small beside a
+    large weight (a tied lm_head: 178 MB)."""
     qtype = GGMLType(qtype)
     _check_args("repack", packed, qtype)
     G, nb, B = _groups(packed, qtype)
-    head = packed[:G * PACKED_ROWS].reshape(G, PACKED_ROWS, nb, B)
-    parts = []
-    for f in qtype.layout.fields:
-        c = min(CHUNK, f.nbytes)
-        v = head[..., f.offset:f.offset + f.nbytes].reshape(G, PACKED_ROWS, nb, f.nbytes // c, c)
-        parts.append(v.permute(0, 2, 3, 1, 4).reshape(G, nb, PACKED_ROWS * f.nbytes))
     out = torch.empty_like(packed)
-    out[:G * PACKED_ROWS] = torch.cat(parts, dim=2).reshape(G * PACKED_ROWS, nb * B)
+    for g0 in range(0, G, _REPACK_STEP):
+        g1 = min(G, g0 + _REPACK_STEP)
+        head = packed[g0 * PACKED_ROWS:g1 * PACKED_ROWS].reshape(g1 - g0, PACKED_ROWS, nb, B)
+        dst = out[g0 * PACKED_ROWS:g1 * PACKED_ROWS].view(g1 - g0, nb, PACKED_ROWS * B)
+        at = 0
+        for f in qtype.layout.fields:
+            c = min(CHUNK, f.nbytes)
+            v = head[..., f.offset:f.offset + f.nbytes].reshape(g1 - g0, PACKED_ROWS, nb, f.nbytes // c, c)
+            dst[..., at:at + PACKED_ROWS * f.nbytes].view(g1 - g0, nb, f.nbytes // c, PACKED_ROWS, c).copy_(
+                v.permute(0, 2, 3, 1, 4))
+            at += PACKED_ROWS * f.nbytes
     out[G * PACKED_ROWS:] = packed[G * PACKED_ROWS:]
     return out
 
