@@ -22,7 +22,10 @@ from .build import _native_lib
 PACKED_ROWS = 16        # rows per group; qdot_packed.c's PACKED_ROWS (checked at first use)
 CHUNK = 4               # bytes of a field per row before the next row's
 _REPACK_STEP = 1024     # groups repacked at a time
-PACKED_TYPES = frozenset({GGMLType.Q8_0, GGMLType.Q4_0, GGMLType.Q5_0})
+PACKED_TYPES = frozenset({GGMLType.Q8_0, GGMLType.Q4_0, GGMLType.Q5_0, GGMLType.Q6_K})
+# Types whose packed kernel has no AVX2 version: on a CPU without AVX-512 VNNI
+# they stay on the row kernels (the plain C packed kernel is the reference).
+_AVX512_ONLY = frozenset({GGMLType.Q6_K})
 ISA_NAMES = ("plain C", "AVX2", "AVX-512 VNNI")
 
 
@@ -44,8 +47,10 @@ def set_enabled(flag: bool) -> None:
 
 
 def serves(qtype: GGMLType) -> bool:
-    """Whether ``qtype`` has a repacked kernel."""
-    return GGMLType(qtype) in PACKED_TYPES
+    """Whether the models run ``qtype`` on a repack here (``repack`` and
+    ``matmul`` take every ``PACKED_TYPES`` type on any CPU)."""
+    qtype = GGMLType(qtype)
+    return qtype in PACKED_TYPES and (qtype not in _AVX512_ONLY or isa() == len(ISA_NAMES) - 1)
 
 
 def _check_args(op: str, packed: torch.Tensor, qtype: GGMLType) -> None:

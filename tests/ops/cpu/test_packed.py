@@ -5,7 +5,8 @@
   where each byte must land, and every byte is where it says, once.
 - On every instruction set this CPU has (AVX-512 VNNI, AVX2, plain C, forced
   in one build), the packed kernel equals muser_matmul_q8 on the file's
-  layout bit for bit: same integer lanes, same float order (ggml's).
+  layout bit for bit: same integer lanes, same float order (ggml's x86
+  vec_dot; this build's row kernels are x86 ones).
 - Both it and ggml's own ``mul_mat`` (libggml-python) are within float32's
   1e-5 of float64 ``W @ Q8_0(x)``, x rounded by ggml's own quantizer, on
   ggml-quantized weights whose rows differ in scale; ours is within 1e-6 of
@@ -33,9 +34,11 @@ from ..ggml_matmul import ggml_activations, ggml_mul_mat
 from ..metal.helpers import fresh_seed, rel_err, swap_first_two_blocks
 
 TYPES = sorted(P.PACKED_TYPES)
+LEGACY = [t for t in TYPES if t.block_elems == 32]
 FLOAT32_BOUND = 1e-5     # relative L2 error of a float32 sum against float64 (the numerics contract)
 GGML_BOUND = 1e-6        # max |ours - ggml| / max |ggml| (tests/ops/cpu/test_ggml_numerics.py)
-SHAPES = ((16, 64), (37, 96), (69, 640), (5, 32))   # whole panels, a tail, Gemma's row, no panel
+# (n_out, blocks per row): whole panels, a tail, Gemma's widest legacy row (640), no panel
+SHAPES = ((16, 2), (37, 3), (69, 20), (5, 1))
 TOKENS = (1, 2, 3, 5, 8, 9, 33)
 
 
@@ -72,7 +75,8 @@ def _walk(qtype: GGMLType, n_out: int, n_in: int) -> np.ndarray:
 def test_repack_is_a_permutation_of_the_files_bytes(qtype):
     seed = fresh_seed()
     g = torch.Generator().manual_seed(seed)
-    for n_out, n_in in SHAPES:
+    for n_out, blocks in SHAPES:
+        n_in = blocks * qtype.block_elems
         rows = torch.randint(0, 256, (n_out, qtype.row_bytes(n_in)), dtype=torch.uint8, generator=g)
         rep = P.repack(rows, qtype)
         src = _walk(qtype, n_out, n_in)
@@ -92,15 +96,22 @@ def _x(g: torch.Generator, tokens: int, n_in: int) -> torch.Tensor:
     return x
 
 
+def _random_rows(qtype: GGMLType, n_out: int, n_in: int, g: torch.Generator) -> torch.Tensor:
+    """Every byte random but d, a finite f16 in [2^-10, 2^-2)."""
+    rows = torch.randint(0, 256, (n_out, qtype.row_bytes(n_in)), dtype=torch.uint8, generator=g)
+    nb, at = n_in // qtype.block_elems, qtype.layout.field("d").offset
+    d = (torch.rand(n_out, nb, generator=g) * 0.25 + 2 ** -10).half()
+    rows.view(n_out, nb, qtype.block_bytes)[..., at:at + 2] = d.view(torch.uint8).view(n_out, nb, 2)
+    return rows
+
+
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
 def test_equals_the_row_kernel_bit_for_bit_on_every_isa(qtype, every_isa):
     seed = fresh_seed()
     g = torch.Generator().manual_seed(seed)
-    for n_out, n_in in SHAPES:
-        rows = torch.randint(0, 256, (n_out, qtype.row_bytes(n_in)), dtype=torch.uint8, generator=g)
-        # every code byte random, d a finite f16 in [2^-10, 2^-2) (d leads each block)
-        d = (torch.rand(n_out, n_in // 32, generator=g) * 0.25 + 2 ** -10).half()
-        rows.view(n_out, -1, qtype.block_bytes)[..., :2] = d.view(torch.uint8).view(n_out, -1, 2)
+    for n_out, blocks in SHAPES:
+        n_in = blocks * qtype.block_elems
+        rows = _random_rows(qtype, n_out, n_in, g)
         rep = P.repack(rows, qtype)
         for tokens in TOKENS:
             x = _x(g, tokens, n_in)
@@ -111,6 +122,29 @@ def test_equals_the_row_kernel_bit_for_bit_on_every_isa(qtype, every_isa):
                 assert torch.equal(got.view(torch.int32), want.view(torch.int32)), (
                     f"{qtype.name} {n_in}->{n_out} tokens={tokens} on {P.ISA_NAMES[isa]}: "
                     f"max diff {float((got - want).abs().max()):.3g} (seed {seed})")
+
+
+@pytest.mark.parametrize("qtype", [t for t in TYPES if t not in LEGACY], ids=lambda t: t.name)
+def test_k_quants_agree_bit_for_bit_on_every_isa(qtype, every_isa):
+    """Q6_K's packed kernel follows ggml's x86 vec_dot order (qdot_packed_k.c),
+    which its row kernel does not: every ISA's panels, and the rows past the
+    last panel, equal the plain C kernel bit for bit."""
+    seed = fresh_seed()
+    g = torch.Generator().manual_seed(seed)
+    for n_out, blocks in SHAPES[:2] + ((33, 8),):
+        n_in = blocks * qtype.block_elems
+        rows = _random_rows(qtype, n_out, n_in, g)
+        rep = P.repack(rows, qtype)
+        for tokens in TOKENS:
+            x = _x(g, tokens, n_in)
+            P.isa(0)
+            want = P.matmul(x, rep, qtype, n_out, n_in)
+            for isa in every_isa:
+                P.isa(isa)
+                got = P.matmul(x, rep, qtype, n_out, n_in, threads=2)
+                assert torch.equal(got.view(torch.int32), want.view(torch.int32)), (
+                    f"{qtype.name} {n_in}->{n_out} tokens={tokens}: {P.ISA_NAMES[isa]} differs from "
+                    f"plain C by {float((got - want).abs().max()):.3g} (seed {seed})")
 
 
 def _ggml_weight(qtype: GGMLType, n_out: int, n_in: int, g: torch.Generator):
@@ -125,7 +159,8 @@ def _ggml_weight(qtype: GGMLType, n_out: int, n_in: int, g: torch.Generator):
 def test_against_float64_and_ggml_mul_mat(qtype, every_isa):
     seed = fresh_seed()
     g = torch.Generator().manual_seed(seed)
-    for n_out, n_in in SHAPES[1:3]:
+    for n_out, blocks in SHAPES[1:3]:
+        n_in = blocks * qtype.block_elems
         rows, W = _ggml_weight(qtype, n_out, n_in, g)
         rep = P.repack(rows, qtype)
         for tokens in (1, 8):
@@ -151,14 +186,15 @@ def test_planted_defects_break_the_bound(qtype, every_isa):
     the interleave), both on one token: the float64 bound above must fail."""
     seed = fresh_seed()
     g = torch.Generator().manual_seed(seed)
-    n_out, n_in = 37, 96
+    n_out, n_in = 37, 3 * qtype.block_elems
     rows, W = _ggml_weight(qtype, n_out, n_in, g)
     x = torch.randn(1, n_in, generator=g)
     ref = ggml_activations(int(qtype), x) @ W.T
-    swapped = P.repack(swap_first_two_blocks(rows, n_in // 32), qtype)
+    swapped = P.repack(swap_first_two_blocks(rows, 3), qtype)
     scales = P.repack(rows, qtype)
+    at = P.PACKED_ROWS * qtype.layout.field("d").offset   # the 16 d's of a panel's block
     for gr in range(n_out // 16):                      # every panel's block 0: d of rows 0 and 1
-        panel = scales.view(-1)[gr * 16 * rows.shape[1]:]
+        panel = scales.view(-1)[gr * 16 * rows.shape[1] + at:]
         panel[0:2], panel[2:4] = panel[2:4].clone(), panel[0:2].clone()
     for isa in every_isa:
         P.isa(isa)
@@ -214,3 +250,6 @@ def test_qlinear_runs_on_the_repack_in_the_ggml_numerics_only():
     k = QLinear.from_weight(random_weight(GGMLType.Q4_K, 16, 256, generator=g))
     k.numerics = "ggml"
     assert k.repacked() is None, "Q4_K has no packed kernel yet"
+    six = QLinear.from_weight(random_weight(GGMLType.Q6_K, 16, 256, generator=g))
+    six.numerics = "ggml"
+    assert (six.repacked() is not None) == (P.isa() == 2), "Q6_K: AVX-512 VNNI only"
