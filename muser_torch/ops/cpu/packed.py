@@ -22,10 +22,10 @@ from .build import _native_lib
 PACKED_ROWS = 16        # rows per group; qdot_packed.c's PACKED_ROWS (checked at first use)
 CHUNK = 4               # bytes of a field per row before the next row's
 _REPACK_STEP = 1024     # groups repacked at a time
-PACKED_TYPES = frozenset({GGMLType.Q8_0, GGMLType.Q4_0, GGMLType.Q5_0, GGMLType.Q6_K})
+PACKED_TYPES = frozenset({GGMLType.Q8_0, GGMLType.Q4_0, GGMLType.Q5_0, GGMLType.Q4_K, GGMLType.Q6_K})
 # Types whose packed kernel has no AVX2 version: on a CPU without AVX-512 VNNI
 # they stay on the row kernels (the plain C packed kernel is the reference).
-_AVX512_ONLY = frozenset({GGMLType.Q6_K})
+_AVX512_ONLY = frozenset({GGMLType.Q4_K, GGMLType.Q6_K})
 ISA_NAMES = ("plain C", "AVX2", "AVX-512 VNNI")
 
 

@@ -31,7 +31,7 @@
  * of chunk L for L < 4, the high nibbles of chunk L-4 for L >= 4, Q5_0's fifth
  * bits from bits 4L..4L+3 of each row's qh).
  *
- * Q6_K's kernels live in qdot_packed_k.c (same layout rule, Q8_K activations).
+ * Q4_K's and Q6_K's kernels live in qdot_packed_k.c (same layout rule, Q8_K activations).
  *
  * Run-time dispatch (one build serves any x86-64): the AVX-512 VNNI and AVX2
  * kernels are compiled with target attributes and chosen by __builtin_cpu_supports
@@ -328,9 +328,9 @@ static void packed_task(const void *ctx, int64_t g0, int64_t g1) {
 int muser_matmul_q8p(int type, const uint8_t *packed, int64_t n_out, int64_t n_in, const float *x,
                      int64_t T, float *y, int nthreads) {
     if (isa < 0) isa = cpu_isa();
-    if (type == MUSER_ID_Q6_K)
+    if (type == MUSER_ID_Q6_K || type == MUSER_ID_Q4_K)
         return n_in % QK_K || n_in <= 0 || T < 1 ? -1
-                                                 : matmul_q6_k_packed(packed, n_out, n_in, x, T, y, nthreads, isa);
+                                                 : matmul_k_packed(type, packed, n_out, n_in, x, T, y, nthreads, isa);
     const ptype_t *p = ptype_for(type);
     const type_entry_t *k = type_entry_for(type);
     if (!p || !k || n_in % QK_LEGACY || n_in <= 0 || T < 1) return -1;

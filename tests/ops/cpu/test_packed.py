@@ -126,9 +126,9 @@ def test_equals_the_row_kernel_bit_for_bit_on_every_isa(qtype, every_isa):
 
 @pytest.mark.parametrize("qtype", [t for t in TYPES if t not in LEGACY], ids=lambda t: t.name)
 def test_k_quants_agree_bit_for_bit_on_every_isa(qtype, every_isa):
-    """Q6_K's packed kernel follows ggml's x86 vec_dot order (qdot_packed_k.c),
-    which its row kernel does not: every ISA's panels, and the rows past the
-    last panel, equal the plain C kernel bit for bit."""
+    """The K-quants' packed kernels (qdot_packed_k.c: AVX-512 VNNI and plain C;
+    a forced AVX2 runs the C): every ISA's panels, and the rows past the last
+    panel, equal the plain C kernel bit for bit."""
     seed = fresh_seed()
     g = torch.Generator().manual_seed(seed)
     for n_out, blocks in SHAPES[:2] + ((33, 8),):
@@ -207,8 +207,8 @@ def test_planted_defects_break_the_bound(qtype, every_isa):
 
 def test_bad_arguments_are_refused():
     rows = torch.zeros(16, 34, dtype=torch.uint8)
-    with pytest.raises(ValueError, match="repack: no packed layout for Q4_K"):
-        P.repack(torch.zeros(16, 144, dtype=torch.uint8), GGMLType.Q4_K)
+    with pytest.raises(ValueError, match="repack: no packed layout for Q5_K"):
+        P.repack(torch.zeros(16, 176, dtype=torch.uint8), GGMLType.Q5_K)
     with pytest.raises(ValueError, match="whole Q8_0 blocks"):
         P.repack(torch.zeros(16, 35, dtype=torch.uint8), GGMLType.Q8_0)
     with pytest.raises(ValueError, match="whole Q8_0 blocks"):
@@ -247,9 +247,10 @@ def test_qlinear_runs_on_the_repack_in_the_ggml_numerics_only():
             assert torch.equal(m(x), torch.ops.muser.qmatmul_ggml(x, *w.op_args())), f"seed {seed}"
         finally:
             P.set_enabled(True)
-    k = QLinear.from_weight(random_weight(GGMLType.Q4_K, 16, 256, generator=g))
+    k = QLinear.from_weight(random_weight(GGMLType.Q5_K, 16, 256, generator=g))
     k.numerics = "ggml"
-    assert k.repacked() is None, "Q4_K has no packed kernel yet"
-    six = QLinear.from_weight(random_weight(GGMLType.Q6_K, 16, 256, generator=g))
-    six.numerics = "ggml"
-    assert (six.repacked() is not None) == (P.isa() == 2), "Q6_K: AVX-512 VNNI only"
+    assert k.repacked() is None, "Q5_K has no packed kernel yet"
+    for qtype in (GGMLType.Q4_K, GGMLType.Q6_K):
+        kq = QLinear.from_weight(random_weight(qtype, 16, 256, generator=g))
+        kq.numerics = "ggml"
+        assert (kq.repacked() is not None) == (P.isa() == 2), f"{qtype.name}: AVX-512 VNNI only"
