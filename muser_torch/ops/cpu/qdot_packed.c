@@ -79,6 +79,11 @@ typedef struct {
     int64_t nb;
 } acts_t;
 
+/* Group blocks prefetched ahead of the one in use (to L2), whole: the panels are
+ * read once per decode step, from DRAM; qdot_packed_k.c says what it bought. A
+ * prefetch past the panel reads into the next one, or nothing (it never faults). */
+#define PREFETCH_AHEAD 4
+
 #define TOK_TT 2            /* tokens per pass over a panel in the AVX-512 kernel (8 accumulators each) */
 
 /* ---- plain C ------------------------------------------------------------------------- */
@@ -157,6 +162,7 @@ T512 static inline __attribute__((always_inline)) void panel512_tt(const ptype_t
     const int bytes = PACKED_ROWS * p->bytes;
     for (int64_t b = 0; b < x->nb; b++) {
         const uint8_t *g = panel + b * bytes;
+        for (int i = 0; i < bytes; i += 64) __builtin_prefetch(g + PREFETCH_AHEAD * bytes + i, 0, 1);
         const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)g));
         __m512 ds[TOK_TT];
         for (int t = 0; t < TT; t++) ds[t] = _mm512_mul_ps(dw, _mm512_set1_ps(x->a[(t0 + t) * x->nb + b].d));
