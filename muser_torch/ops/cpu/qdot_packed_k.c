@@ -164,7 +164,7 @@ static void panel_k_c(int type, const uint8_t *panel, const acts_k_t *x, int T, 
 static inline __attribute__((always_inline)) void prefetch_block(const uint8_t *g, int bytes) {
     for (int i = 0; i < bytes; i += 64) __builtin_prefetch(g + i, 0, 1);
 }
-#define Q6_TT 1   /* tokens per pass over a panel: 8 float and 8 integer accumulators each */
+#define Q6_TT 2   /* tokens per pass over a panel: 8 float accumulators each */
 
 /* Lanes (4h + gh, m), gh = 0..3, of 16 rows' block g as unsigned codes 0..63
  * (4 bytes per row): two ql chunks (low nibbles for gh < 2, high for gh >= 2)
@@ -203,12 +203,10 @@ T512 static inline __attribute__((always_inline)) void panel_q6_512_tt(const uin
             sc[s] = _mm512_and_si512(_mm512_srai_epi32(_mm512_slli_epi32(sv, 24 - 8 * (s & 3)), 24),
                                      _mm512_set1_epi32(0xFFFF));
         }
-        /* the lanes' integer sums, half by half: the block is read in two sequential sweeps */
-        __m512i I[Q6_TT][LANES];
-        for (int t = 0; t < TT; t++)
-            for (int m = 0; m < LANES; m++) I[t][m] = _mm512_setzero_si512();
-        for (int h = 0; h < 2; h++)
-            for (int m = 0; m < LANES; m++) {
+        for (int m = 0; m < LANES; m++) {
+            __m512i I[Q6_TT];
+            for (int t = 0; t < TT; t++) I[t] = _mm512_setzero_si512();
+            for (int h = 0; h < 2; h++) {
                 __m512i u[4];
                 q6_lanes512(g, h, m, u);
                 for (int gh = 0; gh < 4; gh++) {
@@ -221,13 +219,13 @@ T512 static inline __attribute__((always_inline)) void panel_q6_512_tt(const uin
                         const __m512i p = _mm512_dpbusd_epi32(
                             _mm512_set1_epi32(x->seed[i * GROUPS * LANES + G * LANES + m]), u[gh],
                             _mm512_set1_epi32(yq));
-                        I[t][m] = _mm512_dpwssd_epi32(I[t][m], p, sc[2 * G + m / 4]);
+                        I[t] = _mm512_dpwssd_epi32(I[t], p, sc[2 * G + m / 4]);
                     }
                 }
             }
-        for (int t = 0; t < TT; t++)
-            for (int m = 0; m < LANES; m++)
-                acc[t][m] = _mm512_fmadd_ps(ds[t], _mm512_cvtepi32_ps(I[t][m]), acc[t][m]);
+            for (int t = 0; t < TT; t++)
+                acc[t][m] = _mm512_fmadd_ps(ds[t], _mm512_cvtepi32_ps(I[t]), acc[t][m]);
+        }
     }
     for (int t = 0; t < TT; t++) {
         const __m512 *v = acc[t];
@@ -238,9 +236,11 @@ T512 static inline __attribute__((always_inline)) void panel_q6_512_tt(const uin
 }
 
 T512 static void panel_q6_512(const uint8_t *panel, const acts_k_t *x, int T, float *y, int64_t n_out) {
-    for (int64_t t0 = 0; t0 < T; t0++) panel_q6_512_tt(panel, x, t0, Q6_TT, y, n_out);
+    int64_t t0 = 0;
+    for (; T >= Q6_TT; T -= Q6_TT, t0 += Q6_TT) panel_q6_512_tt(panel, x, t0, Q6_TT, y, n_out);
+    if (T) panel_q6_512_tt(panel, x, t0, 1, y, n_out);
 }
-_Static_assert(Q6_TT == 1, "panel_q6_512 passes one token at a time");
+_Static_assert(Q6_TT == 2, "panel_q6_512's remainder is one token");
 #endif
 
 #if defined(__x86_64__)
