@@ -246,6 +246,7 @@ class QLinear(_Packed):
         packed = self._buffers["packed"]
         if (self._numerics != "ggml" or not cpu_packed.enabled() or not cpu_packed.serves(self.qtype)
                 or not packed.is_cpu or not packed.is_contiguous()):
+            self.__dict__.pop("_repacked", None)     # its memory goes with its use
             return None
         key = (packed.data_ptr(), tuple(packed.shape))
         cached = self.__dict__.get("_repacked")

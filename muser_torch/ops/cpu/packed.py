@@ -1,4 +1,5 @@
-"""Weights repacked at load for the ggml-numerics kernels (``qdot_packed.c``).
+"""Weights repacked at load for the ggml-numerics kernels (``qdot_packed.c``,
+``qdot_packed_k.c``).
 
 ``repack`` interleaves ``PACKED_ROWS`` rows block by block, each field of
 the block in struct order (``formats/layout.py``), chunk by chunk (4 bytes; a
@@ -8,6 +9,7 @@ changed: the same size, ``unpack`` gives the file's bytes back, and
 tests/ops/cpu/test_packed.py checks it against an independent index walk.
 ``qdot_packed.c`` reads this layout (its header draws it) and computes what
 ``muser_matmul_q8`` computes on the file's layout, bit for bit.
+``QLinear.repacked()`` makes and keeps one per weight (docs/cpu.md).
 """
 from __future__ import annotations
 

@@ -130,8 +130,7 @@ static void panel_c(const ptype_t *p, const uint8_t *panel, const acts_t *x, int
 #define T512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,f16c,fma,avx2")))
 
 /* Lane L of 16 rows' block g as unsigned bytes (4 per row). */
-T512 static inline __attribute__((always_inline)) __m512i lane512(const ptype_t *p, const uint8_t *g,
-                                                                   const int type, int L) {
+T512 static inline __attribute__((always_inline)) __m512i lane512(const uint8_t *g, const int type, int L) {
     if (type == MUSER_ID_Q8_0)
         return _mm512_xor_si512(_mm512_loadu_si512(g + PACKED_ROWS * MUSER_Q8_0_QS + 64 * L),
                                 _mm512_set1_epi8((char)0x80));
@@ -148,7 +147,6 @@ T512 static inline __attribute__((always_inline)) __m512i lane512(const ptype_t 
         const __mmask64 m = _mm512_test_epi8_mask(rep, _mm512_set1_epi32((int)(0x08040201u << (4 * (L & 1)))));
         u = _mm512_mask_add_epi8(u, m, u, _mm512_set1_epi8(16));
     }
-    (void)p;
     return u;
 }
 
@@ -167,7 +165,7 @@ T512 static inline __attribute__((always_inline)) void panel512_tt(const ptype_t
         __m512 ds[TOK_TT];
         for (int t = 0; t < TT; t++) ds[t] = _mm512_mul_ps(dw, _mm512_set1_ps(x->a[(t0 + t) * x->nb + b].d));
         for (int L = 0; L < LANES; L++) {
-            const __m512i u = lane512(p, g, type, L);
+            const __m512i u = lane512(g, type, L);
             for (int t = 0; t < TT; t++) {
                 const int64_t i = (t0 + t) * x->nb + b;
                 int32_t yq;

@@ -8,15 +8,15 @@
   layout bit for bit: same integer lanes, same float order (ggml's x86
   vec_dot; this build's row kernels are x86 ones).
 - Both it and ggml's own ``mul_mat`` (libggml-python) are within float32's
-  1e-5 of float64 ``W @ Q8_0(x)``, x rounded by ggml's own quantizer, on
-  ggml-quantized weights whose rows differ in scale; ours is within 1e-6 of
-  max |ggml| of ggml's output. Measured (`python -m tests.seeds --seeds 40`):
-  rel err to float64 <= 3.0e-7 for both (a 33x margin), and ours equal to
-  libggml-python's output bit for bit (the bound leaves room for other ggml
-  builds).
+  1e-5 of float64 ``W @ Q8(x)`` (Q8_0 or Q8_K), x rounded by ggml's own
+  quantizer, on ggml-quantized weights whose rows differ in scale, and ours
+  is near ggml's output (GGML_BOUND). Measured (`python -m tests.seeds
+  --seeds 40`, twice): rel err to float64 <= 3.0e-7 (legacy) and 9.7e-7
+  (K-quants), margins >= 10x; the legacy types equal libggml-python's output
+  bit for bit, the K-quants differ by <= 2.0e-6 of max |ggml| (bound 5e-6).
 - The planted-defect twins: each row's first two blocks swapped, or two rows'
   scales swapped inside a panel, break the float64 bound (worst of 40 seeds:
-  0.54 and 0.0053, 530x above it).
+  0.37 and 0.014, 1,400x above it).
 Fresh seeds each run (MUSER_TEST_SEED replays one); each failure names it."""
 from __future__ import annotations
 
@@ -36,7 +36,11 @@ from ..metal.helpers import fresh_seed, rel_err, swap_first_two_blocks
 TYPES = sorted(P.PACKED_TYPES)
 LEGACY = [t for t in TYPES if t.block_elems == 32]
 FLOAT32_BOUND = 1e-5     # relative L2 error of a float32 sum against float64 (the numerics contract)
-GGML_BOUND = 1e-6        # max |ours - ggml| / max |ggml| (tests/ops/cpu/test_ggml_numerics.py)
+# max |ours - ggml| / max |ggml|: the legacy types sum in libggml-python's order (measured: 0,
+# bit for bit; tests/ops/cpu/test_ggml_numerics.py's 1e-6), the K-quants in ggml's current
+# source's, which libggml-python 0.20.2's differs from in the last bits (worst of 80 seeds
+# 2.0e-6, Q4_K at 20 blocks a row, exp-scaled rows; both stay within FLOAT32_BOUND of float64)
+GGML_BOUND = {32: 1e-6, 256: 5e-6}
 # (n_out, blocks per row): whole panels, a tail, Gemma's widest legacy row (640), no panel
 SHAPES = ((16, 2), (37, 3), (69, 20), (5, 1))
 TOKENS = (1, 2, 3, 5, 8, 9, 33)
@@ -176,7 +180,8 @@ def test_against_float64_and_ggml_mul_mat(qtype, every_isa):
                 check_bound("packed: rel err to float64 on ggml's rounded x", rel_err(ours, ref),
                             FLOAT32_BOUND, at)
                 check_bound("packed: max |ours - ggml| / max |ggml|",
-                            (ours - theirs).abs().max() / theirs.abs().max(), GGML_BOUND, at)
+                            (ours - theirs).abs().max() / theirs.abs().max(),
+                            GGML_BOUND[qtype.block_elems], at)
 
 
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
