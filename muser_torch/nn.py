@@ -26,6 +26,7 @@ from . import changes, ops
 from .formats.types import NEEDS_COMPANIONS, GGMLType
 from .formats.companions import companion_args
 from .ops.cpu import embedding as cpu_embedding
+from .ops.cpu import packed as cpu_packed
 from .ops.cpu.eager import Projection, plain_eager, profiling, recorded
 
 _OP = {"exact": "muser::qmatmul", "ggml": "muser::qmatmul_ggml"}   # what a profile calls a QLinear
@@ -228,11 +229,30 @@ class QLinear(_Packed):
         rebuilt when the buffers or the numerics change."""
         # the buffers read from their dict: nn.Module.__getattr__ costs more than the check
         packed, scales = self._buffers["packed"], self._buffers.get("scales")
+        repacked = self.repacked()
         p = self._projection
-        if p is None or p.key != (packed.data_ptr(), _ptr(scales), self._numerics):
+        if p is None or p.key != (packed.data_ptr(), _ptr(scales), self._numerics, _ptr(repacked)):
             p = self._projection = Projection(packed, self.qtype, self.n_out, self.n_in, scales,
-                                              self.scale_2, self._numerics)
+                                              self.scale_2, self._numerics, repacked)
         return p
+
+    def repacked(self) -> Tensor | None:
+        """``packed`` repacked for the ggml-numerics kernels (``ops/cpu/packed.py``:
+        the same bytes moved, the same values bit for bit), made on first use and
+        kept while ``packed`` is the same tensor; None in the exact numerics, for
+        a type without a packed kernel, off the CPU, or with repacking off
+        (``MUSER_CPU_REPACK=0``, ``packed.set_enabled``). It is a copy beside
+        ``packed`` (not a buffer: state_dict and ``.to()`` see the file's layout)."""
+        packed = self._buffers["packed"]
+        if (self._numerics != "ggml" or not cpu_packed.enabled() or not cpu_packed.serves(self.qtype)
+                or not packed.is_cpu or not packed.is_contiguous()):
+            self.__dict__.pop("_repacked", None)     # its memory goes with its use
+            return None
+        key = (packed.data_ptr(), tuple(packed.shape))
+        cached = self.__dict__.get("_repacked")
+        if cached is None or cached[0] != key:
+            cached = self.__dict__["_repacked"] = (key, cpu_packed.repack(packed, self.qtype))
+        return cached[1]
 
     def forward(self, x: Tensor) -> Tensor:
         y = None

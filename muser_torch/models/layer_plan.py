@@ -60,7 +60,9 @@ class NormPlan:
 
 @dataclass(frozen=True)
 class LinearPlan:
-    """A packed projection as ``QLinear`` holds it, with the numerics it runs in."""
+    """A packed projection as ``QLinear`` holds it, with the numerics it runs in
+    and, where the weight has one, its load-time repack (``QLinear.repacked``:
+    the same bytes moved into the layout a backend's kernels read)."""
     packed: torch.Tensor
     qtype: Any
     n_out: int
@@ -69,6 +71,7 @@ class LinearPlan:
     scale_2: torch.Tensor | None
     numerics: str
     bias: torch.Tensor | None
+    repacked: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -125,7 +128,8 @@ def _linear(m) -> "LinearPlan | None | object":
         return None
     if type(m) is not QLinear:
         return _NOT_DESCRIBED
-    return LinearPlan(m.packed, m.qtype, m.n_out, m.n_in, m.scales, m.scale_2, m.numerics, m.bias)
+    return LinearPlan(m.packed, m.qtype, m.n_out, m.n_in, m.scales, m.scale_2, m.numerics, m.bias,
+                      m.repacked())
 
 
 def describe(layer: torch.nn.Module) -> "LayerPlan | str":

@@ -19,7 +19,7 @@ __all__ = ["Linear", "Norm", "Block", "ROPE", "ACTIVATIONS", "MUL", "ABSENT", "l
 # decode.c's enums
 ROPE = {"none": 0, "neox": 1, "normal": 2}
 ACTIVATIONS = {"silu": 0, "gelu_tanh": 1}
-MUL = {"float": 0, "q8": 1, "rounded": 2}
+MUL = {"float": 0, "q8": 1, "rounded": 2, "q8p": 3}   # q8p: q8 on the repack (ops/cpu/packed.py)
 
 
 class Linear(ctypes.Structure):
@@ -49,15 +49,19 @@ ABSENT = Linear(type=-1)
 
 def linear(packed: torch.Tensor, qtype: GGMLType, n_out: int, n_in: int,
            scales: torch.Tensor | None, scale_2: torch.Tensor | None, numerics: str,
-           bias: torch.Tensor | None) -> Linear | None:
+           bias: torch.Tensor | None, repacked: torch.Tensor | None = None) -> Linear | None:
     """One projection as the block runs it, as ``qmatmul`` (``numerics``
     "exact") or ``qmatmul_ggml`` compute it on the library; None for a type
-    the library does not run. The caller keeps the tensors alive."""
+    the library does not run. In the ggml numerics ``repacked`` (``packed``
+    through ``ops/cpu/packed.repack``), when given, is what it reads: the same
+    values bit for bit, faster. The caller keeps the tensors alive."""
     if _native_for(qtype) is None or not packed.is_contiguous():
         return None
     mul = MUL["float"]
     if numerics == "ggml" and qtype in GGML_NUMERICS_TYPES:
         mul = MUL["rounded"] if qtype in (GGMLType.F16, GGMLType.BF16) else MUL["q8"]
+        if repacked is not None and mul == MUL["q8"]:
+            mul, packed = MUL["q8p"], repacked
     lut = scale_byte_table(qtype)
     return Linear(type=int(qtype), mul=mul, packed=packed.data_ptr(),
                   scales=None if scales is None else scales.data_ptr(),

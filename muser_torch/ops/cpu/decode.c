@@ -29,8 +29,9 @@
 #include "kernels.h"
 
 /* How a projection multiplies (ops/cpu: qmatmul, qmatmul_ggml). */
-enum { MUL_FLOAT, MUL_Q8, MUL_ROUNDED };   /* float x; Q8 activations and integer dots;
-                                              x rounded to the weight's F16/BF16, then float */
+enum { MUL_FLOAT, MUL_Q8, MUL_ROUNDED, MUL_Q8P };   /* float x; Q8 activations and integer dots;
+                                                       x rounded to the weight's F16/BF16, then float;
+                                                       MUL_Q8 on the repacked weight (qdot_packed.c) */
 
 typedef struct {             /* one projection; type < 0: absent */
     int type, mul;           /* GGMLType id; MUL_* */
@@ -143,6 +144,8 @@ int muser_matmul(int type, const uint8_t *packed, const uint8_t *scales, const f
                  int nthreads);
 int muser_matmul_q8(int type, const uint8_t *packed, int64_t n_out, int64_t n_in, const float *x,
                     int64_t T, float *y, int nthreads);
+int muser_matmul_q8p(int type, const uint8_t *packed, int64_t n_out, int64_t n_in, const float *x,
+                     int64_t T, float *y, int nthreads);
 int muser_gemm(int type, const uint8_t *packed, const uint8_t *scales, const float *lut, float s2,
                int64_t n_out, int64_t n_in, const float *x, int64_t T, float *y, int nthreads);
 
@@ -171,12 +174,14 @@ int muser_linear(const linear_t *l, const float *x, int64_t T, float *y, int nth
     const type_entry_t *k = type_entry_for(l->type);
     if (!k) return -1;
     int64_t work = l->n_out * (l->n_in / k->elems) * k->bytes;
-    if (l->mul == MUL_Q8 && T / 4 > 1) work *= T / 4;
+    if ((l->mul == MUL_Q8 || l->mul == MUL_Q8P) && T / 4 > 1) work *= T / 4;
     int64_t th = work / min_bytes;
     th = th < 1 ? 1 : th > nthreads ? nthreads : th;
     int rc;
     if (l->mul == MUL_Q8) {
         rc = muser_matmul_q8(l->type, l->packed, l->n_out, l->n_in, x, T, y, (int)th);
+    } else if (l->mul == MUL_Q8P) {
+        rc = muser_matmul_q8p(l->type, l->packed, l->n_out, l->n_in, x, T, y, (int)th);
     } else if (l->mul == MUL_ROUNDED) {
         float *xr = malloc(sizeof(float) * T * l->n_in);
         if (!xr) return -2;

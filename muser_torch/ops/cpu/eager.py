@@ -75,18 +75,21 @@ class Projection:
                  "_lut", "_run")
 
     def __init__(self, packed: torch.Tensor, qtype: GGMLType, n_out: int, n_in: int,
-                 scales: torch.Tensor | None, scale_2: torch.Tensor | None, numerics: str) -> None:
-        self.key = (packed.data_ptr(), None if scales is None else scales.data_ptr(), numerics)
-        self._args = (packed, qtype, n_out, n_in, scales, scale_2, numerics)
+                 scales: torch.Tensor | None, scale_2: torch.Tensor | None, numerics: str,
+                 repacked: torch.Tensor | None = None) -> None:
+        self.key = (packed.data_ptr(), None if scales is None else scales.data_ptr(), numerics,
+                    None if repacked is None else repacked.data_ptr())
+        self._args = (packed, qtype, n_out, n_in, scales, scale_2, numerics, repacked)
         self._n_in, self._n_out = n_in, n_out
         lib = _native_for(qtype) if packed.is_cpu else None
         self._linear = None if lib is None else block.linear(packed, qtype, n_out, n_in, scales,
-                                                             scale_2, numerics, None)
+                                                             scale_2, numerics, None, repacked)
         if self._linear is None:
             return
         self._ref, self._run = ctypes.byref(self._linear), lib.muser_linear
         self._lut = scale_byte_table(qtype)   # kept alive: the library reads it by pointer
-        self._max_rows = None if self._linear.mul == block.MUL["q8"] else FUSED_MAX_TOKENS
+        integer = self._linear.mul in (block.MUL["q8"], block.MUL["q8p"])   # any rows
+        self._max_rows = None if integer else FUSED_MAX_TOKENS
         # NVFP4_E2M1's global scale is read at each call (load_state_dict writes it in place)
         self._scale_2 = scale_2 if qtype in NEEDS_COMPANIONS else None
 

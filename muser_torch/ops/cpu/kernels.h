@@ -112,6 +112,12 @@ void qdot_mxfp4(const uint8_t *, const uint8_t *, int64_t, int64_t, int, float *
 void qdot_iq3_xxs(const uint8_t *, const uint8_t *, int64_t, int64_t, int, float *);
 void qdot_iq3_s(const uint8_t *, const uint8_t *, int64_t, int64_t, int, float *);
 
+/* The repacked weights of the ggml numerics (qdot_packed.c, qdot_packed_k.c). */
+#define PACKED_ROWS 16                     /* rows interleaved per group (ops/cpu/packed.py) */
+enum { PACKED_ISA_C, PACKED_ISA_AVX2, PACKED_ISA_AVX512 };
+int matmul_k_packed(int type, const uint8_t *packed, int64_t n_out, int64_t n_in, const float *x,
+                    int64_t T, float *y, int nthreads, int isa);
+
 struct type_entry;
 /* The fused matvec over rows [r0, r1) of one muser_matmul call (matvec.c). */
 typedef struct matmul_job matmul_job;

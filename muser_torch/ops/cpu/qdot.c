@@ -11,10 +11,9 @@
  *   Q2_K:              (d_x * d_w) * sum_j sc_j sum(q_w * q_x) - (d_x * dmin_w) * sum_j m_j bsum_j
  *   Q3_K:              (d_w * d_x) * sum_j s_j sum((q_w - 4) * q_x)
  * Every integer sum is exact; the x86 builds keep 8 float lanes per token,
- * as ggml's AVX2 code does (Q6_K: one exact int32 per block, scaled in
- * scalar float, as its offset of 32 cancels most of the block's sum), and
- * the plain-C build sums one float per block, so builds differ only in the
- * order of the float additions.
+ * as ggml's AVX2 code does (Q6_K too, lane by lane as ggml's current source:
+ * see qdot_q6_k_rows), and the plain-C build sums one float per block, so
+ * builds differ only in the order of the float additions.
  *
  * Each qdot_* takes one weight row and up to QDOT_TOKENS activation rows, so
  * a weight block is unpacked once for all of them. The x86 versions use
@@ -154,11 +153,6 @@ QDOT_LEGACY(qdot_q8_0, Q8_0)
 /* ---- the K-quants ---------------------------------------------------------------------- */
 
 #if defined(__AVX2__) && defined(__FMA__)
-static inline int hsum_i32(__m256i v) {
-    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
-    return _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1)));
-}
 /* sum over 32 elements of q * y, times sc: 8 int32 lanes. */
 static inline __m256i scaled_dot(__m256i q, const int8_t *y, __m256i sc16) {
     return _mm256_madd_epi16(_mm256_maddubs_epi16(q, _mm256_loadu_si256((const __m256i *)y)), sc16);
@@ -258,14 +252,19 @@ ROW_KERNEL void qdot_q45_k(const uint8_t *row, const int five, const uint8_t *ac
 #endif
 }
 
-/* Block b of a Q6_K row: isum[t] = sum_j sc_j sum(q * y_t) (q unsigned, 0 .. 63). */
-ROW_KERNEL void q6_k_isums(const uint8_t *blk, const uint8_t *act, int64_t act_stride, int64_t b,
-                           const int T, int isum[QDOT_TOKENS]) {
-    const int8_t *sc = (const int8_t *)(blk + MUSER_Q6_K_SCALES);
+/* Q6_K as ggml's vec_dot_q6_K_q8_K (x86): per block, 8 int32 lanes, lane m the
+ * sum over the block's eight 32-element groups G of sc[2G + m/4] * sum((q - 32) * y)
+ * over elements 32G + 4m .. 32G + 4m + 3 (q unsigned 0..63; the offset of 32
+ * taken off each pair sum as ggml does, by vpmaddubsw of 32 against y), then
+ * fma(d_x * d_w, lane, acc) into 8 float lanes per token, summed by hsum8.
+ * qdot_packed_k.c computes the same on the repacked layout, bit for bit. The
+ * plain-C build sums one exact int32 per block, scaled in float. */
 #if defined(__AVX2__) && defined(__FMA__)
-    __m256i acc[QDOT_TOKENS];
-    for (int t = 0; t < T; t++) acc[t] = _mm256_setzero_si256();
-    const __m256i m4 = _mm256_set1_epi8(0xF), m3 = _mm256_set1_epi8(3);
+ROW_KERNEL void q6_k_lanes(const uint8_t *blk, const uint8_t *act, int64_t act_stride, int64_t b,
+                           const int T, __m256i lanes[QDOT_TOKENS]) {
+    const int8_t *sc = (const int8_t *)(blk + MUSER_Q6_K_SCALES);
+    for (int t = 0; t < T; t++) lanes[t] = _mm256_setzero_si256();
+    const __m256i m4 = _mm256_set1_epi8(0xF), m3 = _mm256_set1_epi8(3), m32 = _mm256_set1_epi8(32);
     for (int h = 0; h < 2; h++) {
         const uint8_t *ql = blk + MUSER_Q6_K_QL + 64 * h, *qh = blk + MUSER_Q6_K_QH + 32 * h;
         const __m256i l0 = _mm256_loadu_si256((const __m256i *)ql);
@@ -279,15 +278,38 @@ ROW_KERNEL void q6_k_isums(const uint8_t *blk, const uint8_t *act, int64_t act_s
                                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 4), m3), 4));
         q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
                                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 6), m3), 4));
-        for (int k = 0; k < 4; k++) {       /* elements 128h + 32k .. : sub-blocks 8h+2k, 8h+2k+1 */
+        for (int k = 0; k < 4; k++) {       /* group G = 4h + k: sub-blocks 8h+2k, 8h+2k+1 */
             const int j = 8 * h + 2 * k;
             const __m256i s16 = _mm256_set_m128i(_mm_set1_epi16(sc[j + 1]), _mm_set1_epi16(sc[j]));
-            for (int t = 0; t < T; t++)
-                acc[t] = _mm256_add_epi32(acc[t], scaled_dot(q[k], ACTK(t, b)->qs + 128 * h + 32 * k, s16));
+            for (int t = 0; t < T; t++) {
+                const __m256i y = _mm256_loadu_si256((const __m256i *)(ACTK(t, b)->qs + 128 * h + 32 * k));
+                /* pair sums of q * y and of 32 * y: each |.| <= 2 * 63 * 127, no saturation */
+                const __m256i p = _mm256_sub_epi16(_mm256_maddubs_epi16(q[k], y), _mm256_maddubs_epi16(m32, y));
+                lanes[t] = _mm256_add_epi32(lanes[t], _mm256_madd_epi16(p, s16));
+            }
         }
     }
-    for (int t = 0; t < T; t++) isum[t] = hsum_i32(acc[t]);
+}
+
+ROW_KERNEL void qdot_q6_k_rows(const uint8_t *row, const uint8_t *act, int64_t act_stride,
+                               int64_t nb, const int T, float *out) {
+    __m256 acc[QDOT_TOKENS];
+    for (int t = 0; t < T; t++) acc[t] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = row + b * MUSER_Q6_K_BYTES;
+        __m256i lanes[QDOT_TOKENS];
+        q6_k_lanes(blk, act, act_stride, b, T, lanes);
+        const float dw = f16(blk + MUSER_Q6_K_D);
+        for (int t = 0; t < T; t++)
+            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(ACTK(t, b)->d * dw), _mm256_cvtepi32_ps(lanes[t]), acc[t]);
+    }
+    for (int t = 0; t < T; t++) out[t] = hsum8(acc[t]);
+}
 #else
+/* Block b of a Q6_K row: isum[t] = sum_j sc_j sum(q * y_t) (q unsigned, 0 .. 63). */
+ROW_KERNEL void q6_k_isums(const uint8_t *blk, const uint8_t *act, int64_t act_stride, int64_t b,
+                           const int T, int isum[QDOT_TOKENS]) {
+    const int8_t *sc = (const int8_t *)(blk + MUSER_Q6_K_SCALES);
     for (int t = 0; t < T; t++) isum[t] = 0;
     for (int h = 0; h < 2; h++) {
         const uint8_t *ql = blk + MUSER_Q6_K_QL + 64 * h, *qh = blk + MUSER_Q6_K_QH + 32 * h;
@@ -302,7 +324,6 @@ ROW_KERNEL void q6_k_isums(const uint8_t *blk, const uint8_t *act, int64_t act_s
             }
         }
     }
-#endif
 }
 
 ROW_KERNEL void qdot_q6_k_rows(const uint8_t *row, const uint8_t *act, int64_t act_stride,
@@ -315,23 +336,16 @@ ROW_KERNEL void qdot_q6_k_rows(const uint8_t *row, const uint8_t *act, int64_t a
         int isum[QDOT_TOKENS];
         q6_k_isums(blk, act, act_stride, b, T, isum);
         const float dw = f16(blk + MUSER_Q6_K_D);
-#if defined(__AVX2__) && defined(__FMA__)
-        const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sc));
-#endif
         for (int t = 0; t < T; t++) {
             const actk_t *a = ACTK(t, b);
-            /* the codes' offset of 32: sum_j sc_j * 32 * bsum_j */
-#if defined(__AVX2__) && defined(__FMA__)
-            const int off = hsum_i32(_mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)a->bsums), sc16));
-#else
-            int off = 0;
+            int off = 0;      /* the codes' offset of 32: sum_j sc_j * 32 * bsum_j */
             for (int j = 0; j < QK_K / 16; j++) off += sc[j] * a->bsums[j];
-#endif
             sum[t] += (dw * a->d) * (float)(isum[t] - 32 * off);
         }
     }
     for (int t = 0; t < T; t++) out[t] = sum[t];
 }
+#endif
 
 /* The 16 sub-block scales of a Q2_K / Q3_K block as bytes, in sub-block order:
  * Q2_K the low nibbles of its scale bytes (0..15) and, in m, the high ones (the

@@ -46,7 +46,7 @@ def _block(plan) -> "cb.Block | str":
         made = None
         if p.packed.is_cpu and _plain_f32(p.bias):
             made = cb.linear(p.packed, p.qtype, p.n_out, p.n_in, p.scales, p.scale_2, p.numerics,
-                             p.bias)
+                             p.bias, p.repacked)
         if made is None:
             return f"{name}: a weight type, device or bias the library does not run"
         linears[name] = made
@@ -77,7 +77,7 @@ def _tensors(plan) -> list[torch.Tensor]:
     out = [n.weight for n in plan.norms.values()] + [plan.k_cache, plan.v_cache]
     for p in plan.linears.values():
         if p is not None:
-            out += [p.packed, p.scales, p.scale_2, p.bias]
+            out += [p.packed, p.scales, p.scale_2, p.bias, p.repacked]
     return [t for t in out if isinstance(t, torch.Tensor)]
 
 

@@ -1,0 +1,360 @@
+/* ggml numerics on repacked K-quant weights: Q6_K and Q4_K (called by qdot_packed.c's
+ * muser_matmul_q8p, whose header draws the layout: 16 rows per group, each
+ * field of a block in struct order, 4-byte chunks row by row; for Q6_K
+ * ql 16 x 128 B, qh 16 x 64 B, scales 16 x 16 B, d 16 x 2 B).
+ *
+ * The arithmetic is ggml's vec_dot_q6_K_q8_K on x86 (its AVX2 path, which
+ * AVX-512 builds run too), so each row's result equals ggml's bit for bit:
+ * per block, 8 int32 lanes, lane m summing over the block's eight 32-element
+ * groups G the scaled products of elements 32G + 4m .. 32G + 4m + 3,
+ *   I_m = sum_G sc[2G + m/4] * sum_j (q - 32) * y      (exact),
+ * then acc_m = fma(d_x * d_w, (float)I_m, acc_m) over the blocks, and the 8
+ * accumulators summed as hsum_float_8: ((a0+a4)+(a2+a6)) + ((a1+a5)+(a3+a7)).
+ * Element e = 128h + 32g + l (g = 0..3) has its low 4 bits in ql[64h + 32(g&1) + l]
+ * (low nibble for g < 2, high for g >= 2) and its top 2 in bits 2g, 2g+1 of
+ * qh[32h + l], so lane (G, m)'s 4 codes are one ql chunk and one qh chunk.
+ *
+ * Kernels: AVX-512 VNNI (vpdpbusd on the unsigned codes, seeded with
+ * -32 * sum(y) so the sum is of (q - 32) * y, then vpdpwssd adds it times
+ * the row's scale) and plain C (the reference; also the rows past the last group,
+ * in the file's layout). On a CPU without AVX-512 VNNI the op keeps Q6_K on
+ * the row kernel (ops/cpu/packed.py serves it only here).
+ */
+#include <stdlib.h>
+
+#include "kernels.h"
+
+#define LANES 8
+#define GROUPS 8                       /* 32-element groups of a block */
+#define QL (PACKED_ROWS * MUSER_Q6_K_QL)
+#define QH (PACKED_ROWS * MUSER_Q6_K_QH)
+#define SC (PACKED_ROWS * MUSER_Q6_K_SCALES)
+#define DW (PACKED_ROWS * MUSER_Q6_K_D)
+#define GROUP_BYTES (PACKED_ROWS * MUSER_Q6_K_BYTES)
+_Static_assert(QK_K == GROUPS * 32, "a Q6_K block is 8 groups of 32");
+
+typedef struct {
+    const actk_t *a;         /* [T][nb] */
+    const int32_t *seed;     /* [T][nb][GROUPS * LANES]: -32 * (the sum of lane (G, m)'s 4 codes) */
+    int64_t nb;
+} acts_k_t;
+
+/* The unsigned 6-bit code of element e of one Q6_K block in the file's layout. */
+static inline int q6_code(const uint8_t *blk, int e) {
+    const int h = e / 128, g = (e % 128) / 32, l = e % 32;
+    const uint8_t lo = blk[MUSER_Q6_K_QL + 64 * h + 32 * (g & 1) + l];
+    const int hi = (blk[MUSER_Q6_K_QH + 32 * h + l] >> (2 * g)) & 3;
+    return (g < 2 ? lo & 0xF : lo >> 4) | hi << 4;
+}
+
+/* One row (nb blocks in the file's layout) against token t, in ggml's order. */
+static float q6_row_c(const uint8_t *row, const acts_k_t *x, int64_t t) {
+    float acc[LANES] = {0};
+    for (int64_t b = 0; b < x->nb; b++) {
+        const uint8_t *blk = row + b * MUSER_Q6_K_BYTES;
+        const actk_t *a = x->a + t * x->nb + b;
+        const int8_t *sc = (const int8_t *)(blk + MUSER_Q6_K_SCALES);
+        const float d = a->d * f16(blk + MUSER_Q6_K_D);
+        for (int m = 0; m < LANES; m++) {
+            int32_t I = 0;
+            for (int G = 0; G < GROUPS; G++) {
+                int s = 0;
+                for (int j = 0; j < 4; j++) {
+                    const int e = 32 * G + 4 * m + j;
+                    s += (q6_code(blk, e) - 32) * a->qs[e];
+                }
+                I += sc[2 * G + m / 4] * s;
+            }
+            acc[m] = __builtin_fmaf(d, (float)I, acc[m]);
+        }
+    }
+    return ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
+}
+
+/* A panel's blocks back in the file's layout: rows[r][b] (fields {offset, bytes}
+ * in struct order, as ops/cpu/packed.py's repack moves them). */
+static void unpermute(const uint8_t *panel, int64_t nb, int bytes, const int (*fields)[2], int nf,
+                      uint8_t *rows) {
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *g = panel + b * PACKED_ROWS * bytes;
+        for (int f = 0; f < nf; f++) {
+            const int off = fields[f][0], n = fields[f][1], c = n < 4 ? n : 4;
+            for (int k = 0; k < n / c; k++)
+                for (int r = 0; r < PACKED_ROWS; r++)
+                    memcpy(rows + (r * nb + b) * bytes + off + k * c, g + PACKED_ROWS * off + (k * PACKED_ROWS + r) * c, c);
+        }
+    }
+}
+
+static const int Q6_FIELDS[4][2] = {{MUSER_Q6_K_QL, 128}, {MUSER_Q6_K_QH, 64}, {MUSER_Q6_K_SCALES, 16},
+                                    {MUSER_Q6_K_D, 2}};
+static const int Q4_FIELDS[4][2] = {{MUSER_Q4_K_D, 2}, {MUSER_Q4_K_DMIN, 2}, {MUSER_Q4_K_SCALES, 12},
+                                    {MUSER_Q4_K_QS, 128}};
+_Static_assert(MUSER_Q6_K_QH == MUSER_Q6_K_QL + 128 && MUSER_Q6_K_SCALES == MUSER_Q6_K_QH + 64 &&
+                   MUSER_Q6_K_D == MUSER_Q6_K_SCALES + 16 && MUSER_Q6_K_BYTES == MUSER_Q6_K_D + 2 &&
+                   MUSER_Q4_K_DMIN == MUSER_Q4_K_D + 2 && MUSER_Q4_K_SCALES == MUSER_Q4_K_DMIN + 2 &&
+                   MUSER_Q4_K_QS == MUSER_Q4_K_SCALES + 12 && MUSER_Q4_K_BYTES == MUSER_Q4_K_QS + 128,
+               "the field tables list every byte of the block");
+
+/* ---- Q4_K, as qdot.c's qdot_q45_k (ggml's vec_dot_q4_K_q8_K on x86) ----------------------
+ * per block, 8 int32 lanes of the scaled codes, lane m = sum over the 8 sub-blocks G of
+ * sc[G] * sum(q * y) over elements 32G + 4m .. + 3 (element 64g + l: low nibble of
+ * qs[32g + l], 64g + 32 + l its high nibble), and 8 of the mins, lane j = m[j] *
+ * (bsum[2j] + bsum[2j+1]); acc = fma(d_x * d_w, lanes), accm = fma(d_x * dmin_w, mins),
+ * y = hsum8(acc) - hsum8(accm). */
+
+static void q4k_scales(const uint8_t *s, uint8_t sc[8], uint8_t m[8]) {
+    for (int j = 0; j < 8; j++) {
+        float a, b;
+        scale_min_k4(s, j, &a, &b);
+        sc[j] = (uint8_t)a, m[j] = (uint8_t)b;
+    }
+}
+
+static float q4k_row_c(const uint8_t *row, const acts_k_t *x, int64_t t) {
+    float acc[LANES] = {0}, accm[LANES] = {0};
+    for (int64_t b = 0; b < x->nb; b++) {
+        const uint8_t *blk = row + b * MUSER_Q4_K_BYTES;
+        const actk_t *a = x->a + t * x->nb + b;
+        uint8_t sc[8], mn[8];
+        q4k_scales(blk + MUSER_Q4_K_SCALES, sc, mn);
+        const float d = a->d * f16(blk + MUSER_Q4_K_D), dm = a->d * f16(blk + MUSER_Q4_K_DMIN);
+        for (int m = 0; m < LANES; m++) {
+            int32_t I = 0;
+            for (int G = 0; G < GROUPS; G++) {
+                int s = 0;
+                for (int j = 0; j < 4; j++) {
+                    const int l = 4 * m + j;
+                    const uint8_t q = blk[MUSER_Q4_K_QS + 32 * (G / 2) + l];
+                    s += (G & 1 ? q >> 4 : q & 0xF) * a->qs[32 * G + l];
+                }
+                I += sc[G] * s;
+            }
+            acc[m] = __builtin_fmaf(d, (float)I, acc[m]);
+            accm[m] = __builtin_fmaf(dm, (float)(mn[m] * (a->bsums[2 * m] + a->bsums[2 * m + 1])), accm[m]);
+        }
+    }
+    const float *v = acc, *w = accm;
+    return (((v[0] + v[4]) + (v[2] + v[6])) + ((v[1] + v[5]) + (v[3] + v[7]))) -
+           (((w[0] + w[4]) + (w[2] + w[6])) + ((w[1] + w[5]) + (w[3] + w[7])));
+}
+
+/* The plain C panels: the blocks un-permuted, then the row arithmetic above. */
+static void panel_k_c(int type, const uint8_t *panel, const acts_k_t *x, int T, float *y, int64_t n_out) {
+    const int six = type == MUSER_ID_Q6_K, bytes = six ? MUSER_Q6_K_BYTES : MUSER_Q4_K_BYTES;
+    uint8_t *rows = malloc((size_t)(PACKED_ROWS * x->nb * bytes));
+    if (!rows) return;      /* muser_matmul_q8p allocates far more before: not reached in practice */
+    unpermute(panel, x->nb, bytes, six ? Q6_FIELDS : Q4_FIELDS, 4, rows);
+    for (int t = 0; t < T; t++)
+        for (int r = 0; r < PACKED_ROWS; r++)
+            y[t * n_out + r] = (six ? q6_row_c : q4k_row_c)(rows + r * x->nb * bytes, x, t);
+    free(rows);
+}
+
+#if defined(__x86_64__)
+#define T512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,f16c,fma,avx2")))
+
+/* A K-quant group block (2-3 KB) is read in lane order, which jumps between
+ * its chunks; from DRAM (a decode step reads every weight once) the hardware
+ * prefetchers did not keep up: in a Gemma 3 270M step the Q6_K panel took
+ * about 150 us per call against 40 us with the weights in cache. So each
+ * block asks for the one PREFETCH_AHEAD blocks on, whole (past a panel's end
+ * that is the next panel's start, or nothing: a prefetch never faults). */
+#define PREFETCH_AHEAD 4
+static inline __attribute__((always_inline)) void prefetch_block(const uint8_t *g, int bytes) {
+    for (int i = 0; i < bytes; i += 64) __builtin_prefetch(g + i, 0, 1);
+}
+#define Q6_TT 2   /* tokens per pass over a panel: 8 float accumulators each */
+
+/* Lanes (4h + gh, m), gh = 0..3, of 16 rows' block g as unsigned codes 0..63
+ * (4 bytes per row): two ql chunks (low nibbles for gh < 2, high for gh >= 2)
+ * and one qh chunk (bits 2gh, 2gh+1) hold all four. */
+T512 static inline __attribute__((always_inline)) void q6_lanes512(const uint8_t *g, int h, int m,
+                                                                  __m512i u[4]) {
+    const __m512i ql0 = _mm512_loadu_si512(g + QL + 64 * (16 * h + m));
+    const __m512i ql1 = _mm512_loadu_si512(g + QL + 64 * (16 * h + 8 + m));
+    const __m512i qh = _mm512_loadu_si512(g + QH + 64 * (8 * h + m));
+    const __m512i m4 = _mm512_set1_epi8(0xF), m3 = _mm512_set1_epi8(3);
+    const __m512i lo[4] = {_mm512_and_si512(ql0, m4), _mm512_and_si512(ql1, m4),
+                           _mm512_and_si512(_mm512_srli_epi16(ql0, 4), m4),
+                           _mm512_and_si512(_mm512_srli_epi16(ql1, 4), m4)};
+    for (int gh = 0; gh < 4; gh++)
+        u[gh] = _mm512_or_si512(lo[gh], _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(qh, 2 * gh), m3), 4));
+}
+
+T512 static inline __attribute__((always_inline)) void panel_q6_512_tt(const uint8_t *panel,
+                                                                      const acts_k_t *x, int64_t t0,
+                                                                      const int TT, float *y,
+                                                                      int64_t n_out) {
+    __m512 acc[Q6_TT][LANES];
+    for (int t = 0; t < TT; t++)
+        for (int m = 0; m < LANES; m++) acc[t][m] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < x->nb; b++) {
+        const uint8_t *g = panel + b * GROUP_BYTES;
+        prefetch_block(g + PREFETCH_AHEAD * GROUP_BYTES, GROUP_BYTES);
+        const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(g + DW)));
+        __m512 ds[Q6_TT];
+        for (int t = 0; t < TT; t++) ds[t] = _mm512_mul_ps(_mm512_set1_ps(x->a[(t0 + t) * x->nb + b].d), dw);
+        /* the 16 sub-block scales of each row as int32 lanes whose high 16 bits are 0,
+         * so vpdpwssd multiplies the low 16 bits of a lane sum (|sum| < 2^15) by them */
+        __m512i sc[16];
+        for (int s = 0; s < 16; s++) {
+            const __m512i sv = _mm512_loadu_si512(g + SC + 64 * (s >> 2));
+            sc[s] = _mm512_and_si512(_mm512_srai_epi32(_mm512_slli_epi32(sv, 24 - 8 * (s & 3)), 24),
+                                     _mm512_set1_epi32(0xFFFF));
+        }
+        for (int m = 0; m < LANES; m++) {
+            __m512i I[Q6_TT];
+            for (int t = 0; t < TT; t++) I[t] = _mm512_setzero_si512();
+            for (int h = 0; h < 2; h++) {
+                __m512i u[4];
+                q6_lanes512(g, h, m, u);
+                for (int gh = 0; gh < 4; gh++) {
+                    const int G = 4 * h + gh;
+                    for (int t = 0; t < TT; t++) {
+                        const int64_t i = (t0 + t) * x->nb + b;
+                        int32_t yq;
+                        memcpy(&yq, x->a[i].qs + 32 * G + 4 * m, 4);
+                        /* sum (q - 32) y over the lane's 4 elements: |.| <= 4 * 32 * 128 < 2^15 */
+                        const __m512i p = _mm512_dpbusd_epi32(
+                            _mm512_set1_epi32(x->seed[i * GROUPS * LANES + G * LANES + m]), u[gh],
+                            _mm512_set1_epi32(yq));
+                        I[t] = _mm512_dpwssd_epi32(I[t], p, sc[2 * G + m / 4]);
+                    }
+                }
+            }
+            for (int t = 0; t < TT; t++)
+                acc[t][m] = _mm512_fmadd_ps(ds[t], _mm512_cvtepi32_ps(I[t]), acc[t][m]);
+        }
+    }
+    for (int t = 0; t < TT; t++) {
+        const __m512 *v = acc[t];
+        const __m512 s = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(v[0], v[4]), _mm512_add_ps(v[2], v[6])),
+                                       _mm512_add_ps(_mm512_add_ps(v[1], v[5]), _mm512_add_ps(v[3], v[7])));
+        _mm512_storeu_ps(y + (t0 + t) * n_out, s);
+    }
+}
+
+T512 static void panel_q6_512(const uint8_t *panel, const acts_k_t *x, int T, float *y, int64_t n_out) {
+    int64_t t0 = 0;
+    for (; T >= Q6_TT; T -= Q6_TT, t0 += Q6_TT) panel_q6_512_tt(panel, x, t0, Q6_TT, y, n_out);
+    if (T) panel_q6_512_tt(panel, x, t0, 1, y, n_out);
+}
+_Static_assert(Q6_TT == 2, "panel_q6_512's remainder is one token");
+#endif
+
+#if defined(__x86_64__)
+#define Q4_QS (PACKED_ROWS * MUSER_Q4_K_QS)
+#define Q4_SC (PACKED_ROWS * MUSER_Q4_K_SCALES)
+#define Q4_GROUP_BYTES (PACKED_ROWS * MUSER_Q4_K_BYTES)
+
+/* One token against a panel (16 float accumulators: 8 lanes, 8 mins). */
+T512 static void panel_q4k_512(const uint8_t *panel, const acts_k_t *x, int T, float *y, int64_t n_out) {
+    const __m512i lo8 = _mm512_set1_epi32(0xFF), m4 = _mm512_set1_epi8(0xF);
+    for (int t = 0; t < T; t++) {
+        __m512 acc[LANES], accm[LANES];
+        for (int m = 0; m < LANES; m++) acc[m] = accm[m] = _mm512_setzero_ps();
+        for (int64_t b = 0; b < x->nb; b++) {
+            const uint8_t *g = panel + b * Q4_GROUP_BYTES;
+            prefetch_block(g + PREFETCH_AHEAD * Q4_GROUP_BYTES, Q4_GROUP_BYTES);
+            const actk_t *a = x->a + t * x->nb + b;
+            const __m512 ad = _mm512_set1_ps(a->d);
+            const __m512 ds = _mm512_mul_ps(ad, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)g)));
+            const __m512 dm = _mm512_mul_ps(ad, _mm512_cvtph_ps(_mm256_loadu_si256(
+                                                   (const __m256i *)(g + PACKED_ROWS * MUSER_Q4_K_DMIN))));
+            /* the 12-byte strip of 16 rows as 3 dwords each: qdot.c's k4_scales, lane-wise */
+            const __m512i u0 = _mm512_loadu_si512(g + Q4_SC), u1 = _mm512_loadu_si512(g + Q4_SC + 64),
+                          u2 = _mm512_loadu_si512(g + Q4_SC + 128);
+            const __m512i k3f = _mm512_set1_epi32(0x3F3F3F3F), k0f = _mm512_set1_epi32(0x0F0F0F0F),
+                          k03 = _mm512_set1_epi32(0x03030303);
+            const __m512i w[4] = {
+                _mm512_and_si512(u0, k3f),
+                _mm512_or_si512(_mm512_and_si512(u2, k0f), _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(u0, 6), k03), 4)),
+                _mm512_and_si512(u1, k3f),
+                _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(u2, 4), k0f),
+                                _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(u1, 6), k03), 4))};
+            for (int m = 0; m < LANES; m++) {      /* scales and mins 0..3 in w[0], w[2]; 4..7 in w[1], w[3] */
+                __m512i I = _mm512_setzero_si512();
+                for (int G = 0; G < GROUPS; G++) {
+                    const __m512i raw = _mm512_loadu_si512(g + Q4_QS + 64 * (8 * (G / 2) + m));
+                    const __m512i u = _mm512_and_si512(G & 1 ? _mm512_srli_epi16(raw, 4) : raw, m4);
+                    int32_t yq;
+                    memcpy(&yq, a->qs + 32 * G + 4 * m, 4);
+                    /* sum q * y over 4 elements: |.| <= 4 * 15 * 128 < 2^15, times the 6-bit scale */
+                    const __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, _mm512_set1_epi32(yq));
+                    const __m512i sc = _mm512_and_si512(_mm512_srli_epi32(w[G / 4], 8 * (G & 3)), lo8);
+                    I = _mm512_dpwssd_epi32(I, p, sc);
+                }
+                acc[m] = _mm512_fmadd_ps(ds, _mm512_cvtepi32_ps(I), acc[m]);
+                const __m512i mn = _mm512_and_si512(_mm512_srli_epi32(w[2 + m / 4], 8 * (m & 3)), lo8);
+                const __m512i ms = _mm512_madd_epi16(mn, _mm512_set1_epi32(a->bsums[2 * m] + a->bsums[2 * m + 1]));
+                accm[m] = _mm512_fmadd_ps(dm, _mm512_cvtepi32_ps(ms), accm[m]);
+            }
+        }
+        const __m512 *v = acc, *u = accm;
+        const __m512 s = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(v[0], v[4]), _mm512_add_ps(v[2], v[6])),
+                                       _mm512_add_ps(_mm512_add_ps(v[1], v[5]), _mm512_add_ps(v[3], v[7])));
+        const __m512 sm = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(u[0], u[4]), _mm512_add_ps(u[2], u[6])),
+                                        _mm512_add_ps(_mm512_add_ps(u[1], u[5]), _mm512_add_ps(u[3], u[7])));
+        _mm512_storeu_ps(y + t * n_out, _mm512_sub_ps(s, sm));
+    }
+}
+#endif
+
+typedef struct {
+    int type;
+    const uint8_t *packed;
+    acts_k_t x;
+    int64_t T, n_out;
+    float *y;
+    int avx512;
+} k_job;
+
+static void k_task(const void *ctx, int64_t g0, int64_t g1) {
+    const k_job *j = ctx;
+    const int six = j->type == MUSER_ID_Q6_K;
+    const int64_t panel_bytes = PACKED_ROWS * (six ? MUSER_Q6_K_BYTES : MUSER_Q4_K_BYTES) * j->x.nb;
+    for (int64_t g = g0; g < g1; g++) {
+        const uint8_t *panel = j->packed + g * panel_bytes;
+        float *y = j->y + g * PACKED_ROWS;
+#if defined(__x86_64__)
+        if (j->avx512) {
+            (six ? panel_q6_512 : panel_q4k_512)(panel, &j->x, (int)j->T, y, j->n_out);
+            continue;
+        }
+#endif
+        panel_k_c(j->type, panel, &j->x, (int)j->T, y, j->n_out);
+    }
+}
+
+/* muser_matmul_q8p for Q4_K and Q6_K (arguments checked by the caller): 0, or -2 when
+ * memory runs out. */
+int matmul_k_packed(int type, const uint8_t *packed, int64_t n_out, int64_t n_in, const float *x,
+                    int64_t T, float *y, int nthreads, int isa) {
+    const int64_t nb = n_in / QK_K;
+    actk_t *a = malloc(sizeof(actk_t) * (size_t)(T * nb));
+    int32_t *seed = malloc(sizeof(int32_t) * (size_t)(T * nb * GROUPS * LANES));
+    if (!a || !seed) {
+        free(a), free(seed);
+        return -2;
+    }
+    for (int64_t t = 0; t < T; t++) {
+        quantize_act_q8_k(x + t * n_in, n_in, a + t * nb);
+        for (int64_t b = 0; b < nb; b++)
+            for (int G = 0; G < GROUPS; G++)
+                for (int m = 0; m < LANES; m++) {
+                    const int8_t *q = a[t * nb + b].qs + 32 * G + 4 * m;
+                    seed[(t * nb + b) * GROUPS * LANES + G * LANES + m] = -32 * (q[0] + q[1] + q[2] + q[3]);
+                }
+    }
+    const int64_t groups = n_out / PACKED_ROWS;
+    const k_job j = {type, packed, {a, seed, nb}, T, n_out, y, isa == PACKED_ISA_AVX512};
+    parallel_for(k_task, &j, groups, nthreads);
+    const int six = type == MUSER_ID_Q6_K;
+    const int64_t row_bytes = nb * (six ? MUSER_Q6_K_BYTES : MUSER_Q4_K_BYTES);
+    for (int64_t r = groups * PACKED_ROWS; r < n_out; r++)
+        for (int64_t t = 0; t < T; t++)
+            y[t * n_out + r] = (six ? q6_row_c : q4k_row_c)(packed + r * row_bytes, &j.x, t);
+    free(a), free(seed);
+    return 0;
+}
