@@ -155,6 +155,16 @@ def set_numerics(model: nn.Module, numerics: str) -> nn.Module:
     return model
 
 
+def set_repack(enabled: bool) -> None:
+    """Run ggml-numerics ``QLinear`` modules on a load-time repack of their
+    weight (``ops/cpu/packed.py``; on by default, ``MUSER_CPU_REPACK=0`` at
+    start) or on the file's rows, from the next call on: a benchmark compares
+    the two in one process. Counted as a module change, so a model's cached
+    layer plans, which hold the repack, are rebuilt."""
+    cpu_packed.set_enabled(enabled)
+    changes.bump()
+
+
 class QLinear(_Packed):
     """``y = x @ W.T (+ bias)`` with W packed; y in x's dtype. Differentiable in
     x (and bias), so adapters can train on top of the frozen packed weight."""
@@ -241,7 +251,7 @@ class QLinear(_Packed):
         the same bytes moved, the same values bit for bit), made on first use and
         kept while ``packed`` is the same tensor; None in the exact numerics, for
         a type without a packed kernel, off the CPU, or with repacking off
-        (``MUSER_CPU_REPACK=0``, ``packed.set_enabled``). It is a copy beside
+        (``MUSER_CPU_REPACK=0``, ``set_repack(False)``). It is a copy beside
         ``packed`` (not a buffer: state_dict and ``.to()`` see the file's layout)."""
         packed = self._buffers["packed"]
         if (self._numerics != "ggml" or not cpu_packed.enabled() or not cpu_packed.serves(self.qtype)

@@ -25,7 +25,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import muser_torch  # noqa: E402
-from muser_torch.nn import set_numerics  # noqa: E402
+from muser_torch.nn import set_numerics, set_repack  # noqa: E402
 from muser_torch.ops.cpu import packed as cpu_packed  # noqa: E402
 
 
@@ -50,7 +50,7 @@ def main() -> None:
           f"load {os.getloadavg()}")
 
     def one(flag: bool) -> tuple[float, float, torch.Tensor]:
-        cpu_packed.set_enabled(flag)
+        set_repack(flag)
         model.reset()
         model(prompt, slots)                     # the first call (a repack is made here)
         model.reset()

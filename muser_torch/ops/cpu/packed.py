@@ -17,7 +17,6 @@ import os
 
 import torch
 
-from ... import changes
 from ...formats.types import GGMLType
 from .build import _native_lib
 
@@ -40,12 +39,11 @@ def enabled() -> bool:
 
 
 def set_enabled(flag: bool) -> None:
-    """Turn the repack on or off for every ``QLinear`` from the next call on
-    (a benchmark compares the two in one process); counted as a change, so the
-    native step's cached descriptions are rebuilt (``muser_torch.changes``)."""
+    """Turn the repack on or off for every ``QLinear`` from the next call on.
+    Call ``nn.set_repack``, which also counts it as a change (the layer
+    runners' cached plans hold the repack)."""
     global _enabled
     _enabled = bool(flag)
-    changes.bump()
 
 
 def serves(qtype: GGMLType) -> bool:

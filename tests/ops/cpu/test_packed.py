@@ -26,6 +26,7 @@ import torch
 
 from muser_torch.formats.types import GGMLType
 from muser_torch.ops import cpu
+from muser_torch.nn import set_repack
 from muser_torch.ops.cpu import packed as P
 
 from ...bounds import check_bound, check_floor
@@ -246,12 +247,12 @@ def test_qlinear_runs_on_the_repack_in_the_ggml_numerics_only():
     x = torch.randn(3, 96, generator=g)
     with torch.no_grad():
         assert torch.equal(m(x), torch.ops.muser.qmatmul_ggml(x, *w.op_args())), f"seed {seed}"
-        P.set_enabled(False)
+        set_repack(False)
         try:
             assert m.repacked() is None
             assert torch.equal(m(x), torch.ops.muser.qmatmul_ggml(x, *w.op_args())), f"seed {seed}"
         finally:
-            P.set_enabled(True)
+            set_repack(True)
     k = QLinear.from_weight(random_weight(GGMLType.Q5_K, 16, 256, generator=g))
     k.numerics = "ggml"
     assert k.repacked() is None, "Q5_K has no packed kernel yet"
