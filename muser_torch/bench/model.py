@@ -97,11 +97,16 @@ def measure(model, prompt: torch.Tensor, slots: torch.Tensor, decode: int, warmu
     """Prefill ``prompt`` into ``slots`` (a first call, then ``prefill_reps``
     warm ones into a reset cache), then ``warmup`` untimed and ``decode`` timed
     greedy steps of ``step`` (default ``model.forward``); returns the timing
-    and the last tokens. The cache must hold them all; call under no_grad."""
+    and the last tokens. The cache must hold them all; call under no_grad.
+
+    A prefill computes the last position's logits only (``last_only``), as
+    ``generate``'s does and as llama.cpp's llama-bench pp test asks of
+    ``llama_decode``: the lm_head over every prompt position (Gemma 3: 262,144
+    rows) is work neither side needs."""
     step = step or model.forward
     synchronize(device)
     t0 = time.perf_counter()
-    logits = model(prompt, slots)             # the first call: any compile left is in here
+    logits = model(prompt, slots, last_only=True)   # the first call: any compile left is in here
     synchronize(device)
     cold_s = time.perf_counter() - t0
     prefill_s = cold_s if prefill_reps < 1 else float("inf")
@@ -109,7 +114,7 @@ def measure(model, prompt: torch.Tensor, slots: torch.Tensor, decode: int, warmu
         model.reset()
         synchronize(device)
         t0 = time.perf_counter()
-        logits = model(prompt, slots)
+        logits = model(prompt, slots, last_only=True)
         synchronize(device)
         prefill_s = min(prefill_s, time.perf_counter() - t0)
     tok = logits[:, -1].argmax(-1, keepdim=True)
@@ -176,7 +181,7 @@ def main(args: argparse.Namespace) -> int:
     print(f"bench model: {label} on {device} ({str(model.activation_dtype).removeprefix('torch.')}), {c.n_layers} layers, hidden {c.hidden}, "
           f"batch {args.batch}{', compiled' if args.compile else ''}")
     print(f"  prefill  {args.prompt_len:>5} tokens x {args.batch}: {prefill_tps:10.1f} tok/s "
-          "(warm: the best of several calls after the first)")
+          "(warm: the best of several calls after the first; the last position's logits)")
     print(f"  first prefill call: {cold_s * 1e3:.1f} ms = {cold_s / prefill_s:.2f}x a warm one{load_note}")
     print(f"  decode   {args.decode:>5} steps  x {args.batch}: {steps_per_s * args.batch:10.1f} tok/s "
           f"({1e3 / steps_per_s:.2f} ms/step)")
