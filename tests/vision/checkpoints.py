@@ -104,12 +104,13 @@ def write_vision_checkpoint(directory: Path, seed: int, **config: Any) -> tuple[
     return directory, cfg
 
 
-def convert_with_llama_cpp(checkpoint: Path, text_out: Path, mmproj_out: Path, outtype: str,
-                           mmproj_outtype: str | None = None) -> None:
-    """llama.cpp's release converter (tools/peers.sh): the text file, then ``--mmproj``."""
-    run_converter([{"dir": checkpoint, "out": text_out, "outtype": outtype, "pre": "qwen2"},
-                   {"dir": checkpoint, "out": mmproj_out, "outtype": mmproj_outtype or outtype,
-                    "pre": "qwen2", "extra": ["--mmproj"]}], text_out.parent, release=True)
+def convert_with_llama_cpp(checkpoint: Path, text_out: Path, mmprojs: dict[str, Path],
+                           outtype: str = "f16") -> None:
+    """llama.cpp's release converter (tools/peers.sh): the text file in ``outtype``, then
+    ``--mmproj`` once per ``{type: path}`` of ``mmprojs``, all in one converter process."""
+    run_converter([{"dir": checkpoint, "out": text_out, "outtype": outtype, "pre": "qwen2"}]
+                  + [{"dir": checkpoint, "out": path, "outtype": kind, "pre": "qwen2", "extra": ["--mmproj"]}
+                     for kind, path in mmprojs.items()], text_out.parent, release=True)
 
 
 def _permute_back(w: torch.Tensor, n_heads: int) -> torch.Tensor:

@@ -1,7 +1,7 @@
 """``muser-torch convert HF_DIR OUT --mmproj``: the vision projector file of
 the session's random checkpoint, byte for byte the file llama.cpp's own
-release converter writes with ``--mmproj`` (F16 and Q8_0 from the session's
-fixture, BF16 written here), and it loads and runs as that file does.
+release converter writes with ``--mmproj`` (F16, Q8_0 and BF16 from the session's
+fixture), and it loads and runs as that file does.
 Refusals: a checkpoint that is not Muse Glimmer's, another type."""
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ from muser_torch.cli import main as cli
 
 from ..convert.checkpoints import write_checkpoint
 from ..convert.peers import assert_same_file
-from .checkpoints import convert_with_llama_cpp
 from .conftest import SEED
 
 
@@ -29,13 +28,11 @@ def test_mmproj_is_llama_cpps_file(vision_files, tmp_path, kind):
 
 
 def test_bf16_mmproj_is_llama_cpps_file_and_loads(vision_files, tmp_path):
-    ckpt = vision_files["checkpoint"]
-    theirs_text, theirs = tmp_path / "text.gguf", tmp_path / "theirs.gguf"
-    convert_with_llama_cpp(ckpt, theirs_text, theirs, "f16", "bf16")
+    text, theirs = vision_files["bf16"]
     ours = tmp_path / "ours.gguf"
-    assert _convert([str(ckpt), str(ours), "--mmproj", "--type", "bf16"]) == 0
+    assert _convert([str(vision_files["checkpoint"]), str(ours), "--mmproj", "--type", "bf16"]) == 0
     assert_same_file(ours, theirs, f"the bf16 mmproj (SEED={SEED})")
-    model = muser_torch.from_gguf(vision_files["f16"][0], dtype=torch.float32, mmproj=ours)
+    model = muser_torch.from_gguf(text, dtype=torch.float32, mmproj=ours)
     assert model.vision.patch.qtype.name == "F32" and model.vision.mm0.qtype.name == "BF16"
 
 
