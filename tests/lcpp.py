@@ -48,10 +48,15 @@ def llama_cpp_tokenize_many(path, texts: list[str], parse_special: bool, tmp_dir
     (``lcpp_logits``' tokenize-file mode, which loads the vocabulary only: a
     file of tokenizer keys is enough). Skips, saying to rebuild the peers,
     when the binary predates that mode."""
+    return llama_cpp_tokenize_many_flags(path, [(t, parse_special) for t in texts], tmp_dir, timeout)
+
+
+def llama_cpp_tokenize_many_flags(path, texts: list[tuple[str, bool]], tmp_dir,
+                                  timeout: int = 600) -> list[list[int]]:
+    """``llama_cpp_tokenize_many`` with each text's own ``parse_special``: ``(text, flag)`` pairs."""
     skip_unless_available()
-    records = b"".join((b"1" if parse_special else b"0") + t.encode("utf-8") + b"\0"
-                       for t in texts)
-    if any(b"\0" in t.encode("utf-8") or not t for t in texts):
+    records = b"".join((b"1" if flag else b"0") + t.encode("utf-8") + b"\0" for t, flag in texts)
+    if any(b"\0" in t.encode("utf-8") or not t for t, _ in texts):
         raise ValueError("tokenize-file takes non-empty texts without NUL")
     src = tmp_dir / "texts.bin"
     src.write_bytes(records)

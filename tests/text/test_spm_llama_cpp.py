@@ -39,12 +39,24 @@ def _texts(tok) -> dict[str, list[str]]:
     }
 
 
+@pytest.fixture(scope="module")
+def gemma_llama_cpp_ids(gemma, gemma_path, tmp_path_factory):
+    """(kind, parse_special) -> llama.cpp's ids of each of ``_texts``' texts of that kind,
+    from one load of the vocabulary for all of them (a load is about 0.4 s)."""
+    cases = [(kind, flag, texts) for kind, texts in _texts(gemma).items() for flag in (False, True)]
+    root = tmp_path_factory.mktemp("spm-gemma")
+    ids = iter(lcpp.llama_cpp_tokenize_many_flags(gemma_path, [(t, flag) for _, flag, texts in cases
+                                                               for t in texts], root))
+    return {(kind, flag): [next(ids) for _ in texts] for kind, flag, texts in cases}
+
+
 @pytest.mark.parametrize("parse_special", [False, True])
 @pytest.mark.parametrize("kind", ["multilingual", "random", "whitespace", "code", "emoji",
                                   "specials"])
-def test_ids_are_llama_cpps(gemma, gemma_path, tmp_path, kind, parse_special):
+def test_ids_are_llama_cpps(gemma, gemma_llama_cpp_ids, kind, parse_special):
     texts = _texts(gemma)[kind]
-    want = lcpp.llama_cpp_tokenize_many(gemma_path, texts, parse_special, tmp_path)
+    want = gemma_llama_cpp_ids[kind, parse_special]
+    assert len(want) == len(texts)
     for text, ids in zip(texts, want):
         got = gemma.encode(text, bos=False, parse_special=parse_special)
         assert got == ids, (f"seed {SEED}, parse_special={parse_special}: {text[:80]!r}: "
