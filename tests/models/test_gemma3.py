@@ -12,6 +12,7 @@ from muser_torch.loader import check
 from muser_torch.models import Gemma3
 
 from .. import slow
+from ..bounds import check_bound, check_floor
 from .conftest import SEED, rel_err
 
 VOCAB = 262144
@@ -83,27 +84,52 @@ def test_decode_past_the_window_matches_transformers(gemma, hf_gemma):
     assert err < 1e-3, f"past the window: relative error {err:.2e} (seed {SEED})"
 
 
-def test_incremental_decode_equals_full_forward_with_small_window(gemma_path):
-    """The same weights with a 4-token window: prefill in uneven chunks
-    (one longer than the window), then decode to 5x the window; every
-    position equals the cache-free forward. (Within 1e-4: one-token steps
-    take the fused matvec kernels, the full forward the tiled GEMM, and
-    float32 rounding differs over 18 layers.)"""
+# Incremental against full forward, float32: the two paths round differently
+# (one-token steps take the fused matvec, the full forward the tiled GEMM), and
+# over 18 layers their difference has a heavy tail: median 6e-6, worst 1.04e-4
+# at MUSER_TEST_SEED=5027308, once the whole bound (issue 41). INCREMENTAL_BOUND
+# holds the worst of 500 seeds with a 2x margin (docs/testing.md); a cache that
+# keeps one key too few (the twin below) is orders of magnitude past it.
+INCREMENTAL_BOUND = 5e-4
+
+
+def _incremental_and_full(gemma_path, window: int, cache_window: int):
+    """Logits of 20 tokens: the cache-free forward with ``window``, and the same
+    prompt prefilled in uneven chunks then decoded with ``cache_window``."""
     model = muser_torch.from_gguf(gemma_path, dtype=torch.float32)
-    for layer in model.layers:
-        if layer.attention.window is not None:
-            layer.attention.window = 4
+    windowed = [layer.attention for layer in model.layers if layer.attention.window is not None]
     T = 20
     ids = _prompt(T, salt=4)[None]
     with torch.no_grad():
+        for att in windowed:
+            att.window = window
         full = model(ids)[0]
+        for att in windowed:
+            att.window = cache_window
         model.setup_cache(slots=1, max_seq_len=T)
         slot = torch.tensor([0])
         cuts = [0, 3, 9] + list(range(10, T + 1))
         inc = torch.cat([model(ids[:, a:b], slot)[0] for a, b in zip(cuts, cuts[1:])])
-    for t in range(T):
-        err = rel_err(inc[t], full[t])
-        assert err < 1e-4, f"position {t}: relative error {err:.2e} (seed {SEED})"
+    return inc, full
+
+
+def test_incremental_decode_equals_full_forward_with_small_window(gemma_path):
+    """The same weights with a 4-token window: prefill in uneven chunks
+    (one longer than the window), then decode to 5x the window; every
+    position equals the cache-free forward within ``INCREMENTAL_BOUND``."""
+    inc, full = _incremental_and_full(gemma_path, 4, 4)
+    worst = max(range(len(inc)), key=lambda t: rel_err(inc[t], full[t]))
+    check_bound("incremental against full forward: worst position's rel err",
+                rel_err(inc[worst], full[worst]), INCREMENTAL_BOUND, f"position {worst} (seed {SEED})")
+
+
+def test_a_ring_one_key_short_breaks_the_incremental_bound(gemma_path):
+    """The twin: the cache's windowed layers keep 3 keys where the full
+    forward sees 4; positions past the window then differ far beyond the bound."""
+    inc, full = _incremental_and_full(gemma_path, 4, 3)
+    worst = max(rel_err(inc[t], full[t]) for t in range(len(inc)))
+    check_floor("a ring one key short: worst position's rel err", worst, 10 * INCREMENTAL_BOUND,
+                f"(seed {SEED})")
 
 
 def test_slots_decode_together_as_alone(gemma):
