@@ -30,6 +30,30 @@ from .vocab import write_vocab
 _QUANTIZE_KEYS = ("general.quantization_version", "general.file_type")
 
 
+def general_writer(ck: Checkpoint, arch: str, shapes: Sequence[tuple[str, Sequence[int]]],
+                   file_kind: str) -> Any:
+    """A gguf-py writer holding the ``general.*`` keys llama.cpp's converter
+    writes first: the type (``file_kind``, gguf's GGUFType), then the name,
+    size label and the rest of ``gguf.Metadata`` of the checkpoint's
+    directory, with the parameter count of ``shapes`` (name, ne)."""
+    import gguf
+    import numpy as np
+
+    w = gguf.GGUFWriter(path=None, arch=arch)
+    for name, ne in shapes:   # shapes only: gguf-py's parameter count reads them
+        w.add_tensor_info(name, tuple(reversed(ne)), np.dtype(np.float32), 4 * math.prod(ne),
+                          raw_dtype=gguf.GGMLQuantizationType.F32)
+    total, shared, expert, n_expert = w.get_total_parameter_count()
+    md = gguf.Metadata.load(None, ck.dir, None, total)
+    if md.name is None:
+        md.name = ck.dir.name
+    if md.size_label is None and total > 0:
+        md.size_label = gguf.size_label(total, shared, expert, n_expert)
+    w.add_type(file_kind)
+    md.set_gguf_meta_model(w)
+    return w
+
+
 def collect_metadata(ck: Checkpoint, fam: Family, hp: dict, n_layers: int,
                      plan: Sequence[PlannedTensor], kind: str, pre_tokenizer: str | None,
                      imatrix: ImportanceMatrix | None, vocab_from: "tuple[Path, dict] | None" = None,
@@ -40,23 +64,11 @@ def collect_metadata(ck: Checkpoint, fam: Family, hp: dict, n_layers: int,
     import logging
 
     import gguf
-    import numpy as np
 
     # The converter re-adds some keys (Gemma 3); gguf-py warns and keeps the
     # first position with the new value, which is what is wanted here.
     logging.getLogger("gguf.gguf_writer").setLevel(logging.ERROR)
-    w = gguf.GGUFWriter(path=None, arch=fam.gguf_arch)
-    for p in plan:   # shapes only: gguf-py's parameter count reads them
-        w.add_tensor_info(p.name, tuple(reversed(p.ne)), np.dtype(np.float32), 4 * math.prod(p.ne),
-                          raw_dtype=gguf.GGMLQuantizationType.F32)
-    total, shared, expert, n_expert = w.get_total_parameter_count()
-    md = gguf.Metadata.load(None, ck.dir, None, total)
-    if md.name is None:
-        md.name = ck.dir.name
-    if md.size_label is None and total > 0:
-        md.size_label = gguf.size_label(total, shared, expert, n_expert)
-    w.add_type(gguf.GGUFType.MODEL)
-    md.set_gguf_meta_model(w)
+    w = general_writer(ck, fam.gguf_arch, [(p.name, p.ne) for p in plan], gguf.GGUFType.MODEL)
     common_keys(w, hp, n_layers)
     # the converter's own file type: llama-quantize's kinds are made from its F16 file
     w.add_file_type(FILE_TYPES["f16" if kind in FROM_F16 else kind])

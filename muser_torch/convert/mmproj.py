@@ -23,7 +23,6 @@ converter writes it with ``--mmproj`` (its ``MuseGlimmerVisionModel`` over
 """
 from __future__ import annotations
 
-import math
 import re
 from pathlib import Path
 from typing import Any, Callable
@@ -33,6 +32,7 @@ import torch
 from ..arch.glimmer_vision import PROJECTOR
 from ..errors import ConfigMismatchError, RecipeError
 from ..formats import GGMLType, quantize
+from ..formats.floats import as_float_type
 from ..gguf_io import save_gguf
 from .checkpoint import Checkpoint
 from .rules import permute_rows
@@ -90,9 +90,8 @@ def _metadata(ck: Checkpoint, hp: dict, vc: dict, kind: str, shapes: list[tuple[
     import json
 
     import gguf
-    import numpy as np
 
-    from .keys import _to_save_gguf
+    from .keys import _to_save_gguf, general_writer
     logging.getLogger("gguf.gguf_writer").setLevel(logging.ERROR)
     pre = ck.dir / "preprocessor_config.json"
     if not pre.is_file():
@@ -100,18 +99,7 @@ def _metadata(ck: Checkpoint, hp: dict, vc: dict, kind: str, shapes: list[tuple[
     pcfg = json.loads(pre.read_text())
     if "image_mean" not in pcfg or "image_std" not in pcfg:
         raise ConfigMismatchError(f"{pre}: no image_mean / image_std")
-    w = gguf.GGUFWriter(path=None, arch="clip")
-    for name, ne in shapes:   # shapes only: gguf-py's parameter count reads them
-        w.add_tensor_info(name, tuple(reversed(ne)), np.dtype(np.float32), 4 * math.prod(ne),
-                          raw_dtype=gguf.GGMLQuantizationType.F32)
-    total, shared, expert, n_expert = w.get_total_parameter_count()
-    md = gguf.Metadata.load(None, ck.dir, None, total)
-    if md.name is None:
-        md.name = ck.dir.name
-    if md.size_label is None and total > 0:
-        md.size_label = gguf.size_label(total, shared, expert, n_expert)
-    w.add_type(gguf.GGUFType.MMPROJ)
-    md.set_gguf_meta_model(w)
+    w = general_writer(ck, "clip", shapes, gguf.GGUFType.MMPROJ)
     w.add_file_type(_FILE_TYPE[kind])
     w.add_clip_has_vision_encoder(True)
     text = {**hp, **(hp.get("text_config") or {})}
@@ -144,13 +132,8 @@ def _type_of(name: str, ne: tuple[int, ...], kind: str) -> GGMLType:
 
 
 def _encode(t: torch.Tensor, q: GGMLType, ne: tuple[int, ...]) -> torch.Tensor:
-    if q == GGMLType.F32:
-        return t.to(torch.float32).contiguous()
-    if q == GGMLType.F16:
-        return t.to(torch.float16).contiguous()
-    if q == GGMLType.BF16:
-        return t.to(torch.float32).to(torch.bfloat16).contiguous()
-    return quantize(t.to(torch.float32).reshape(-1, ne[0]), q)
+    floats = as_float_type(t, q)
+    return floats if floats is not None else quantize(t.to(torch.float32).reshape(-1, ne[0]), q)
 
 
 def convert_mmproj(ck: Checkpoint, out: Path, kind: str, progress: bool | None) -> tuple[int, int]:

@@ -24,6 +24,7 @@ from ..arch.names import TENSOR_NAMES
 from ..errors import (ConfigMismatchError, ConvertError, OutputExistsError, OutputPathError,
                       RecipeError)
 from ..formats import GGMLType, quantize
+from ..formats.floats import as_float_type
 from ..formats.types import NVFP4_GROUP
 from ..gguf_io import SCALE2_SUFFIX, SCALE_SUFFIX, partial_path, save_gguf
 from .checkpoint import Checkpoint
@@ -386,12 +387,9 @@ def encode(t: torch.Tensor, p: PlannedTensor, dev: torch.device,
     """A source tensor (float32, float16 or bfloat16) to the bytes of its planned
     type; quantized types are widened to float32 one chunk of rows at a time."""
     q = p.qtype
-    if q == GGMLType.F32:
-        return t.to(torch.float32).contiguous()
-    if q == GGMLType.F16:
-        return t.to(torch.float16).contiguous()
-    if q == GGMLType.BF16:
-        return t.to(torch.float32).to(torch.bfloat16).contiguous()
+    floats = as_float_type(t, q)
+    if floats is not None:
+        return floats
     rows = t.reshape(-1, p.ne[0])
     out = torch.empty((rows.shape[0], q.row_bytes(p.ne[0])), dtype=torch.uint8)
     step = max(1, (_CHUNK_ELEMS if dev.type == "cpu" else _GPU_CHUNK_ELEMS) // p.ne[0])

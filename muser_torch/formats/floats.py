@@ -16,6 +16,19 @@ TORCH_DTYPES: dict[GGMLType, torch.dtype] = {
 }
 
 
+def as_float_type(t: torch.Tensor, q: GGMLType) -> torch.Tensor | None:
+    """A tensor as the plain float type ``q`` stores it (F32, F16, BF16; BF16
+    rounded from float32, as llama.cpp's converter rounds), or None for any
+    other type."""
+    if q == GGMLType.F32:
+        return t.to(torch.float32).contiguous()
+    if q == GGMLType.F16:
+        return t.to(torch.float16).contiguous()
+    if q == GGMLType.BF16:
+        return t.to(torch.float32).to(torch.bfloat16).contiguous()
+    return None
+
+
 class _Plain(BlockFormat):
     """Blocks of one element stored as that element's own bytes."""
 
