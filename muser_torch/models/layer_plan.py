@@ -195,7 +195,7 @@ class PlannedLayers:
             (f"layer {i}: {p}" for i, p in enumerate(plans) if isinstance(p, str)), None)
         if self.why_not is None:
             tables = [getattr(model, name) for name in model._rope_names]
-            self.runner = runner_type(plans, tables)
+            self.runner = runner_type(plans, tables, EXTEND_MAX_TOKENS)
             self.why_not = self.runner.why_not
 
     def __reduce__(self):

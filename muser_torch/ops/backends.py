@@ -50,7 +50,8 @@ def graph_capture(device_type: str):
 
 def layer_step(device_type: str):
     """The backend's runner of whole decoder layers on ``device_type`` (a class
-    taking ``models/layer_plan.py``'s plans and the RoPE tables, whose
+    taking ``models/layer_plan.py``'s plans, the RoPE tables and the longest
+    run of one sequence's tokens it is handed, whose
     ``accepts(x)`` says whether a step's activations may take it), or None: the
     CPU library's ``ops/cpu/step.CpuLayers``; CUDA records whole steps instead
     (``graph_capture``), and Metal runs the modules' ops."""

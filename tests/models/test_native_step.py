@@ -98,7 +98,7 @@ def _per_layer_errors(model, prefill: int, steps: int = 1, rows: int = 1,
                 entries = positions[0] % cache.capacity
                 want_kv = cache.k[1, entries].clone(), cache.v[1, entries].clone()
                 cache.k.copy_(before[0]), cache.v.copy_(before[1])
-                one = CpuLayers([describe(layer)], tables)
+                one = CpuLayers([describe(layer)], tables, EXTEND_MAX_TOKENS)
                 assert one.why_not is None, f"{type(layer).__name__}: {one.why_not}"
                 got, _ = one(x, slots, lengths, tables)
                 per_row = torch.stack([_row_errors(got[0], want[0]),

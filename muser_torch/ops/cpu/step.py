@@ -22,11 +22,6 @@ from .eager import plain_eager, profiling, recorded
 
 __all__ = ["CpuLayers"]
 
-# The longest run of one sequence's new tokens decode.c's scratch is sized for
-# (models/layer_plan.py's EXTEND_MAX_TOKENS: a DFlash verify block).
-EXTEND_ROWS = 16
-
-
 def _plain_f32(t: torch.Tensor | None) -> bool:
     return t is None or (t.dtype is torch.float32 and t.is_cpu and t.is_contiguous())
 
@@ -84,8 +79,12 @@ def _tensors(plan) -> list[torch.Tensor]:
 class CpuLayers:
     """The plans of one model's layers as decode.c blocks, and the scratch they share."""
 
-    def __init__(self, plans: Sequence, inv_freqs: Sequence[torch.Tensor]) -> None:
+    def __init__(self, plans: Sequence, inv_freqs: Sequence[torch.Tensor], extend_rows: int) -> None:
+        """``extend_rows``: the longest run of one sequence's new tokens a step
+        hands over (``models/layer_plan.py``'s ``EXTEND_MAX_TOKENS``), which
+        sizes the scratch."""
         self.lib = lib = _native_lib()
+        self.extend_rows = extend_rows
         self.blocks: list = []
         self.why_not = None if lib is not None else "the CPU library is not built"
         for i, plan in enumerate(plans if lib is not None else ()):
@@ -106,7 +105,7 @@ class CpuLayers:
         self.hidden = {p.hidden for p in plans} if ok else set()
         self.work = self.refs = None
         if ok:
-            need = max(cb.block_work(lib, b, max(FUSED_MAX_TOKENS, EXTEND_ROWS)) for b in self.blocks)
+            need = max(cb.block_work(lib, b, max(FUSED_MAX_TOKENS, extend_rows)) for b in self.blocks)
             self.work = torch.empty(need)
             self.refs = [ctypes.byref(b) for b in self.blocks]
 
@@ -119,10 +118,10 @@ class CpuLayers:
 
     def takes(self, x: torch.Tensor, n_slots: int) -> bool:
         """Whether a step of activations ``x [B, T, hidden]`` (one token of B
-        sequences, or T <= 16 of one) in a cache of ``n_slots`` runs here."""
+        sequences, or up to ``extend_rows`` of one) in a cache of ``n_slots`` runs here."""
         B, T, hidden = x.shape
         return (self.why_not is None and self.accepts(x)
-                and (T == 1 and B <= FUSED_MAX_TOKENS or B == 1 and T <= EXTEND_ROWS)
+                and (T == 1 and B <= FUSED_MAX_TOKENS or B == 1 and T <= self.extend_rows)
                 and n_slots <= self.slots and self.hidden == {hidden} and T <= self.capacity)
 
     def __call__(self, x: torch.Tensor, slots: torch.Tensor, lengths: torch.Tensor,
