@@ -32,7 +32,7 @@ from .dflash import Drafter, DraftRing
 from .host_copy import HostCopy
 from .taps import Taps, caches
 
-__all__ = ["DraftRounds", "draft_rounds"]
+__all__ = ["DraftRounds", "cut_at_stop", "draft_rounds"]
 
 
 class DraftRounds:
@@ -162,14 +162,21 @@ class DraftRounds:
             if pending is not None:
                 out = pending.tokens().tolist()
                 best, cands, keep = out[:block], out[block:2 * block - 1], out[-1]
-                hits = [i for i, t in enumerate(cands) if t in stop_set]   # cut as the eager round
-                stats.proposed.append(cands[:hits[0] + 1] if hits else cands)
+                stats.proposed.append(cut_at_stop(cands, stop_set))   # as the eager round records them
                 stats.accepted.append(keep - 1)
                 new, left = best[:keep], left - keep
                 yield new
                 if new[-1] in stop_set:
                     return      # a round in flight keeps nothing (done is set)
             pending = window
+
+
+def cut_at_stop(tokens: list[int], stop: set[int]) -> list[int]:
+    """``tokens`` up to and including the first stop token."""
+    for i, t in enumerate(tokens):
+        if t in stop:
+            return tokens[:i + 1]
+    return tokens
 
 
 def draft_rounds(draft: Drafter, recorder) -> DraftRounds:

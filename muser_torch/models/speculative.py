@@ -31,7 +31,7 @@ from typing import Any, Iterator, Sequence
 import torch
 
 from .dflash import DraftContext, Drafter
-from .draft_rounds import DraftRounds, draft_rounds
+from .draft_rounds import DraftRounds, cut_at_stop, draft_rounds
 from .engine import decode_engine
 from .taps import Taps, caches
 from .sampling import distribution, sample
@@ -175,7 +175,7 @@ def speculative_rounds(target: Any, draft: Drafter, ids: torch.Tensor, max_new_t
             else:
                 q = distribution(draft_logits, temperature, top_k, top_p)
                 cands = torch.multinomial(q, 1, generator=gen).squeeze(-1)
-            cands = _cut_at_stop(cands, stop_set)
+            cands = cands[:len(cut_at_stop(cands.tolist(), stop_set))]
             stats.proposed.append(cands.tolist())
             cands = cands[:left - 1]
             n = int(target.lengths[0])
@@ -190,7 +190,7 @@ def speculative_rounds(target: Any, draft: Drafter, ids: torch.Tensor, max_new_t
             else:
                 new = _accept_sampled(cands, q[:cands.numel()],
                                       distribution(logits, temperature, top_k, top_p), gen)
-            new = _cut_list_at_stop(new, stop_set)
+            new = cut_at_stop(new, stop_set)
             keep = len(new)   # the anchor and the accepted candidates stay in the cache
             for cache in caches(target):
                 cache.rewind(keep)
@@ -251,16 +251,3 @@ def _recorded_rounds(target: Any, draft: Any, engine: str, greedy: bool, n_promp
         return None
     rounds = draft_rounds(draft, runner.recorder)
     return rounds if rounds.why_not(n_prompt, max_new_tokens) is None else None
-
-
-def _cut_at_stop(cands: torch.Tensor, stop: set[int]) -> torch.Tensor:
-    """Candidates up to and including the first stop token."""
-    hits = [i for i, t in enumerate(cands.tolist()) if t in stop]
-    return cands[:hits[0] + 1] if hits else cands
-
-
-def _cut_list_at_stop(tokens: list[int], stop: set[int]) -> list[int]:
-    for i, t in enumerate(tokens):
-        if t in stop:
-            return tokens[:i + 1]
-    return tokens
