@@ -12,6 +12,7 @@ from .conftest import LANES, SEED, rel_err
 from .. import slow
 from ..slots import decode_in_slots
 from .reference import reference_logits
+from ..bounds import check_bound
 
 
 def _tokens(n: int, batch: int | None = None, salt: int = 0) -> torch.Tensor:
@@ -33,7 +34,7 @@ def test_logits_match_float64_reference(tiny_files, lane):
     sliding = gguf.metadata["muse-glimmer.attention.sliding_window_pattern"]   # the file's own bools
     want = reference_logits(weights, model.config, tokens, sliding)
     err = rel_err(got, want)
-    assert err < 1e-4, f"{lane}: relative error {err:.2e} vs float64 reference (seed {SEED})"
+    check_bound("logits: rel err to float64", err, 1e-4, f"{lane}: relative error {err:.2e} vs float64 reference (seed {SEED})")
     assert float(want.std()) > 0.1, f"degenerate reference logits (seed {SEED})"
 
 
@@ -57,7 +58,7 @@ def test_incremental_decode_matches_full_forward(tiny_files, lane):
     # is 1e-2 or more.
     for t in range(T):
         err = rel_err(inc[t], full[t])
-        assert err < 1e-4, f"{lane}: position {t}: relative error {err:.2e} (seed {SEED})"
+        check_bound("incremental: worst position's rel err", err, 1e-4, f"{lane}: position {t}: relative error {err:.2e} (seed {SEED})")
 
 
 def test_f16_cache_and_activations_stay_close(tiny_files):
@@ -73,7 +74,7 @@ def test_f16_cache_and_activations_stay_close(tiny_files):
     got = torch.cat([half(tokens[:, :10], slot)[0]] + [half(tokens[:, t:t + 1], slot)[0]
                                                        for t in range(10, 24)])
     err = rel_err(got.float(), want)
-    assert err < 2e-2, f"f16 decode relative error {err:.2e} (seed {SEED})"
+    check_bound("f16 decode: rel err", err, 2e-2, f"f16 decode relative error {err:.2e} (seed {SEED})")
 
 
 @pytest.mark.parametrize("lane", LANES)
@@ -92,7 +93,7 @@ def test_batch_of_slots_equals_each_slot_alone(tiny_files, lane):
         alone = torch.cat([model(seq[None, n + t:n + t + 1], torch.tensor([0]))[0]
                            for t in range(steps)])
         err = rel_err(together[i], alone)
-        assert err < 1e-5, f"{lane}: slot {slots[i]} (prompt {n}) differs by {err:.2e} (seed {SEED})"
+        check_bound("a slot against alone: rel err", err, 1e-5, f"{lane}: slot {slots[i]} (prompt {n}) differs by {err:.2e} (seed {SEED})")
 
 
 # Inductor's code generation of this architecture's decode step is checked by
@@ -126,8 +127,8 @@ def test_whole_batch_in_any_slot_order_matches_full_forward(tiny_files, compiled
     for i, (seq, n) in enumerate(zip(seqs, lengths)):
         full = model(seq[None])[0, n:]                             # no cache
         err = rel_err(together[i], full)
-        assert err < 1e-5, (f"slot {int(slots[i])} of order {slots.tolist()} (prompt {n}) "
-                            f"differs by {err:.2e} (seed {SEED})")
+        check_bound("a slot in any order against its full forward: rel err", err, 1e-5,
+                    f"slot {int(slots[i])} of order {slots.tolist()} (prompt {n}, seed {SEED})")
 
 
 def test_bfloat16_model_attends_over_its_f16_cache(tiny_files):
@@ -143,7 +144,7 @@ def test_bfloat16_model_attends_over_its_f16_cache(tiny_files):
                                                        for t in range(12, 30)])
     assert got.dtype == torch.bfloat16
     err = rel_err(got.float(), want)
-    assert err < 3e-2, f"bfloat16 decode relative error {err:.2e} (seed {SEED})"
+    check_bound("bfloat16 decode: rel err", err, 3e-2, f"bfloat16 decode relative error {err:.2e} (seed {SEED})")
 
 
 def test_greedy_generate_is_argmax_of_full_forward(tiny_files):
@@ -220,7 +221,7 @@ def test_compiled_decode_step_matches_eager(tiny_files, backend):
             fn_out.append(fn(tokens[:, t:t + 1], slots)[:, 0])
         results.append(torch.stack(fn_out, 1))
     err = rel_err(results[1], results[0])
-    assert err < 1e-5, f"compiled decode differs from eager by {err:.2e} (seed {SEED})"
+    check_bound("compiled against eager: rel err", err, 1e-5, f"compiled decode differs from eager by {err:.2e} (seed {SEED})")
 
 
 def test_cache_and_generate_refuse_bad_arguments(tiny_files):
@@ -254,6 +255,7 @@ def test_random_model_has_sane_packed_weights(lane):
     assert wd.qtype == recipe_type(cfg, "blk.0.ffn_down.weight")
     w = dequantize(wd.packed, wd.qtype, wd.n_in, scales=getattr(wd, "scales", None),
                    scale_2=getattr(wd, "scale_2", None))
-    assert abs(float(w.std()) * cfg.ffn ** 0.5 - 1) < 0.2, f"std {float(w.std())} (seed {SEED})"
+    check_bound("init std: relative distance to 1/sqrt(ffn)", abs(float(w.std()) * cfg.ffn ** 0.5 - 1), 0.2,
+                f"std {float(w.std())} (seed {SEED})")
     logits = model(_tokens(10, batch=1, salt=8))
     assert torch.isfinite(logits).all() and float(logits.std()) > 0.1, f"seed {SEED}"

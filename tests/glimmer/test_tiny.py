@@ -15,6 +15,7 @@ from muser_torch.gguf_io import load_gguf
 from muser_torch.formats import random_weight
 from muser_torch.tiny import SEED_CONFIG, plan, planned_bytes
 
+from ..bounds import check_bound
 from .conftest import SEED
 
 
@@ -71,8 +72,10 @@ def test_random_rows_have_the_asked_std(qtype):
     rw = random_weight(qtype, 48, 512, generator=g, std=std)
     w = dequantize(rw.packed, qtype, 512, **rw.companions())
     assert torch.isfinite(w).all(), f"{qtype.name}: non-finite values (seed {SEED})"
-    assert abs(float(w.std()) / std - 1) < 0.15, f"{qtype.name}: std {float(w.std()):.4f} (seed {SEED})"
-    assert abs(float(w.mean())) < 0.2 * std, f"{qtype.name}: mean {float(w.mean()):.4f} (seed {SEED})"
+    check_bound("std: relative distance to the asked std", abs(float(w.std()) / std - 1), 0.15,
+                f"{qtype.name}: std {float(w.std()):.4f} (seed {SEED})")
+    check_bound("mean: distance to 0 in stds", abs(float(w.mean())) / std, 0.2,
+                f"{qtype.name}: mean {float(w.mean()):.4f} (seed {SEED})")
 
 
 def test_make_tiny_writes_muse_glimmer_files(tmp_path):

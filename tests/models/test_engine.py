@@ -24,6 +24,7 @@ from muser_torch.run import model_path
 
 from .conftest import SEED, rel_err
 from .test_gemma3_admission import SMALL, metadata, tensors
+from ..bounds import check_bound
 
 CUDA = torch.cuda.is_available()
 DEVICES = ["cpu"] + (["cuda"] if CUDA else [])
@@ -108,13 +109,14 @@ def test_padded_steps_give_each_rows_logits(gemma_file, device):
             got = engine.step(tokens, slots)[:, -1].clone()
             want = reference(tokens[:, None], torch.tensor(slots, device=device))[:, -1]
             err = rel_err(got, want)
-            assert err < 1e-5, f"step {step}: relative error {err:.2e} (seed {SEED})"
+            check_bound("engine step: rel err to the reference", err, 1e-5, f"step {step}: relative error {err:.2e} (seed {SEED})")
         assert model.lengths.tolist() == reference.lengths.tolist() == \
             [15, 0, 17, 0, 0, 20, 0, 0], "the padding moved a slot"
         for layer, ref in zip(model.layers, reference.layers):   # and wrote what the rows wrote
             for name in ("k", "v"):
                 got, want = getattr(layer.attention.kv_cache, name), getattr(ref.attention.kv_cache, name)
-                assert rel_err(got, want) < 1e-5, f"{name} cache (seed {SEED})"
+                check_bound("cache rows: rel err to the reference", rel_err(got, want), 1e-5,
+                            f"{name} cache (seed {SEED})")
     assert [bucket(r, 8) for r in range(1, 9)] == [1, 2, 4, 4, 5, 6, 7, 8]
     assert engine.captures == 1
 

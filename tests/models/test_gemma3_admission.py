@@ -16,6 +16,7 @@ from muser_torch.errors import (DtypeFenceError, GGUFError, MetadataError, Shape
 from muser_torch.formats import GGMLType, random_weight
 from muser_torch.gguf_io import save_gguf
 
+from ..bounds import check_bound
 from .conftest import SEED, rel_err
 
 SMALL = Gemma3Config(context_length=64, hidden=256, ffn=512, n_layers=2, n_heads=2, n_kv_heads=1,
@@ -151,7 +152,7 @@ def test_tied_and_untied_lm_heads(tmp_path):
         w = torch.from_numpy(gguf_dequantize(packed.numpy(), GGMLQuantizationType(int(qtype))))
         want = hidden[0].double() @ w.reshape(ne[1], ne[0]).double().T
         err = rel_err(logits, want)
-        assert err < 1e-5, f"untied={untied}: {err:.2e} (seed {SEED})"
+        check_bound("logits: rel err", err, 1e-5, f"untied={untied}: {err:.2e} (seed {SEED})")
 
 
 def test_final_softcap_caps_the_logits(tmp_path):

@@ -13,6 +13,7 @@ from muser_torch.models import Llama, Qwen2, Qwen3
 from ..slots import decode_in_slots
 from .conftest import SEED, rel_err
 from .family_files import ARCH_VARIANTS, VARIANTS, hf_file, reference, tokens  # noqa: F401 (fixtures)
+from ..bounds import check_bound
 
 CLASSES = {"llama": Llama, "qwen2": Qwen2, "qwen3": Qwen3}
 
@@ -32,7 +33,7 @@ def test_logits_match_transformers(hf_file, reference, variant):
         with torch.no_grad():
             got, want = model(x), ref(x).logits
         err = rel_err(got, want)
-        assert err < 1e-3, f"{variant}: prompt {batch}x{n} logits differ by {err:.2e} (seed {SEED})"
+        check_bound("logits: rel err to transformers", err, 1e-3, f"{variant}: prompt {batch}x{n} logits differ by {err:.2e} (seed {SEED})")
 
 
 def _reference_greedy(ref, prompt: torch.Tensor, n: int) -> tuple[list[int], list[float]]:
@@ -70,7 +71,7 @@ def test_incremental_decode_equals_full_forward(hf_file, variant):
     slot = torch.tensor([0])
     steps = [model(x[:, :11], slot)[0]] + [model(x[:, t:t + 1], slot)[0] for t in range(11, 30)]
     err = rel_err(torch.cat(steps), full)
-    assert err < 1e-5, f"{variant}: cached decode differs from the full forward by {err:.2e} (seed {SEED})"
+    check_bound("cached decode against full forward: rel err", err, 1e-5, f"{variant}: cached decode differs from the full forward by {err:.2e} (seed {SEED})")
 
 
 # Inductor's code generation is the slow part on a small CPU: it runs once; the
@@ -90,7 +91,7 @@ def test_compiled_decode_step_matches_eager(hf_file, variant, backend):
         out += [fn(x[:, t:t + 1], slots)[:, 0] for t in range(12, 20)]
         results.append(torch.stack(out, 1))
     err = rel_err(results[1], results[0])
-    assert err < 1e-5, f"{variant}: compiled decode differs from eager by {err:.2e} (seed {SEED})"
+    check_bound("compiled against eager: rel err", err, 1e-5, f"{variant}: compiled decode differs from eager by {err:.2e} (seed {SEED})")
 
 
 @pytest.mark.parametrize("variant", ARCH_VARIANTS)
@@ -106,7 +107,7 @@ def test_slots_of_one_cache_equal_each_sequence_alone(hf_file, variant):
     for i, (seq, n) in enumerate(zip(seqs, lengths)):
         alone = model(seq[None, :n + steps])[0, n:]
         err = rel_err(together[i], alone)
-        assert err < 1e-5, f"{variant}: slot {slots[i]} differs by {err:.2e} (seed {SEED})"
+        check_bound("a slot against alone: rel err", err, 1e-5, f"{variant}: slot {slots[i]} differs by {err:.2e} (seed {SEED})")
 
 
 def test_tied_files_reuse_the_embedding(hf_file):
