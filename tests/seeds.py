@@ -42,11 +42,12 @@ from pathlib import Path
 
 import pytest
 
+from .random_seed import SEED_ENV
+
 ROOT = Path(__file__).resolve().parent.parent
-SEED_ENV = "MUSER_TEST_SEED"
 SEED_ID = re.compile(r"^seed\d+$")
-# A test file draws a seed if it names the variable, a fresh_seed helper, or a
-# conftest's SEED (tests/serve draws its sampling seeds from os.urandom instead).
+# A test file draws a seed if it names the variable, the fresh_seed helper
+# (tests/random_seed.py), or a conftest's SEED.
 DRAWS = re.compile(r"MUSER_TEST_SEED|fresh_seed|from \.+\w*\.?conftest import .*\bSEED\b")
 MARGIN = 2.0
 # The plugin's state in a pytest process: the running test's outcome (by node

@@ -6,8 +6,6 @@ and gives the logits of the plain load; a planted defect (the codes not
 centred) breaks the equality."""
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 import torch
@@ -19,9 +17,10 @@ from muser_torch.formats import GGMLType, random_weight
 from muser_torch.formats.legacy import q5_0_as_q8_0
 from muser_torch.nn import QLinear
 
+from ..random_seed import fresh_seed
 from ..bounds import check_bound
 
-SEED = int(os.environ.get("MUSER_TEST_SEED", int.from_bytes(os.urandom(4), "little")))
+SEED = fresh_seed()
 
 
 def _weights(rows: int, cols: int) -> torch.Tensor:

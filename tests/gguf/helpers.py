@@ -3,8 +3,6 @@ and ``raw_gguf``, a byte-level writer independent of ``save_gguf`` for
 crafting malformed files."""
 from __future__ import annotations
 
-import os
-import random
 import struct
 from dataclasses import dataclass, field
 
@@ -15,13 +13,7 @@ from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 from muser_torch.formats import GGMLType, random_weight
 
 from .ggml_gguf import lib as ggml_lib
-
-
-def fresh_seed() -> int:
-    """A new seed each run (tests put it in their failure messages);
-    MUSER_TEST_SEED=N replays one."""
-    fixed = os.environ.get("MUSER_TEST_SEED")
-    return int(fixed) if fixed else random.randrange(1 << 32)
+from ..random_seed import fresh_seed  # noqa: F401 (its tests import it from here)
 
 
 def ggml_block_size(type_id: int) -> tuple[int, int]:

@@ -4,7 +4,6 @@ Every test reports ``SEED`` in its assertion messages; set MUSER_TEST_SEED to
 replay a failure."""
 from __future__ import annotations
 
-import os
 from dataclasses import replace
 
 import pytest
@@ -13,7 +12,9 @@ import torch
 from muser_torch.arch.muse_glimmer import GlimmerConfig, reference_pattern
 from muser_torch.tiny import write_tiny
 
-SEED = int(os.environ.get("MUSER_TEST_SEED", int.from_bytes(os.urandom(3), "little")))
+from ..random_seed import fresh_seed
+
+SEED = fresh_seed(1 << 24)
 
 # Four layers, global every 2nd from the last (layers 1 and 3), GQA 4:2, an 8-token
 # window so that short tests run well past it; dimensions the K-quant rows need.

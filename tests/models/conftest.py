@@ -5,13 +5,14 @@ transformers' ``Gemma3ForCausalLM`` loaded from the same tensors in float32.
 Every test reports ``SEED`` in its messages; MUSER_TEST_SEED replays one."""
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 import torch
 
-SEED = int(os.environ.get("MUSER_TEST_SEED", int.from_bytes(os.urandom(3), "little")))
+from ..random_seed import fresh_seed
+
+SEED = fresh_seed(1 << 24)
 
 # The vocabulary arrays transformers would parse with gguf's pure-Python
 # reader, once for the config and once for the weights (about 70 s each on

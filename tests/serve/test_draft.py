@@ -6,8 +6,6 @@ tokens and ``max_tokens`` end a round's tokens where they fall; a request
 for logprobs, a tool_choice that needs a grammar and a second slot are refused."""
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
@@ -15,12 +13,13 @@ from muser_torch.models import from_gguf
 from muser_torch.serve.sampling import SamplingParams
 from muser_torch.serve.scheduler import Finish, Scheduler
 
+from ..random_seed import fresh_seed
 from .harness import MODEL_ID, greedy, run_jobs, serving, text_of
 
 pytest.importorskip("transformers.models.muse_glimmer_assistant")
 from ..dflash.draft_files import assistant_config, write_draft_gguf  # noqa: E402
 
-SEED = int.from_bytes(os.urandom(4), "little")
+SEED = fresh_seed()
 PROMPTS = ["def main(", "import os\n", "    return self._"]
 
 

@@ -5,15 +5,15 @@ logprobs. Every answer is held to ``model.generate`` on the same prompt ids
 (computed while no server runs: they share the model)."""
 from __future__ import annotations
 
-import os
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
 
+from ..random_seed import fresh_seed
 from .harness import MODEL_ID, chatml, greedy, queued_completions, serving, text_of
 
-SEED = int.from_bytes(os.urandom(4), "little")
+SEED = fresh_seed()
 CHAT = [{"role": "system", "content": "You write Python."},
         {"role": "user", "content": "Write a function."}]
 PROMPTS = ["def main(", "import os\n", "class Foo:\n    ", "x = ["]

@@ -3,7 +3,6 @@ the text cut at the first stop string to complete, and the tokenizer's decode
 of every id."""
 from __future__ import annotations
 
-import os
 import random
 
 import pytest
@@ -12,7 +11,9 @@ from muser_torch.serve.sampling import StopStrings
 from muser_torch.text.byte_tokenizer import ByteTokenizer
 from muser_torch.text.stream import TextStream
 
-SEED = int.from_bytes(os.urandom(4), "little")
+from ..random_seed import fresh_seed
+
+SEED = fresh_seed()
 
 
 def _pieces(rng: random.Random, text: str) -> list[str]:

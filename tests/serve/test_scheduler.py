@@ -4,8 +4,6 @@ reuse, the queue bound, cancellation within one step, stop tokens and a
 failing forward."""
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
@@ -13,9 +11,10 @@ from muser_torch.serve.sampling import SamplingParams
 from muser_torch.serve.scheduler import Failure, Finish, Job, QueueFull, Scheduler
 from muser_torch.text.byte_tokenizer import ByteTokenizer
 
+from ..random_seed import fresh_seed
 from .harness import Collect, greedy, run_jobs
 
-SEED = int.from_bytes(os.urandom(4), "little")
+SEED = fresh_seed()
 PROMPTS = ["def main(", "import os\n", "class Foo:\n    ", "x = [", "    return self._"]
 
 

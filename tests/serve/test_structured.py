@@ -11,12 +11,13 @@ import pytest
 
 from muser_torch.serve.grammar import Grammars, token_bytes
 
+from ..random_seed import fresh_seed
 from .harness import MODEL_ID, serving
 
 jsonschema = pytest.importorskip("jsonschema")     # the test extra installs both
 pytest.importorskip("llguidance")
 
-SEED = int.from_bytes(os.urandom(4), "little")
+SEED = fresh_seed()
 NESTED = {
     "type": "object",
     "properties": {

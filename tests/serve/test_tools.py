@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 
 import openai
 import pytest
@@ -22,6 +21,7 @@ from muser_torch.serve.grammar import Grammars
 from muser_torch.serve.schemas import ToolRequest
 from muser_torch.serve.tools import HERMES, tool_grammar
 
+from ..random_seed import fresh_seed
 from .harness import MODEL_ID, chatml, greedy, serving, text_of
 from .tool_files import (CONTEXT, chatml_default_model, chatml_tools_model,  # noqa: F401
                          llama3_tools_model)
@@ -29,7 +29,7 @@ from .tool_files import (CONTEXT, chatml_default_model, chatml_tools_model,  # n
 jsonschema = pytest.importorskip("jsonschema")
 pytest.importorskip("llguidance")
 
-SEED = int.from_bytes(os.urandom(4), "little")
+SEED = fresh_seed()
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "The weather at a place, a few days ahead.",
     "parameters": {"type": "object", "properties": {

@@ -1,8 +1,9 @@
 """Text to tokenize: fixed multilingual fragments and random strings drawn from a seed."""
 from __future__ import annotations
 
-import os
 import random
+
+from ..random_seed import fresh_seed  # noqa: F401 (its tests import it from here)
 
 FRAGMENTS = (
     "Héllo wörld! Ça va? Crème brûlée, naïve façade, São Paulo, Øresund, İstanbul.",
@@ -42,12 +43,6 @@ MULTILINGUAL = (
 _RANGES = ((0x20, 0x7E), (0xC0, 0xFF), (0x100, 0x17F), (0x400, 0x45F), (0x391, 0x3C9),
            (0x4E00, 0x4FFF), (0x3041, 0x3096), (0xAC00, 0xAC80), (0x1F600, 0x1F64F))
 _WHITESPACE = (" ", "  ", "\t", "\n", "\n\n", " \n")
-
-
-def fresh_seed() -> int:
-    """A new seed each run (tests print it on failure); MUSER_TEST_SEED=N replays one."""
-    fixed = os.environ.get("MUSER_TEST_SEED")
-    return int(fixed) if fixed else random.randrange(1 << 32)
 
 
 def random_texts(seed: int, n: int = 24) -> list[str]:

@@ -4,15 +4,14 @@ Shared by test_kernels.py (emulated) and test_mps.py (real MPS). Every call
 draws fresh data from a seed the test reports in its assertion messages."""
 from __future__ import annotations
 
-import os
-import random
-
 import torch
 
 from muser_torch import GGMLType
 from muser_torch.formats import dequantize_reference as ref_dequantize
 from muser_torch.formats import random_weight
 from muser_torch.ops.metal import SUPPORTED
+
+from ...random_seed import fresh_seed  # noqa: F401 (its tests import it from here)
 
 # (n_out, n_in) per type: n_out never a multiple of the 4 rows of an mv
 # threadgroup or the 32 of an mm tile; most n_in leave a partial 64-wide K step.
@@ -29,12 +28,6 @@ SHAPE_OF = {
 SHAPES = [(t, *SHAPE_OF[t]) for t in sorted(SUPPORTED)]
 IDS = [f"{t.name}-{o}x{i}" for t, o, i in SHAPES]
 TOKEN_COUNTS = (1, 2, 3, 4, 5, 8, 9, 16, 17, 64)
-
-
-def fresh_seed() -> int:
-    """A fresh random seed, or MUSER_TEST_SEED to replay one."""
-    fixed = os.environ.get("MUSER_TEST_SEED")
-    return int(fixed) if fixed else random.SystemRandom().randrange(1 << 31)
 
 
 def random_weights(qtype: GGMLType, n_out: int, n_in: int, seed: int, device="cpu"):
