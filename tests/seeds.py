@@ -1,7 +1,7 @@
 """The seed sweep: every test that draws fresh random data, over N seeds, with
 the worst value of each bound it checks beside the bound.
 
-    python -m tests.seeds [--seeds N] [--jobs J] [-k EXPR] [--seed-list S,S,...] [paths]
+    python -m tests.seeds [--seeds N] [--jobs J] [-k EXPR] [--seed-list S,S,...] [--record DIR] [paths]
 
 Tests draw their data in one of two ways, and the sweep runs each its own way:
 
@@ -25,6 +25,12 @@ bound, the seed with the least margin (bound / value; value / floor for
 ``check_floor``), and the runs and failures. A failing seed replays with
 ``MUSER_TEST_SEED=<seed> python -m pytest <test>``. Exit status 1 when a run
 failed or a margin is under 2.
+
+A sweep of hundreds of seeds over the per-session tests takes hours on a small
+machine; ``--record DIR`` keeps every finished pytest run (a seed of the
+per-session tests, 25 seeds of the per-test ones) and a later call with the
+same folder and tests runs only the seeds still missing, so a sweep can be
+spread over sessions and machines. Its table names the commits it covers.
 """
 from __future__ import annotations
 
@@ -108,6 +114,12 @@ def pytest_generate_tests(metafunc):
     metafunc.parametrize("_sweep_seed", seeds, ids=[f"seed{s}" for s in seeds])
 
 
+def _path_id(item) -> str:
+    """The node id with its file as an absolute path: the sweep's runs take it
+    as an argument from the repository root, wherever pytest put the rootdir."""
+    return str(item.path) + item.nodeid[len(item.nodeid.split("::")[0]):]
+
+
 @pytest.hookimpl(trylast=True)          # after -k and the markers have deselected
 def pytest_collection_modifyitems(config, items):
     if not hasattr(config, "_seed_sweep"):
@@ -115,8 +127,8 @@ def pytest_collection_modifyitems(config, items):
     plan = config.getoption("--seed-sweep-plan", None)
     if plan:
         Path(plan).write_text(json.dumps({
-            "per_test": [i.nodeid for i in items if not _session_seeded(i)],
-            "per_session": [i.nodeid for i in items if _session_seeded(i)]}))
+            "per_test": [_path_id(i) for i in items if not _session_seeded(i)],
+            "per_session": [_path_id(i) for i in items if _session_seeded(i)]}))
         config.hook.pytest_deselected(items=list(items))
         items[:] = []
         return
@@ -259,6 +271,34 @@ def _table(lines: list[dict], n_seeds: int) -> tuple[str, bool]:
     return "\n".join(out), ok
 
 
+PER_TEST_CHUNK = 25     # seeds per per-test pytest process: what an interrupted run loses
+
+
+def _commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                              text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def _recorded(record: Path, selection: dict) -> tuple[set[int], set[int]]:
+    """The seeds a record already holds, per kind (per test, per session).
+    A record belongs to one selection of tests: another is refused."""
+    record.mkdir(parents=True, exist_ok=True)
+    kept = record / "selection.json"
+    if kept.exists() and json.loads(kept.read_text()) != selection:
+        raise SystemExit(f"--record {record} holds a sweep of {kept.read_text().strip()}, not of "
+                         f"{json.dumps(selection)}: give another folder")
+    kept.write_text(json.dumps(selection))
+    done: dict[str, set[int]] = {"per_test": set(), "per_session": set()}
+    index = record / "units.jsonl"
+    for line in index.read_text().splitlines() if index.exists() else []:
+        unit = json.loads(line)
+        done[unit["kind"]].update(unit["seeds"])
+    return done["per_test"], done["per_session"]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tests.seeds", description=__doc__.split("\n\n")[0])
     ap.add_argument("paths", nargs="*", help="test files or folders (default: every test file that draws a seed)")
@@ -266,33 +306,68 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed-list", help="comma-separated seeds instead of --seeds fresh ones")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     ap.add_argument("-k", dest="expr", help="pytest's -k expression")
+    ap.add_argument("--record", type=Path,
+                    help="keep each finished run here and resume: a second call with the same folder "
+                         "and tests runs only the seeds that --seeds still lacks, and the table covers "
+                         "every run recorded (their commits are listed)")
     args = ap.parse_args(argv)
-    rng = random.SystemRandom()
-    seeds = ([int(s) for s in args.seed_list.split(",")] if args.seed_list
-             else rng.sample(range(1 << 31), args.seeds))
     files = _test_files(args.paths)
     select = ["-k", args.expr] if args.expr else []
     with tempfile.TemporaryDirectory(prefix="muser-seeds-") as tmp:
+        record = args.record or Path(tmp, "record")
+        have_test, have_session = _recorded(record, {"files": files, "k": args.expr})
         plan_path = Path(tmp, "plan.json")
         _pytest([*files, *select, "--seed-sweep-plan", str(plan_path)])
         plan = json.loads(plan_path.read_text())
+        if args.seed_list:
+            wanted = [int(s) for s in args.seed_list.split(",")]
+        else:
+            wanted = sorted(have_test | have_session)[:args.seeds]      # a record's seeds first
+            rng, taken = random.SystemRandom(), set(wanted)
+            while len(wanted) < args.seeds:
+                s = rng.randrange(1 << 31)
+                if s not in taken:
+                    wanted.append(s)
+                    taken.add(s)
+        todo_test = [s for s in wanted if s not in have_test] if plan["per_test"] else []
+        todo_session = [s for s in wanted if s not in have_session] if plan["per_session"] else []
         print(f"{len(plan['per_test'])} per-test-seeded and {len(plan['per_session'])} per-session-seeded "
-              f"tests; {len(seeds)} seeds, {args.jobs} jobs", file=sys.stderr, flush=True)
+              f"tests; {len(wanted)} seeds ({len(todo_test)} and {len(todo_session)} to run), {args.jobs} jobs",
+              file=sys.stderr, flush=True)
+        commit = _commit()
         jobs = []
-        if plan["per_test"]:
-            per_test_files = sorted({n.split("::")[0] for n in plan["per_test"]})
-            for j in range(min(args.jobs, len(seeds))):
-                share = ",".join(map(str, seeds[j::args.jobs]))
-                jobs.append(([*per_test_files, *select, "--seed-sweep-seeds", share,
-                              "--seed-sweep-out", str(Path(tmp, f"a{j}.jsonl"))], None))
-        if plan["per_session"]:
-            for s in seeds:
-                jobs.append(([*plan["per_session"], "--seed-sweep-out", str(Path(tmp, f"b{s}.jsonl"))], s))
+        per_test_files = sorted({n.split("::")[0] for n in plan["per_test"]})
+        for i in range(0, len(todo_test), PER_TEST_CHUNK):
+            chunk = todo_test[i:i + PER_TEST_CHUNK]
+            jobs.append(("per_test", chunk, [*per_test_files, *select, "--seed-sweep-seeds", ",".join(map(str, chunk))],
+                         None))
+        for s in todo_session:
+            jobs.append(("per_session", [s], list(plan["per_session"]), s))
+
+        def run(job) -> None:
+            kind, chunk, pytest_args, env_seed = job
+            name = f"{'t' if kind == 'per_test' else 's'}{chunk[0]}-{len(chunk)}.jsonl"
+            out = Path(tmp, name)
+            # pytest's exit status: 0 passed, 1 some failed, 5 nothing to run: a whole run,
+            # recorded; any other (interrupted, an internal error) leaves its seeds to run again.
+            if _pytest([*pytest_args, "--seed-sweep-out", str(out)], env_seed) not in (0, 1, 5):
+                return
+            if out.exists():
+                os.replace(out, record / name)
+            else:
+                (record / name).write_text("")
+            with open(record / "units.jsonl", "a") as f:
+                f.write(json.dumps({"kind": kind, "seeds": chunk, "file": name, "commit": commit}) + "\n")
+
         with ThreadPoolExecutor(args.jobs) as pool:
-            list(pool.map(lambda job: _pytest(*job), jobs))
-        lines = [json.loads(line) for f in sorted(Path(tmp).glob("*.jsonl")) for line in f.read_text().splitlines()]
-    table, ok = _table(lines, len(seeds))
-    print(table)
+            list(pool.map(run, jobs))
+        units = [json.loads(u) for u in (record / "units.jsonl").read_text().splitlines()] \
+            if (record / "units.jsonl").exists() else []
+        lines = [json.loads(line) for u in units for line in (record / u["file"]).read_text().splitlines()]
+    commits = sorted({u["commit"] for u in units})
+    n_seeds = len({s for u in units for s in u["seeds"]})
+    table, ok = _table(lines, n_seeds)
+    print(f"commits: {', '.join(commits)}" if args.record else "", table, sep="\n")
     return 0 if ok else 1
 
 
