@@ -21,10 +21,13 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor, nn
+from tqdm import tqdm
 
 from . import changes, ops
 from .formats.types import NEEDS_COMPANIONS, GGMLType
 from .formats.companions import companion_args
+from .gguf_io import pages
+from .ops.cpu import build_now as build_cpu_kernels
 from .ops.cpu import embedding as cpu_embedding
 from .ops.cpu import packed as cpu_packed
 from .ops.cpu.eager import Projection, plain_eager, profiling, recorded
@@ -155,6 +158,22 @@ def set_numerics(model: nn.Module, numerics: str) -> nn.Module:
     return model
 
 
+def prepare(model: nn.Module, progress: bool = False) -> nn.Module:
+    """Do now, at load, the first-use work of every ``QLinear`` in ``model``
+    (``QLinear.prepare``: the ggml numerics' repacks, whose file pages are
+    released, or the file's pages of the weights run as they are) and load
+    the CPU kernels, so the first call costs what a later one does; returns
+    the model. ``progress`` shows a bar (after a second)."""
+    layers = [m for m in model.modules() if isinstance(m, QLinear) and m.packed.is_cpu]
+    if not layers:
+        return model
+    build_cpu_kernels()
+    for m in tqdm(layers, desc="preparing the CPU weights", unit="weight", delay=1.0,
+                  disable=not progress, leave=False):
+        m.prepare()
+    return model
+
+
 def set_repack(enabled: bool) -> None:
     """Run ggml-numerics ``QLinear`` modules on a load-time repack of their
     weight (``ops/cpu/packed.py``; on by default, ``MUSER_CPU_REPACK=0`` at
@@ -252,7 +271,11 @@ class QLinear(_Packed):
         kept while ``packed`` is the same tensor; None in the exact numerics, for
         a type without a packed kernel, off the CPU, or with repacking off
         (``MUSER_CPU_REPACK=0``, ``set_repack(False)``). It is a copy beside
-        ``packed`` (not a buffer: state_dict and ``.to()`` see the file's layout)."""
+        ``packed`` (not a buffer: state_dict and ``.to()`` see the file's layout);
+        when ``packed`` views a GGUF file's map its pages are released from the
+        resident set as the copy is made, and read from the file again only
+        where another path (the tied embedding's rows, the torch op, state_dict)
+        reads them."""
         packed = self._buffers["packed"]
         if (self._numerics != "ggml" or not cpu_packed.enabled() or not cpu_packed.serves(self.qtype)
                 or not packed.is_cpu or not packed.is_contiguous()):
@@ -261,8 +284,19 @@ class QLinear(_Packed):
         key = (packed.data_ptr(), tuple(packed.shape))
         cached = self.__dict__.get("_repacked")
         if cached is None or cached[0] != key:
-            cached = self.__dict__["_repacked"] = (key, cpu_packed.repack(packed, self.qtype))
+            # a weight viewing the file's map gives its pages back as the copy
+            # is made (gguf_io/pages.py): the kernels read only the copy
+            repacked = cpu_packed.repack(packed, self.qtype, done=pages.release)
+            pages.release(packed)    # the pages the spans' edges shared
+            cached = self.__dict__["_repacked"] = (key, repacked)
         return cached[1]
+
+    def prepare(self) -> None:
+        """Do now what this weight's first call on the CPU would: make its repack
+        (``repacked``; the file's pages of the weight are then released) or,
+        running on the file's rows, map those pages in (``gguf_io.pages``)."""
+        if self.repacked() is None:
+            pages.populate(self._buffers["packed"])
 
     def forward(self, x: Tensor) -> Tensor:
         y = None

@@ -14,6 +14,7 @@ tests/ops/cpu/test_packed.py checks it against an independent index walk.
 from __future__ import annotations
 
 import os
+from typing import Callable
 
 import torch
 
@@ -68,11 +69,14 @@ def _groups(packed: torch.Tensor, qtype: GGMLType) -> tuple[int, int, int]:
     return packed.shape[0] // PACKED_ROWS, packed.shape[1] // qtype.block_bytes, qtype.block_bytes
 
 
-def repack(packed: torch.Tensor, qtype: GGMLType) -> torch.Tensor:
+def repack(packed: torch.Tensor, qtype: GGMLType,
+           done: Callable[[torch.Tensor], object] | None = None) -> torch.Tensor:
     """The file's rows ``packed`` (uint8 ``[n_out, row_bytes]``) in the packed
     layout, a new tensor of the same shape (its rows no longer rows). Made
     ``_REPACK_STEP`` groups at a time, so the temporaries stay small beside a
-    large weight (a tied lm_head: 178 MB)."""
+    large weight (a tied lm_head: 178 MB); ``done`` is called with each span
+    of ``packed``'s rows once it is copied (``QLinear`` releases their file
+    pages, so the original is never resident whole beside its copy)."""
     qtype = GGMLType(qtype)
     _check_args("repack", packed, qtype)
     G, nb, B = _groups(packed, qtype)
@@ -88,7 +92,11 @@ def repack(packed: torch.Tensor, qtype: GGMLType) -> torch.Tensor:
             dst[..., at:at + PACKED_ROWS * f.nbytes].view(g1 - g0, nb, f.nbytes // c, PACKED_ROWS, c).copy_(
                 v.permute(0, 2, 3, 1, 4))
             at += PACKED_ROWS * f.nbytes
+        if done is not None:
+            done(packed[g0 * PACKED_ROWS:g1 * PACKED_ROWS])
     out[G * PACKED_ROWS:] = packed[G * PACKED_ROWS:]
+    if done is not None:
+        done(packed[G * PACKED_ROWS:])
     return out
 
 
