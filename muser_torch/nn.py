@@ -96,6 +96,13 @@ class _Packed(nn.Module):
     def _weight_args(self):
         return (self.packed, int(self.qtype), self.n_out, self.n_in, self.scales, self.scale_2)
 
+    def shares_bytes(self, other: "_Packed") -> bool:
+        """Whether ``other`` holds the same matrix at the same address (a tied
+        embedding and lm_head)."""
+        a, b = self._buffers["packed"], other._buffers["packed"]
+        return (a.device == b.device and a.data_ptr() == b.data_ptr() and a.shape == b.shape
+                and self.qtype == other.qtype)
+
     def dequantize(self) -> Tensor:
         """The float32 weight ``[n_out, n_in]`` (for checks; the forward never makes it)."""
         return torch.ops.muser.dequantize(*self._weight_args())
@@ -171,6 +178,9 @@ def prepare(model: nn.Module, progress: bool = False) -> nn.Module:
     for m in tqdm(layers, desc="preparing the CPU weights", unit="weight", delay=1.0,
                   disable=not progress, leave=False):
         m.prepare()
+    for e in model.modules():     # a tied embedding: its rows from the lm_head's repack
+        if isinstance(e, QEmbedding):
+            e.read_rows_from(next((m for m in layers if m.shares_bytes(e)), None))
     return model
 
 
@@ -341,11 +351,34 @@ class QEmbedding(_Packed):
                              f"{type(emb).__name__}")
         return cls._quantized(emb.weight, qtype, dtype=dtype)
 
+    def read_rows_from(self, linear: "QLinear | None") -> None:
+        """Read the table's rows from ``linear``'s repack while it has one over
+        these bytes (a tied lm_head in the ggml numerics; ``nn.prepare`` links
+        them), so the file's pages of the table, released when the repack was
+        made, stay out of the resident set; None unlinks."""
+        if linear is not None and not linear.shares_bytes(self):
+            raise ValueError(f"QEmbedding.read_rows_from: the QLinear holds other bytes "
+                             f"({linear.qtype.name} {tuple(linear.packed.shape)}) than this table "
+                             f"({self.qtype.name} {tuple(self.packed.shape)})")
+        self.__dict__["_rows_from"] = linear     # not a submodule: the model holds it already
+
+    def _repacked_rows(self, ids: Tensor) -> Tensor | None:
+        """The rows of ``ids`` decoded from the linked repack, None without one."""
+        linear = self.__dict__.get("_rows_from")
+        repacked = None if linear is None or not linear.shares_bytes(self) else linear.repacked()
+        if repacked is None:
+            return None
+        uniq, inverse = torch.unique(ids.reshape(-1), return_inverse=True)
+        rows = cpu_packed.rows(repacked, self.qtype, uniq)
+        return cpu_embedding(inverse.view(ids.shape), rows, int(self.qtype), len(uniq), self.n_in)
+
     def forward(self, ids: Tensor) -> Tensor:
         if self.packed.is_cpu and plain_eager(ids) and ids.dtype in (torch.int64, torch.int32):
             # the op's CPU kernel without the dispatcher (the weight was checked when built)
             ops.check_ids_in_range("embedding", ids, self.n_out)
-            rows = cpu_embedding(ids, *self._weight_args())
+            rows = self._repacked_rows(ids)
+            if rows is None:
+                rows = cpu_embedding(ids, *self._weight_args())
         else:
             rows = torch.ops.muser.embedding(ids, *self._weight_args())
         return rows.to(self.dtype)

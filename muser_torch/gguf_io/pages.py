@@ -23,7 +23,7 @@ import weakref
 
 import torch
 
-__all__ = ["PAGE", "register", "mapped", "release", "populate"]
+__all__ = ["PAGE", "register", "mapped", "release", "release_span", "populate"]
 
 PAGE = mmap.PAGESIZE
 _DONTNEED = getattr(mmap, "MADV_DONTNEED", None)    # absent where madvise is (Windows)
@@ -59,12 +59,15 @@ def release(t: torch.Tensor) -> int:
     tensor that views none, or where madvise is missing). ``t``'s values are
     unchanged: its pages are read from the file again when touched."""
     where = mapped(t)
-    if where is None or _DONTNEED is None:
-        return 0
-    mm, first, end = where
+    return 0 if where is None else release_span(*where)
+
+
+def release_span(mm: mmap.mmap, first: int, end: int) -> int:
+    """``release`` of the bytes [first, end) of a read-only file map (``reader``
+    drops its header once the metadata is read into Python values)."""
     first = -(-first // PAGE) * PAGE     # inward: a page shared with a neighbour stays
-    end = end // PAGE * PAGE
-    if end <= first:
+    end = min(end, len(mm)) // PAGE * PAGE
+    if end <= first or _DONTNEED is None:
         return 0
     mm.madvise(_DONTNEED, first, end - first)
     return end - first

@@ -328,6 +328,9 @@ def _parse(path: Path, mm: mmap.mmap, size: int, progress: bool) -> GGUFFile:
     for key, value in metadata.items():
         if isinstance(value, _Deferred):
             metadata[key] = cur.materialize(value)
+    # the header now lives in Python values (a vocabulary's arrays: 6 MB for
+    # Gemma 3), so its pages leave the resident set (pages.py)
+    pages.release_span(mm, 0, data_offset)
     return GGUFFile(path, version, alignment, data_offset, size, metadata, types, tensors)
 
 
