@@ -9,12 +9,13 @@ the prefill, one whose first call is a one-token decode step).
         [--prompt-len 512] [--decode 8] [--threads 1] [--prompt text|random]
 
 "over import" is RSS less the RSS after the imports (Python and torch: about
-216 MiB here), the model's own share. The prompt is the tokenized text of
+227 MiB here), the model's own share. The prompt is the tokenized text of
 this repository's README (--prompt text; cut to --prompt-len tokens) or
-seeded random ids over the whole vocabulary (--prompt random: every id a
-different embedding row, the worst case for the rows a tied lm_head's
-released pages bring back). RSS figures do not depend on the machine's
-load; the times do (the load average is printed beside them).
+seeded random ids over the whole vocabulary (--prompt random: nearly every
+id its own embedding row, the worst case for an embedding that reads the
+file's rows). The children inherit the environment (MALLOC_MMAP_THRESHOLD_,
+docs/cpu.md). RSS figures do not depend on the machine's load; the times do
+(the load average is printed beside them).
 """
 from __future__ import annotations
 
@@ -44,7 +45,7 @@ def status_mb() -> dict[str, float]:
 
 def _prompt_ids(model, kind: str, n: int):
     import torch
-    if kind == "random":
+    if kind == "random" or model.tokenizer is None:     # a file without a vocabulary: random ids
         return torch.randint(0, model.config.vocab_size, (1, n), generator=torch.Generator().manual_seed(0))
     text = (ROOT / "README.md").read_text()
     ids = model.tokenizer.encode(text)
@@ -119,6 +120,8 @@ def main() -> int:
     a = ap.parse_args()
     if not a.file.is_file():
         raise SystemExit(f"cpu_memory: {a.file} is not a file")
+    if not os.path.exists("/proc/self/status"):
+        raise SystemExit("cpu_memory: reads /proc/self/status, which this system lacks (Linux only)")
     for what, v in (("--prompt-len", a.prompt_len), ("--decode", a.decode), ("--threads", a.threads)):
         if v < 1:
             raise SystemExit(f"cpu_memory: {what} must be >= 1, got {v}")
