@@ -21,10 +21,13 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor, nn
+from tqdm import tqdm
 
 from . import changes, ops
 from .formats.types import NEEDS_COMPANIONS, GGMLType
 from .formats.companions import companion_args
+from .gguf_io import pages
+from .ops.cpu import build_now as build_cpu_kernels
 from .ops.cpu import embedding as cpu_embedding
 from .ops.cpu import packed as cpu_packed
 from .ops.cpu.eager import Projection, plain_eager, profiling, recorded
@@ -93,6 +96,13 @@ class _Packed(nn.Module):
     def _weight_args(self):
         return (self.packed, int(self.qtype), self.n_out, self.n_in, self.scales, self.scale_2)
 
+    def shares_bytes(self, other: "_Packed") -> bool:
+        """Whether ``other`` holds the same matrix at the same address (a tied
+        embedding and lm_head)."""
+        a, b = self._buffers["packed"], other._buffers["packed"]
+        return (a.device == b.device and a.data_ptr() == b.data_ptr() and a.shape == b.shape
+                and self.qtype == other.qtype)
+
     def dequantize(self) -> Tensor:
         """The float32 weight ``[n_out, n_in]`` (for checks; the forward never makes it)."""
         return torch.ops.muser.dequantize(*self._weight_args())
@@ -152,6 +162,25 @@ def set_numerics(model: nn.Module, numerics: str) -> nn.Module:
     for m in layers:   # checked above: the field, not the property that checks again
         m._numerics = numerics
     changes.bump()
+    return model
+
+
+def prepare(model: nn.Module, progress: bool = False) -> nn.Module:
+    """Do now, at load, the first-use work of every ``QLinear`` in ``model``
+    (``QLinear.prepare``: the ggml numerics' repacks, whose file pages are
+    released, or the file's pages of the weights run as they are) and load
+    the CPU kernels, so the first call costs what a later one does; returns
+    the model. ``progress`` shows a bar (after a second)."""
+    layers = [m for m in model.modules() if isinstance(m, QLinear) and m.packed.is_cpu]
+    if not layers:
+        return model
+    build_cpu_kernels()
+    for m in tqdm(layers, desc="preparing the CPU weights", unit="weight", delay=1.0,
+                  disable=not progress, leave=False):
+        m.prepare()
+    for e in model.modules():     # a tied embedding: its rows from the lm_head's repack
+        if isinstance(e, QEmbedding):
+            e.read_rows_from(next((m for m in layers if m.shares_bytes(e)), None))
     return model
 
 
@@ -252,7 +281,11 @@ class QLinear(_Packed):
         kept while ``packed`` is the same tensor; None in the exact numerics, for
         a type without a packed kernel, off the CPU, or with repacking off
         (``MUSER_CPU_REPACK=0``, ``set_repack(False)``). It is a copy beside
-        ``packed`` (not a buffer: state_dict and ``.to()`` see the file's layout)."""
+        ``packed`` (not a buffer: state_dict and ``.to()`` see the file's layout);
+        when ``packed`` views a GGUF file's map its pages are released from the
+        resident set as the copy is made, and read from the file again only
+        where another path (the tied embedding's rows, the torch op, state_dict)
+        reads them."""
         packed = self._buffers["packed"]
         if (self._numerics != "ggml" or not cpu_packed.enabled() or not cpu_packed.serves(self.qtype)
                 or not packed.is_cpu or not packed.is_contiguous()):
@@ -261,8 +294,19 @@ class QLinear(_Packed):
         key = (packed.data_ptr(), tuple(packed.shape))
         cached = self.__dict__.get("_repacked")
         if cached is None or cached[0] != key:
-            cached = self.__dict__["_repacked"] = (key, cpu_packed.repack(packed, self.qtype))
+            # a weight viewing the file's map gives its pages back as the copy
+            # is made (gguf_io/pages.py): the kernels read only the copy
+            repacked = cpu_packed.repack(packed, self.qtype, done=pages.release)
+            pages.release(packed)    # the pages the spans' edges shared
+            cached = self.__dict__["_repacked"] = (key, repacked)
         return cached[1]
+
+    def prepare(self) -> None:
+        """Do now what this weight's first call on the CPU would: make its repack
+        (``repacked``; the file's pages of the weight are then released) or,
+        running on the file's rows, map those pages in (``gguf_io.pages``)."""
+        if self.repacked() is None:
+            pages.populate(self._buffers["packed"])
 
     def forward(self, x: Tensor) -> Tensor:
         y = None
@@ -307,11 +351,34 @@ class QEmbedding(_Packed):
                              f"{type(emb).__name__}")
         return cls._quantized(emb.weight, qtype, dtype=dtype)
 
+    def read_rows_from(self, linear: "QLinear | None") -> None:
+        """Read the table's rows from ``linear``'s repack while it has one over
+        these bytes (a tied lm_head in the ggml numerics; ``nn.prepare`` links
+        them), so the file's pages of the table, released when the repack was
+        made, stay out of the resident set; None unlinks."""
+        if linear is not None and not linear.shares_bytes(self):
+            raise ValueError(f"QEmbedding.read_rows_from: the QLinear holds other bytes "
+                             f"({linear.qtype.name} {tuple(linear.packed.shape)}) than this table "
+                             f"({self.qtype.name} {tuple(self.packed.shape)})")
+        self.__dict__["_rows_from"] = linear     # not a submodule: the model holds it already
+
+    def _repacked_rows(self, ids: Tensor) -> Tensor | None:
+        """The rows of ``ids`` decoded from the linked repack, None without one."""
+        linear = self.__dict__.get("_rows_from")
+        repacked = None if linear is None or not linear.shares_bytes(self) else linear.repacked()
+        if repacked is None:
+            return None
+        uniq, inverse = torch.unique(ids.reshape(-1), return_inverse=True)
+        rows = cpu_packed.rows(repacked, self.qtype, uniq)
+        return cpu_embedding(inverse.view(ids.shape), rows, int(self.qtype), len(uniq), self.n_in)
+
     def forward(self, ids: Tensor) -> Tensor:
         if self.packed.is_cpu and plain_eager(ids) and ids.dtype in (torch.int64, torch.int32):
             # the op's CPU kernel without the dispatcher (the weight was checked when built)
             ops.check_ids_in_range("embedding", ids, self.n_out)
-            rows = cpu_embedding(ids, *self._weight_args())
+            rows = self._repacked_rows(ids)
+            if rows is None:
+                rows = cpu_embedding(ids, *self._weight_args())
         else:
             rows = torch.ops.muser.embedding(ids, *self._weight_args())
         return rows.to(self.dtype)

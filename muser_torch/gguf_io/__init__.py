@@ -1,6 +1,7 @@
 """GGUF files: a zero-copy reader (``reader``) returning ``records``, a writer
-(``writer``) and the format's fixed facts, value types and tensor type-id
-table (``types``).
+(``writer``), the format's fixed facts, value types and tensor type-id
+table (``types``), and the resident pages of the maps the reader makes
+(``pages``: released where the CPU runs on a repacked copy).
 
 The names below are the package's public surface; import them from here
 (``from muser_torch.gguf_io import load_gguf, SCALE_SUFFIX``).

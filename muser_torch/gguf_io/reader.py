@@ -29,6 +29,7 @@ from tqdm import tqdm
 
 from ..errors import (GGUFError, GGUFFormatError, GGUFTruncatedError, MetadataError,
                       UnsupportedVersionError)
+from . import pages
 from .records import GGUFFile, GGUFTensor
 from .split import is_split, join
 from .types import (_INT64_MAX, _INTS, _SCALARS, _U32, _U64, DEFAULT_ALIGNMENT, MAGIC,
@@ -323,9 +324,13 @@ def _parse(path: Path, mm: mmap.mmap, size: int, progress: bool) -> GGUFFile:
     data_offset = _align(cur.pos, alignment)
     buf = np.frombuffer(mm, dtype=np.uint8)
     tensors = _check_tensors(infos, alignment, data_offset, size, buf)
+    pages.register(mm, buf.ctypes.data)   # its tensors' pages may be released (pages.py)
     for key, value in metadata.items():
         if isinstance(value, _Deferred):
             metadata[key] = cur.materialize(value)
+    # the header now lives in Python values (a vocabulary's arrays: 6 MB for
+    # Gemma 3), so its pages leave the resident set (pages.py)
+    pages.release_span(mm, 0, data_offset)
     return GGUFFile(path, version, alignment, data_offset, size, metadata, types, tensors)
 
 

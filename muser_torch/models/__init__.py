@@ -16,7 +16,7 @@ import torch
 from ..arch import architecture_of
 from ..errors import VisionMismatchError
 from ..gguf_io import load_gguf
-from ..nn import check_numerics, set_numerics
+from ..nn import check_numerics, prepare, set_numerics
 from .decoder import Decoder
 from .dflash import Drafter
 from .gemma3 import Gemma3
@@ -53,7 +53,12 @@ def from_gguf(path: str | os.PathLike, device: torch.device | str | None = None,
 
     ``q5_0_as_q8_0``: every Q5_0 weight becomes Q8_0 of the same values at
     load (the seed's transcode: 55% more bytes for a kernel that reads whole
-    bytes); measure it on the device (``bench model --q5-0-as-q8-0``)."""
+    bytes); measure it on the device (``bench model --q5-0-as-q8-0``).
+
+    On the CPU the model is ready for its first call (``nn.prepare``): in the
+    ggml numerics each weight with a packed kernel is repacked now and its
+    pages of the file's map released (``gguf_io/pages.py``; ``progress`` shows
+    a bar); the pages of weights run on the file's rows are mapped in."""
     gguf = load_gguf(path)
     name = architecture_of(gguf.metadata, gguf.path.name).name
     if name in DRAFTS:
@@ -69,7 +74,7 @@ def from_gguf(path: str | os.PathLike, device: torch.device | str | None = None,
                              "pass neither device nor dtype")
         draft = DRAFTS[name].from_file(gguf, target)
         check_numerics(numerics, target.lengths.device if target is not None else None)
-        return set_numerics(draft, numerics)
+        return prepare(set_numerics(draft, numerics), progress)
     if target is not None:
         raise ValueError(f"from_gguf: {gguf.path.name} is a {name!r} model, not a draft; "
                          f"target= is for a draft's file")
@@ -82,4 +87,5 @@ def from_gguf(path: str | os.PathLike, device: torch.device | str | None = None,
     model = cls.from_file(gguf, device, dtype, progress, q5_0_as_q8_0=q5_0_as_q8_0)
     if mmproj is not None:
         model.attach_vision(mmproj)
-    return set_numerics(model, numerics)
+    # the first call's work done here: repacks (their file pages released), pages mapped
+    return prepare(set_numerics(model, numerics), progress)

@@ -5,15 +5,18 @@
 the block in struct order (``formats/layout.py``), chunk by chunk (4 bytes; a
 2-byte ``d`` is one chunk), row by row; rows past the last whole group stay
 as they are, after the groups. The result is the file's bytes moved, none
-changed: the same size, ``unpack`` gives the file's bytes back, and
-tests/ops/cpu/test_packed.py checks it against an independent index walk.
+changed: the same size, ``unpack`` gives the file's bytes back (``rows``:
+any of them), and tests/ops/cpu/test_packed.py checks it against an
+independent index walk.
 ``qdot_packed.c`` reads this layout (its header draws it) and computes what
 ``muser_matmul_q8`` computes on the file's layout, bit for bit.
 ``QLinear.repacked()`` makes and keeps one per weight (docs/cpu.md).
 """
 from __future__ import annotations
 
+import functools
 import os
+from typing import Callable
 
 import torch
 
@@ -23,6 +26,7 @@ from .build import _native_lib
 PACKED_ROWS = 16        # rows per group; qdot_packed.c's PACKED_ROWS (checked at first use)
 CHUNK = 4               # bytes of a field per row before the next row's
 _REPACK_STEP = 1024     # groups repacked at a time
+_UNPACK_ROWS = 4096     # rows gathered at a time by unpack (an int64 index per byte)
 PACKED_TYPES = frozenset({GGMLType.Q8_0, GGMLType.Q4_0, GGMLType.Q5_0, GGMLType.Q4_K, GGMLType.Q6_K})
 # Types whose packed kernel has no AVX2 version: on a CPU without AVX-512 VNNI
 # they stay on the row kernels (the plain C packed kernel is the reference).
@@ -68,11 +72,14 @@ def _groups(packed: torch.Tensor, qtype: GGMLType) -> tuple[int, int, int]:
     return packed.shape[0] // PACKED_ROWS, packed.shape[1] // qtype.block_bytes, qtype.block_bytes
 
 
-def repack(packed: torch.Tensor, qtype: GGMLType) -> torch.Tensor:
+def repack(packed: torch.Tensor, qtype: GGMLType,
+           done: Callable[[torch.Tensor], object] | None = None) -> torch.Tensor:
     """The file's rows ``packed`` (uint8 ``[n_out, row_bytes]``) in the packed
     layout, a new tensor of the same shape (its rows no longer rows). Made
     ``_REPACK_STEP`` groups at a time, so the temporaries stay small beside a
-    large weight (a tied lm_head: 178 MB)."""
+    large weight (a tied lm_head: 178 MB); ``done`` is called with each span
+    of ``packed``'s rows once it is copied (``QLinear`` releases their file
+    pages, so the original is never resident whole beside its copy)."""
     qtype = GGMLType(qtype)
     _check_args("repack", packed, qtype)
     G, nb, B = _groups(packed, qtype)
@@ -88,26 +95,59 @@ def repack(packed: torch.Tensor, qtype: GGMLType) -> torch.Tensor:
             dst[..., at:at + PACKED_ROWS * f.nbytes].view(g1 - g0, nb, f.nbytes // c, PACKED_ROWS, c).copy_(
                 v.permute(0, 2, 3, 1, 4))
             at += PACKED_ROWS * f.nbytes
+        if done is not None:
+            done(packed[g0 * PACKED_ROWS:g1 * PACKED_ROWS])
     out[G * PACKED_ROWS:] = packed[G * PACKED_ROWS:]
+    if done is not None:
+        done(packed[G * PACKED_ROWS:])
     return out
 
 
 def unpack(repacked: torch.Tensor, qtype: GGMLType) -> torch.Tensor:
-    """The inverse of ``repack``: the file's rows back."""
+    """The inverse of ``repack``: the file's rows back (``rows`` of every row)."""
     qtype = GGMLType(qtype)
     _check_args("unpack", repacked, qtype)
-    G, nb, B = _groups(repacked, qtype)
-    head = repacked[:G * PACKED_ROWS].reshape(G, nb, PACKED_ROWS * B)
-    out = torch.empty_like(repacked)
-    rows = out[:G * PACKED_ROWS].view(G, PACKED_ROWS, nb, B)
+    ids = torch.arange(repacked.shape[0])
+    return torch.cat([rows(repacked, qtype, ids[i:i + _UNPACK_ROWS])
+                      for i in range(0, len(ids), _UNPACK_ROWS)])
+
+
+@functools.lru_cache(maxsize=64)
+def _lane_bytes(qtype: GGMLType, blocks: int) -> torch.Tensor:
+    """int64 ``[PACKED_ROWS, row_bytes]``: where byte j of row r of a group lies
+    among the group's repacked bytes. The layout of the module docstring
+    written as an index, apart from ``repack``'s views: the tests hold each
+    to the other and both to an index walk of their own."""
+    B = qtype.block_bytes
+    r = torch.arange(PACKED_ROWS).view(-1, 1, 1)
+    block = torch.arange(blocks).view(1, -1, 1) * (PACKED_ROWS * B)
+    out = torch.empty(PACKED_ROWS, blocks, B, dtype=torch.int64)
     at = 0
     for f in qtype.layout.fields:
         c = min(CHUNK, f.nbytes)
-        v = head[..., at:at + PACKED_ROWS * f.nbytes].reshape(G, nb, f.nbytes // c, PACKED_ROWS, c)
-        rows[..., f.offset:f.offset + f.nbytes] = v.permute(0, 3, 1, 2, 4).reshape(G, PACKED_ROWS, nb, f.nbytes)
+        o = torch.arange(f.nbytes).view(1, 1, -1)
+        out[..., f.offset:f.offset + f.nbytes] = block + at + o // c * (PACKED_ROWS * c) + r * c + o % c
         at += PACKED_ROWS * f.nbytes
-    out[G * PACKED_ROWS:] = repacked[G * PACKED_ROWS:]
-    return out
+    return out.view(PACKED_ROWS, blocks * B)
+
+
+def rows(repacked: torch.Tensor, qtype: GGMLType, ids: torch.Tensor) -> torch.Tensor:
+    """The file's rows ``ids`` (integers, flattened) of a repack, uint8
+    ``[len(ids), row_bytes]``, gathered from it: a tied embedding reads its
+    rows from the lm_head's repack, so the file's pages of the table stay
+    released (``QEmbedding``)."""
+    qtype = GGMLType(qtype)
+    _check_args("rows", repacked, qtype)
+    n_out, row_bytes = repacked.shape
+    ids = ids.reshape(-1).long()
+    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= n_out):
+        raise IndexError(f"packed rows: ids must be in [0, {n_out}), got {int(ids.min())}..{int(ids.max())}")
+    G, nb, _ = _groups(repacked, qtype)
+    lane = _lane_bytes(qtype, nb)
+    grouped = (ids < G * PACKED_ROWS).view(-1, 1)
+    in_group = (ids // PACKED_ROWS * (PACKED_ROWS * row_bytes)).view(-1, 1) + lane[ids % PACKED_ROWS]
+    in_place = (ids * row_bytes).view(-1, 1) + torch.arange(row_bytes)   # the rows after the groups
+    return repacked.reshape(-1)[torch.where(grouped, in_group, in_place)]
 
 
 def _lib():

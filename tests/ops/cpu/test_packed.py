@@ -47,6 +47,15 @@ SHAPES = ((16, 2), (37, 3), (69, 20), (5, 1))
 TOKENS = (1, 2, 3, 5, 8, 9, 33)
 
 
+@pytest.fixture(autouse=True)
+def _repack_on():
+    """The repack's tests run it whatever MUSER_CPU_REPACK says."""
+    was = P.enabled()
+    set_repack(True)
+    yield
+    set_repack(was)
+
+
 @pytest.fixture
 def every_isa():
     """Yields each instruction set this CPU runs, lowest last; restores the best."""
@@ -89,6 +98,8 @@ def test_repack_is_a_permutation_of_the_files_bytes(qtype):
         assert np.array_equal(np.sort(src), np.arange(rows.numel())), f"the walk is a bijection {where}"
         assert torch.equal(rep.flatten(), rows.flatten()[torch.from_numpy(src)]), where
         assert torch.equal(P.unpack(rep, qtype), rows), where
+        ids = torch.randint(0, n_out, (2 * n_out,), generator=g)    # repeats, tail rows, any order
+        assert torch.equal(P.rows(rep, qtype, ids), rows[ids]), f"rows of the repack {where}"
 
 
 def _x(g: torch.Generator, tokens: int, n_in: int) -> torch.Tensor:
@@ -225,6 +236,35 @@ def test_bad_arguments_are_refused():
         P.matmul(torch.zeros(1, 31), rows, GGMLType.Q8_0, 16, 32)
     with pytest.raises(ValueError, match="isa must be one of"):
         P.isa(7)
+    with pytest.raises(IndexError, match=r"ids must be in \[0, 16\), got 0..16"):
+        P.rows(rows, GGMLType.Q8_0, torch.tensor([0, 16]))
+
+
+def test_a_tied_embedding_reads_its_rows_from_the_linears_repack():
+    """Linked to a ggml-numerics QLinear over the same bytes (``read_rows_from``),
+    a QEmbedding decodes the rows of the repack: the values of the file's rows,
+    bit for bit, every packed type, tail rows included; a QLinear over other
+    bytes is refused by name."""
+    from muser_torch import QEmbedding, QLinear
+    from muser_torch.formats import random_weight
+
+    seed = fresh_seed()
+    g = torch.Generator().manual_seed(seed)
+    for qtype in TYPES:
+        if not P.serves(qtype):
+            continue
+        w = random_weight(qtype, 37, 2 * qtype.block_elems, generator=g)
+        lm_head, table = QLinear.from_weight(w), QEmbedding.from_weight(w)
+        lm_head.numerics = "ggml"
+        ids = torch.randint(0, 37, (3, 11), generator=g)
+        ids[0, :4] = torch.tensor([36, 32, 0, 36])       # tail rows, a repeat
+        expect = table(ids)
+        table.read_rows_from(lm_head)
+        assert table._repacked_rows(ids) is not None, f"{qtype.name}: the repack was not read"
+        assert torch.equal(table(ids), expect), f"{qtype.name} (seed {seed})"
+        other = QLinear.from_weight(random_weight(qtype, 37, 2 * qtype.block_elems, generator=g))
+        with pytest.raises(ValueError, match="read_rows_from: the QLinear holds other bytes"):
+            table.read_rows_from(other)
 
 
 def test_qlinear_runs_on_the_repack_in_the_ggml_numerics_only():
