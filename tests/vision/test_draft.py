@@ -16,6 +16,7 @@ converter writes one (``tests/dflash/draft_files.py``).
   that every accepted length and its rewind occur after the visual rows.
 - ``run --image --draft`` prints that continuation; ``serve --mmproj
   --draft`` answers an image chat with it.
+- On CUDA (skipped elsewhere), the recorded rounds after an image prompt.
 """
 from __future__ import annotations
 
@@ -173,6 +174,31 @@ def test_greedy_with_a_draft_is_greedy_without(pair, kind):
             assert a == min(j, 15, N_NEW - emitted - 1), f"SEED={SEED}"
             emitted += a + 1
         assert sum(stats.accepted) > N_NEW // 3, f"SEED={SEED}"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_recorded_rounds_after_an_image_on_cuda(vision_files, draft_file):
+    """On CUDA greedy rounds run recorded (``draft_rounds.py``), their prefill
+    given the rows: greedy with the draft is greedy without it, or parts at a
+    near-tie of the 16-row verify's other summation order
+    (``tests/dflash/test_greedy.py``'s CUDA_PATH_NOISE)."""
+    from ..dflash.test_greedy import CUDA_PATH_NOISE
+    text, mmproj = vision_files["f16"]
+    target = muser_torch.from_gguf(text, device="cuda", dtype=torch.float32, mmproj=mmproj)
+    draft = muser_torch.from_gguf(draft_file[0], target=target)
+    for salt in (1, 2):
+        ids, img = _image_prompt(target, salt)
+        ids = ids.to("cuda")
+        want = target.generate(ids[0], N_NEW, images=[img], stop=[]).tolist()
+        got = target.generate(ids[0], N_NEW, draft=draft, images=[img], stop=[]).tolist()
+        if got == want:
+            continue
+        i = next(j for j, (a, b) in enumerate(zip(got, want)) if a != b)
+        assert i >= ids.shape[1], f"prompt {salt}: the prompt changed (SEED={SEED})"
+        prefix = torch.tensor([want[:i]], device="cuda")
+        logits = target(prefix, embeds=target.vision_embeds(prefix, images=[img]))[0, -1]
+        gaps = [float(logits.max() - logits[t]) for t in (got[i], want[i])]
+        assert max(gaps) < CUDA_PATH_NOISE, f"prompt {salt}: parted at {i}, {gaps} (SEED={SEED})"
 
 
 def test_run_with_images_and_a_draft_prints_the_plain_continuation(vision_files, draft_file, pair, tmp_path,
