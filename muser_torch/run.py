@@ -53,7 +53,7 @@ def register(subparsers) -> None:
                         "default: none")
     p.add_argument("--image", type=Path, action="append", default=None, metavar="PATH",
                    help="an image placed before the prompt's text (repeatable, in order; needs "
-                        "--mmproj); default: none")
+                        "--mmproj; combines with --draft); default: none")
     p.add_argument("--device", default="cpu", help="cpu, mps or cuda (default %(default)s)")
     add_dtype_arg(p)
     add_numerics_arg(p)
@@ -261,15 +261,13 @@ def main(args: argparse.Namespace) -> int:
 
 
 def check_image_args(args: argparse.Namespace) -> None:
-    """``--image`` needs ``--mmproj`` (and does not take ``--draft`` yet)."""
+    """``--image`` needs ``--mmproj``."""
     if getattr(args, "mmproj", None) is not None and not args.mmproj.is_file():
         raise ValueError(f"--mmproj {args.mmproj}: no such file")
     if not args.image:
         return
     if args.mmproj is None:
         raise ValueError("--image needs --mmproj MMPROJ, the model's vision projector file")
-    if args.draft is not None:
-        raise ValueError("--image does not combine with --draft yet")
 
 
 class _ChatImages:
@@ -359,7 +357,7 @@ def _generate(model, tok, ids: list[int], path: Path, device: torch.device,
     out.flush()
     stop = set(tok.stop_ids)
     if getattr(model, "draft", None) is not None:
-        return _generate_drafted(model, tok, ids, path, device, args, stop)
+        return _generate_drafted(model, tok, ids, path, device, args, stop, embeds)
     text = TextStream(tok)
     synchronize(device)
     start = time.perf_counter()
@@ -395,14 +393,14 @@ def _generate(model, tok, ids: list[int], path: Path, device: torch.device,
 
 
 def _generate_drafted(model, tok, ids: list[int], path: Path, device: torch.device,
-                      args: argparse.Namespace, stop: set[int]) -> str:
+                      args: argparse.Namespace, stop: set[int], embeds=None) -> str:
     """The continuation of ``ids`` with the draft, printed when done; return its text."""
     synchronize(device)
     start = time.perf_counter()
     out, stats = model.generate(torch.tensor(ids, device=device), args.max_new_tokens,
                                 draft=model.draft, return_stats=True, temperature=args.temperature,
                                 top_k=args.top_k, top_p=args.top_p, seed=args.seed, stop=sorted(stop),
-                                engine=args.engine)
+                                engine=args.engine, embeds=embeds)
     synchronize(device)
     seconds = time.perf_counter() - start
     new = [t for t in out[len(ids):].tolist() if t not in stop]

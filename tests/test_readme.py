@@ -52,10 +52,13 @@ ELSEWHERE = {
     "Gemma3ForCausalLM": "transformers' class", "LlamaForCausalLM": "transformers' class",
     "Qwen2ForCausalLM": "transformers' class", "Qwen3ForCausalLM": "transformers' class",
     "models/muse_glimmer/": "transformers' folder of the model",
+    "MuseGlimmerVisionConfig": "transformers' class",
+    "MuseGlimmerProcessor.replace_video_token": "transformers' processor method",
     # llama.cpp and ggml
     "MuseGlimmerModel": "llama.cpp's converter class",
     "src/models/muse-glimmer.cpp": "llama.cpp's graph of the model",
     "type_traits_cpu": "ggml's table",
+    "mtmd-helper.cpp": "llama.cpp's multimodal helper (its video reader)",
     "ggml/src/ggml-metal": "llama.cpp's Metal backend folder",
     "ggml/src/ggml-metal/kernels/mul_mv_mma.metal": "llama.cpp's Metal kernel file",
     "mul_mv.metal": "llama.cpp's Metal kernel file",

@@ -31,7 +31,8 @@ from ..errors import DtypeFenceError, MetadataError, ShapeMismatchError, TensorS
 from ..formats import GGMLType
 from .spec import LLAMA_CPP_TYPES, MAX_SIZE, number
 
-__all__ = ["VisionConfig", "PROJECTOR", "ROPE_BASE", "TEMPORAL_PATCH", "tensor_table", "admit_mmproj"]
+__all__ = ["VisionConfig", "PROJECTOR", "ROPE_BASE", "TEMPORAL_PATCH", "tensor_table", "admit_mmproj",
+           "release_config", "mmproj_metadata"]
 
 PROJECTOR = "muse-glimmer"
 ROPE_BASE = 10000.0         # clip.cpp: hparams.rope_theta for PROJECTOR_TYPE_MUSE_GLIMMER
@@ -70,6 +71,34 @@ class VisionConfig:
     def is_full(self, layer: int) -> bool:
         """Full attention (over a whole frame) on this layer, else windowed."""
         return (layer + 1) % FULL_EVERY == 0 or layer == self.n_layers - 1
+
+
+def release_config(text_hidden: int, n_layers: int = 50) -> VisionConfig:
+    """The released tower's geometry (transformers' MuseGlimmerVisionConfig
+    defaults; its adapter width MuseGlimmerConfig.projector_hidden_size; the
+    processors' IMAGENET_STANDARD mean and std), ``n_layers`` of its 50, into
+    a text model ``text_hidden`` wide."""
+    return VisionConfig(hidden=1536, ffn=8960, n_layers=n_layers, n_heads=16, patch_size=14, merge=2,
+                        eps=1e-5, text_hidden=text_hidden, adapter_hidden=4096, pos_side=32,
+                        image_mean=(0.5, 0.5, 0.5), image_std=(0.5, 0.5, 0.5))
+
+
+def mmproj_metadata(cfg: VisionConfig, file_type: int, name: str) -> dict[str, Any]:
+    """The keys of a projector of ``cfg``, those llama.cpp's converter writes
+    (``convert/mmproj.py``) and in its order, less the size label;
+    ``file_type`` is llama.cpp's ftype (1: mostly F16, 7: Q8_0)."""
+    return {
+        "general.architecture": "clip", "general.type": "mmproj", "general.name": name,
+        "general.file_type": file_type, "clip.has_vision_encoder": True,
+        _V + "projection_dim": cfg.text_hidden,
+        _V + "image_size": cfg.pos_side * cfg.patch_size * cfg.merge,   # nominal: any size is taken
+        _V + "patch_size": cfg.patch_size, _V + "embedding_length": cfg.hidden,
+        _V + "feed_forward_length": cfg.ffn, _V + "block_count": cfg.n_layers,
+        _V + "attention.head_count": cfg.n_heads, _V + "image_mean": list(cfg.image_mean),
+        _V + "image_std": list(cfg.image_std), "clip.projector_type": PROJECTOR,
+        _V + "attention.layer_norm_epsilon": cfg.eps, _V + "spatial_merge_size": cfg.merge,
+        "general.quantization_version": 2,
+    }
 
 
 # GGUF name, ne in config terms, role. Roles: "patch" (a float matrix: its row of

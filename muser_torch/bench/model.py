@@ -6,7 +6,9 @@ MODEL is a GGUF file, ``demo`` (the bundled demo, default) or ``seed``: random
 packed weights in the full 52-layer geometry of docs/muse-glimmer.md
 (``Glimmer.random``, made on the device, no file), with ``--layers`` of the
 52 so it fits the machine at hand.
-Numbers are measured in this run and printed, never asserted.
+Numbers are measured in this run and printed, never asserted. With
+``--mmproj`` and ``--image`` it times the vision forward per image instead
+(``bench/vision.py``).
 
 On CUDA it also replays one decode step captured in a CUDA graph, which
 leaves out Python's per-kernel launch cost (a timing, not generation: every
@@ -55,6 +57,15 @@ def register(subparsers) -> None:
                         "GGUF path and llama.cpp on FILE, each in its own process (bench/peers.py)")
     p.add_argument("--llama-bench", type=Path, default=None,
                    help="with --peers: a llama.cpp llama-bench binary to time as the llama.cpp peer")
+    p.add_argument("--mmproj", type=Path, default=None, metavar="MMPROJ",
+                   help="the model's vision projector (Muse Glimmer; make-tiny --mmproj writes a random "
+                        "one of the released geometry); with --image")
+    p.add_argument("--image", type=Path, action="append", default=None, metavar="PATH",
+                   help="time the vision forward of this image instead of the text model (repeatable; "
+                        "needs --mmproj; bench/vision.py)")
+    p.add_argument("--image-reps", type=int, default=3, metavar="N",
+                   help="warm vision forwards per image after the first; the best is printed "
+                        "(default %(default)s)")
     p.add_argument("--profile", action="store_true",
                    help="also print where a decode step's host time goes, per op kind (torch.profiler)")
     add_threads_arg(p)
@@ -75,8 +86,9 @@ def build(args: argparse.Namespace, device: torch.device, dtype: torch.dtype):
                                seed=0)
         return set_numerics(model, numerics), f"seed geometry x{args.layers} layers ({args.lane})"
     path = model_path(None if args.model == "demo" else Path(args.model), args.lane)
+    vision = {} if getattr(args, "mmproj", None) is None else {"mmproj": args.mmproj}
     model = from_gguf(path, device=device, dtype=dtype, numerics=numerics,
-                      q5_0_as_q8_0=args.q5_0_as_q8_0)
+                      q5_0_as_q8_0=args.q5_0_as_q8_0, **vision)
     return model, f"{path.name} ({numerics}{', Q5_0 as Q8_0' if args.q5_0_as_q8_0 else ''})"
 
 
@@ -131,6 +143,8 @@ def measure(model, prompt: torch.Tensor, slots: torch.Tensor, decode: int, warmu
 def main(args: argparse.Namespace) -> int:
     if args.peers:
         return _peers(args)
+    if args.image or args.mmproj is not None:
+        return _vision(args)
     device = resolve_device(args.device)
     apply_threads(args.threads)
     dtype = resolve_dtype(args.dtype)
@@ -251,6 +265,31 @@ def _drafted(model, args: argparse.Namespace, prompt: torch.Tensor, device: torc
           f"tokens per round (+1 of the target's own)")
     print(f"  generate {args.decode} tokens, greedy, prefill included: plain {plain_tps:.1f} tok/s, "
           f"with the draft {draft_tps:.1f} tok/s ({draft_tps / plain_tps:.2f}x)")
+
+
+def _vision(args: argparse.Namespace) -> int:
+    """``--image``: the vision forward per image (``bench/vision.py``)."""
+    from .vision import print_images, time_images
+    if not args.image or args.mmproj is None:
+        raise ValueError("bench model: --image and --mmproj go together (the images' vision forward "
+                         "runs on the model's projector)")
+    if args.model in ("demo", "seed"):
+        raise ValueError(f"bench model --image: needs the GGUF file the projector belongs to, got {args.model!r}")
+    for what, path in [("--mmproj", args.mmproj)] + [("--image", p) for p in args.image]:
+        if not path.is_file():
+            raise ValueError(f"bench model: {what} {path}: no such file")
+    if args.image_reps < 1:
+        raise ValueError(f"bench model: --image-reps must be >= 1, got {args.image_reps}")
+    device = resolve_device(args.device)
+    apply_threads(args.threads)
+    t_load = time.perf_counter()
+    model, label = build(args, device, resolve_dtype(args.dtype))
+    load_s = time.perf_counter() - t_load
+    v = model.vision.config
+    print(f"bench model --image: {label} with {args.mmproj.name} ({v.n_layers} layer{'s' if v.n_layers > 1 else ''}, width {v.hidden}) on "
+          f"{device} ({str(model.activation_dtype).removeprefix('torch.')}); load {load_s:.2f} s")
+    print_images(time_images(model, args.image, args.image_reps, device), args.image_reps)
+    return 0
 
 
 def _peers(args: argparse.Namespace) -> int:

@@ -128,10 +128,9 @@ class Generation:
 
         ``images`` / ``videos`` (a model loaded with a vision projector: Muse
         Glimmer's ``mmproj``) fill the prompt's placeholder tokens, in order
-        (``<|patch|>`` / ``<|video|>``, or the ids given; ``vision_embeds``)."""
+        (``<|patch|>`` / ``<|video|>``, or the ids given; ``vision_embeds``),
+        with or without a draft."""
         if images or videos:
-            if draft is not None:
-                raise ValueError("generate: draft= does not take images yet")
             if not hasattr(self, "vision_embeds"):
                 from ..errors import ImageError
                 raise ImageError(f"generate: a {type(self).__name__} model takes no images")
@@ -163,7 +162,7 @@ class Generation:
             raise ValueError("generate: draft= verifies blocks with the model's own forward; "
                              "decode_step does not apply")
         t, k, p = kw.get("temperature", 0.0), kw.get("top_k"), kw.get("top_p")
-        unknown = set(kw) - {"temperature", "top_k", "top_p", "seed", "stop", "engine"}
+        unknown = set(kw) - {"temperature", "top_k", "top_p", "seed", "stop", "engine", "embeds"}
         if unknown:
             raise TypeError(f"generate() got an unexpected keyword argument {sorted(unknown)[0]!r}")
         # room for a whole verify block past the last token, where the context
@@ -174,7 +173,7 @@ class Generation:
             self.setup_cache(max(1, self.lengths.numel()), room)
         rows, _, stop = self._start(rows, max_new_tokens, t, k, p, kw.get("stop"))
         new, stats = speculative_generate(self, draft, rows, max_new_tokens, t, k, p, kw.get("seed"),
-                                          stop, kw.get("engine", "auto"))
+                                          stop, kw.get("engine", "auto"), kw.get("embeds"))
         out = torch.cat((rows, torch.tensor([new], dtype=torch.long, device=rows.device)), dim=-1)
         out = out[0] if ids.dim() == 1 else out
         return (out, stats) if return_stats else out

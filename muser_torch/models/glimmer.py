@@ -146,6 +146,15 @@ class Glimmer(Decoder):
         rows = self.visual_rows(inputs)
         return vision_prompt.placeholder_rows(ids, inputs, rows, self.vision.config.merge, img_id, vid_id)
 
+    def video_prompt(self, inputs: Sequence[Any]) -> list[int]:
+        """The token blocks of preprocessed, timed videos (``vision.Video``), one
+        after another, as transformers' processor writes them
+        (``vision_prompt.video_block``)."""
+        out: list[int] = []
+        for x in inputs:
+            out += vision_prompt.video_block(self.tokenizer, x, self.vision.config.merge)
+        return out
+
     def image_prompt(self, inputs: Sequence[Any]) -> list[int]:
         """The token blocks of preprocessed images, one after another (``<|image_start|>``,
         a ``<|patch|>`` per row, ``<|image_end|>``)."""

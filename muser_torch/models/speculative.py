@@ -86,13 +86,17 @@ def _accept_sampled(cands: torch.Tensor, q: torch.Tensor, p: torch.Tensor,
 def speculative_generate(target: Any, draft: Drafter, ids: torch.Tensor, max_new_tokens: int,
                          temperature: float = 0.0, top_k: int | None = None,
                          top_p: float | None = None, seed: int | None = None,
-                         stop: Sequence[int] = (), engine: str = "auto") -> tuple[list[int], DraftStats]:
+                         stop: Sequence[int] = (), engine: str = "auto",
+                         embeds: "tuple[torch.Tensor, torch.Tensor] | None" = None
+                         ) -> tuple[list[int], DraftStats]:
     """The new tokens after ``ids`` (``[1, T]``, already checked) and the
     rounds' statistics. The target's cache must hold slot 0 with room for
-    ``T + max_new_tokens`` positions, empty."""
+    ``T + max_new_tokens`` positions, empty. ``embeds``: rows for the
+    prompt's placeholders (``speculative_rounds``)."""
     stats = DraftStats()
     out = [t for new in speculative_rounds(target, draft, ids, max_new_tokens, temperature, top_k,
-                                           top_p, seed, stop, stats, engine, ahead=True)
+                                           top_p, seed, stop, stats, engine, ahead=True,
+                                           embeds=embeds)
            for t in new]
     return out, stats
 
@@ -102,7 +106,8 @@ def speculative_rounds(target: Any, draft: Drafter, ids: torch.Tensor, max_new_t
                        top_p: float | None = None, seed: int | None = None,
                        stop: Sequence[int] = (), stats: DraftStats | None = None,
                        engine: str = "auto", ahead: bool = False,
-                       grammar: Any = None) -> Iterator[list[int]]:
+                       grammar: Any = None,
+                       embeds: "tuple[torch.Tensor, torch.Tensor] | None" = None) -> Iterator[list[int]]:
     """``speculative_generate`` one round at a time: yields each round's
     emitted tokens (the prefill's one token first), as a server streams them.
     Closing the generator early removes the taps and leaves slot 0's cache
@@ -121,7 +126,13 @@ def speculative_rounds(target: Any, draft: Drafter, ids: torch.Tensor, max_new_t
     rows the same way; the grammar itself is left where the round found it
     (the caller takes the emitted tokens). Emitted tokens then follow the
     masked target: greedy, its masked argmax; sampled, its masked distribution.
-    Such rounds run eagerly."""
+    Such rounds run eagerly.
+
+    ``embeds`` (``Decoder.forward``'s: a vision model's image and video rows
+    at the prompt's placeholders) enter the target's prefill only. The draft
+    needs nothing more: its context is the tapped layers' outputs, which at
+    those positions already derive from the rows, and its block embeds
+    generated tokens, never a placeholder."""
     if draft.target is not target:
         raise ValueError("generate: draft= was loaded for another model "
                          "(muser_torch.from_gguf(draft_path, target=this_model))")
@@ -146,7 +157,7 @@ def speculative_rounds(target: Any, draft: Drafter, ids: torch.Tensor, max_new_t
         _recorded_rounds(target, draft, engine, greedy, ids.shape[1], max_new_tokens)
     if recorded is not None:
         with Taps(target, draft.tap_layers) as taps:
-            logits = target(ids, slots)[0]
+            logits = target(ids, slots, embeds=embeds)[0]
             tapped = taps.take()
         last = pick(logits[-1])
         recorded.begin(tapped, last, max_new_tokens - 1, stop_set)
@@ -155,7 +166,7 @@ def speculative_rounds(target: Any, draft: Drafter, ids: torch.Tensor, max_new_t
             yield from recorded.rounds(max_new_tokens - 1, stop_set, stats, ahead)
         return
     with Taps(target, draft.tap_layers) as taps:
-        logits = target(ids, slots)[0]
+        logits = target(ids, slots, embeds=embeds)[0]
         draft.extend(ctx, taps.take())
         last, emitted = pick(logits[-1]), 1
         yield [last]

@@ -102,9 +102,6 @@ def create_app(scheduler: Scheduler, model_id: str, chat_limits: ChatLimits | No
         ids, stops = await asyncio.to_thread(chat_prompt, tok, req.messages, limits, offered)
         embeds = None
         if getattr(req.messages, "images", ()):
-            if scheduler.draft is not None:
-                raise RequestError("images are not taken by a server with a draft (--draft)",
-                                   param="messages")
             ids, embeds = await asyncio.to_thread(image_prompt, scheduler.model, ids, req.messages.images)
         return await _respond("chat", req, ids, stops, request, "messages", req.tools, family, embeds)
 

@@ -272,7 +272,8 @@ class Scheduler:
             job.rounds = speculative_rounds(self.model, self.draft, ids, job.limit, p.temperature,
                                             p.top_k, p.top_p if p.top_p < 1 else None,
                                             int(job.picker.generator.initial_seed()),
-                                            sorted(self.stop_ids), grammar=job.constraint)
+                                            sorted(self.stop_ids), grammar=job.constraint,
+                                            embeds=job.embeds)   # cached is 0 with a draft
             self._round(job)
             return
         if job.embeds is None:

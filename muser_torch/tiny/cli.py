@@ -1,5 +1,6 @@
 """``muser-torch make-tiny``: write a deterministic synthetic Muse Glimmer GGUF
-(``general.architecture = "muse-glimmer"``) in one of the Muser lanes (docs/muse-glimmer.md)."""
+(``general.architecture = "muse-glimmer"``) in one of the Muser lanes (docs/muse-glimmer.md), and
+with ``--mmproj`` a random vision projector for it (``mmproj.py``)."""
 from __future__ import annotations
 
 import argparse
@@ -11,6 +12,8 @@ from ..arch.muse_glimmer import GlimmerConfig, reference_pattern
 from ..formats.types import QK_K
 from ..text.byte_tokenizer import ByteTokenizer
 from ..arch.glimmer_recipe import SEED_CONFIG, planned_bytes
+from ..arch.glimmer_vision import release_config
+from .mmproj import MMPROJ_KINDS, mmproj_bytes, write_random_mmproj
 from .writer import write_tiny
 
 __all__ = ["register", "main", "config_from_args", "check_config"]
@@ -35,6 +38,14 @@ def register(subparsers) -> None:
                    help="global attention every N-th layer counted back from the last (written "
                         "as a bool per layer, as llama.cpp's converter does)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--mmproj", type=Path, default=None, metavar="MMPROJ",
+                   help="also write a random vision projector for the model, of the released tower's "
+                        "geometry (1536 wide, 16 heads, 32 x 32 positions, adapter 4096) and the model's "
+                        "width: for `bench model --mmproj` and llama.cpp's llama-mtmd-cli on the same files")
+    p.add_argument("--mmproj-layers", type=int, default=50, metavar="N",
+                   help="the projector's layers, of the release's 50 (default %(default)s)")
+    p.add_argument("--mmproj-type", choices=tuple(MMPROJ_KINDS), default="f16",
+                   help="the projector's matrices (default %(default)s)")
     p.set_defaults(func=main)
 
 
@@ -54,12 +65,21 @@ def config_from_args(args: argparse.Namespace) -> GlimmerConfig:
 def main(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     check_config(config)
+    if args.mmproj is not None and args.mmproj_layers < 1:
+        raise ValueError(f"make-tiny: --mmproj-layers={args.mmproj_layers} must be >= 1")
     size, params = planned_bytes(config)
     t0 = time.time()
     write_tiny(args.output, config, args.seed, progress=size > 256 << 20)
     print(f"wrote {args.output}: {config.n_layers} layers, {params:,} parameters, "
           f"{size:,} bytes of tensor data ({size * 8 / params:.2f} bits/weight) "
           f"in {time.time() - t0:.1f} s")
+    if args.mmproj is not None:
+        vision = release_config(config.hidden, args.mmproj_layers)
+        size = mmproj_bytes(vision, args.mmproj_type)
+        t0 = time.time()
+        write_random_mmproj(args.mmproj, vision, args.mmproj_type, args.seed, progress=size > 256 << 20)
+        print(f"wrote {args.mmproj}: a {vision.n_layers}-layer random vision projector "
+              f"({args.mmproj_type}, {size:,} bytes of tensor data) in {time.time() - t0:.1f} s")
     return 0
 
 

@@ -1,8 +1,9 @@
 """Muse Glimmer's vision path: the tower over an ``mmproj`` file's packed
-weights (``tower.py``) and the image and video preprocessing
-(``preprocess.py``)."""
+weights (``tower.py``), the image and video preprocessing
+(``preprocess.py``) and a video's frames and times (``video.py``)."""
 from __future__ import annotations
 
 from .tower import Grid, VisionTower
+from .video import Video
 
-__all__ = ["Grid", "VisionTower"]
+__all__ = ["Grid", "VisionTower", "Video"]

@@ -54,10 +54,13 @@ ImageLike = Union[str, "os.PathLike[str]", bytes, Any]   # Any: a PIL.Image (Pil
 
 @dataclass(frozen=True)
 class VisualInput:
-    """One image or video for the tower: ``pixels`` ``[t, h*w, 3*p*p]``."""
+    """One image or video for the tower: ``pixels`` ``[t, h*w, 3*p*p]``;
+    a video's ``times``, the seconds of each temporal group when known
+    (``video.Video``), stamp its prompt block."""
     pixels: Tensor
     grid: Grid
     kind: str            # "image" | "video"
+    times: tuple[float, ...] = ()
 
 
 def grid_size(height: int, width: int, block: int, max_tokens: int) -> tuple[int, int]:

@@ -7,9 +7,14 @@ graph's embedding norm).
 
 The placeholders are the tokenizer's ``<|patch|>`` (images) and ``<|video|>``
 (videos), as transformers' ``MuseGlimmerProcessor`` names them; an image's
-block is ``<|image_start|>`` + one ``<|patch|>`` per row + ``<|image_end|>``."""
+block is ``<|image_start|>`` + one ``<|patch|>`` per row + ``<|image_end|>``,
+and a video's (``replace_video_token``) is ``<|vid_start|>``, then per
+temporal group its time as text (``video.STAMP``: ``Time: 1.5s``) and one
+``<|video|>`` per row of the group, the groups apart by
+``<|vid_frame_separator|>``, closed by ``<|vid_end|>``."""
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Sequence
 
 import torch
@@ -17,12 +22,15 @@ from torch import Tensor
 
 from ..errors import ImageError, PlaceholderError
 from .preprocess import VisualInput, preprocess_image, preprocess_video
+from .video import STAMP, Video, group_times
 
-__all__ = ["IMAGE_TOKEN", "VIDEO_TOKEN", "IMAGE_START", "IMAGE_END", "IMAGE_MARK", "token_id", "prepare",
-           "image_block", "widen_marks", "placeholder_rows"]
+__all__ = ["IMAGE_TOKEN", "VIDEO_TOKEN", "IMAGE_START", "IMAGE_END", "VIDEO_START", "VIDEO_SEPARATOR",
+           "VIDEO_END", "IMAGE_MARK", "token_id", "prepare", "image_block", "video_block", "widen_marks",
+           "placeholder_rows"]
 
 IMAGE_TOKEN, VIDEO_TOKEN = "<|patch|>", "<|video|>"
 IMAGE_START, IMAGE_END = "<|image_start|>", "<|image_end|>"
+VIDEO_START, VIDEO_SEPARATOR, VIDEO_END = "<|vid_start|>", "<|vid_frame_separator|>", "<|vid_end|>"
 # An image's stand-in in a chat message's text: one placeholder between the markers,
 # widened to the image's rows once the template has rendered (``widen_marks``).
 IMAGE_MARK = IMAGE_START + IMAGE_TOKEN + IMAGE_END
@@ -40,15 +48,22 @@ def token_id(tokenizer: Any, text: str) -> int | None:
 
 
 def prepare(tower: Any, images: Sequence[Any] = (), videos: Sequence[Any] = ()) -> list[VisualInput]:
-    """Images, then videos, preprocessed for ``tower`` (a ``VisualInput`` passes as it is)."""
+    """Images, then videos, preprocessed for ``tower`` (a ``VisualInput`` passes
+    as it is). A video is a ``Video`` (sampled, its groups timed) or a plain
+    list of frames (all kept, untimed: its rows fill placeholders, but it has
+    no block of its own)."""
     cfg = tower.config
     out = []
     for im in images:
         out.append(im if isinstance(im, VisualInput) else
                    preprocess_image(im, cfg.patch_size, cfg.merge, cfg.image_mean, cfg.image_std))
     for v in videos:
-        out.append(v if isinstance(v, VisualInput) else
-                   preprocess_video(v, cfg.patch_size, cfg.merge, cfg.image_mean, cfg.image_std))
+        if isinstance(v, VisualInput):
+            out.append(v)
+            continue
+        frames, times = v.sampled() if isinstance(v, Video) else (v, None)
+        x = preprocess_video(frames, cfg.patch_size, cfg.merge, cfg.image_mean, cfg.image_std)
+        out.append(x if times is None else replace(x, times=tuple(group_times(times, x.grid.t))))
     return out
 
 
@@ -59,6 +74,28 @@ def image_block(tokenizer: Any, rows: int) -> list[int]:
         raise ImageError(f"the model's tokenizer has no {IMAGE_START} / {IMAGE_TOKEN} / {IMAGE_END} "
                          f"tokens to place an image with")
     return [ids[0]] + [ids[1]] * rows + [ids[2]]
+
+
+def video_block(tokenizer: Any, video: VisualInput, merge: int) -> list[int]:
+    """A timed video's block as ids: ``<|vid_start|>``, each temporal group's
+    time (``STAMP``, tokenized as plain text) and its ``<|video|>`` rows, the
+    groups apart by ``<|vid_frame_separator|>``, then ``<|vid_end|>``."""
+    ids = [token_id(tokenizer, t) for t in (VIDEO_START, VIDEO_TOKEN, VIDEO_SEPARATOR, VIDEO_END)]
+    if any(i is None for i in ids):
+        raise ImageError(f"the model's tokenizer has no {VIDEO_START} / {VIDEO_TOKEN} / {VIDEO_SEPARATOR} / "
+                         f"{VIDEO_END} tokens to place a video with")
+    if video.kind != "video":
+        raise ImageError(f"video_block: got an input of kind {video.kind!r}, expected a video")
+    if len(video.times) != video.grid.t:
+        raise ImageError("a video's block stamps each temporal group with its time: give the video as "
+                         "Video(frames, fps=...) or Video(frames, timestamps=...), not a plain list of frames")
+    start, placeholder, separator, end = ids
+    per_group = video.grid.rows(merge) // video.grid.t
+    out = [start]
+    for g, t in enumerate(video.times):
+        out += tokenizer.encode(STAMP.format(timestamp=t), bos=False, eos=False) + [placeholder] * per_group
+        out.append(separator if g + 1 < len(video.times) else end)
+    return out
 
 
 def widen_marks(tokenizer: Any, ids: Sequence[int], rows: Sequence[int]) -> list[int]:

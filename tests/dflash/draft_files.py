@@ -159,9 +159,11 @@ def reference_target(path: "str | os.PathLike[str]", text_cfg):
     return model
 
 
-def transformers_rounds(target, draft, ids: torch.Tensor, n_new: int) -> tuple[list[int], list[list]]:
+def transformers_rounds(target, draft, ids: torch.Tensor, n_new: int,
+                        **inputs: Any) -> tuple[list[int], list[list]]:
     """transformers' DFlash generation, and per round with candidates:
-    (candidate ids, their logits, accepted count)."""
+    (candidate ids, their logits, accepted count). ``inputs`` go to ``generate``
+    beside the ids (a vision prompt's ``pixel_values``, ``image_grid_thw``)."""
     from transformers.generation.candidate_generator import DFlashTokenCandidateGenerator
     rounds: list[list] = []
     get, update = DFlashTokenCandidateGenerator.get_candidates, \
@@ -182,7 +184,7 @@ def transformers_rounds(target, draft, ids: torch.Tensor, n_new: int) -> tuple[l
     try:
         with torch.no_grad():
             out = target.generate(ids, assistant_model=draft, speculation_type="dflash",
-                                  max_new_tokens=n_new, do_sample=False)
+                                  max_new_tokens=n_new, do_sample=False, **inputs)
     finally:
         mp.undo()
     return out[0, ids.shape[1]:].tolist(), [r for r in rounds if r[0]]

@@ -67,13 +67,14 @@ class Oracle:
     def propose(self, ctx, anchor):
         emitted = ctx.length - self.prompt_len + 1          # the anchor is the last of them
         self.parted |= self.truth[emitted - 1] != anchor   # only ggml's near-ties part runs
+        vocab = self.target.config.vocab_size
         block = list(self.truth[emitted:emitted + 15])
         block += [0] * (15 - len(block))
         j = int(torch.randint(0, 17, (1,), generator=self.gen))   # 15, 16: no change
         if j < 15:
-            block[j] = (block[j] + 1 + int(torch.randint(0, VOCAB - 1, (1,), generator=self.gen))) % VOCAB
+            block[j] = (block[j] + 1 + int(torch.randint(0, vocab - 1, (1,), generator=self.gen))) % vocab
         self.wrong_at.append(j)
-        logits = torch.full((15, VOCAB), -5.0)
+        logits = torch.full((15, vocab), -5.0)
         logits[torch.arange(15), torch.tensor(block)] = 5.0
         return logits.to(self.target.lengths.device)
 

@@ -20,9 +20,21 @@ MARKERS = ("<|patch|>", "<|image_start|>", "<|image_end|>", "<|video|>", "<|vid_
            "<|vid_start|>", "<|vid_end|>", "<|eot|>")
 
 
+# The pre-tokenizer llama.cpp's converter is told the checkpoint has (``run_converter``'s "pre").
+PRE = "qwen2"
+
+
 def _add_markers(directory: Path) -> dict[str, int]:
-    from tokenizers import AddedToken, Tokenizer
+    """The processor's tokens added, and the split of ``PRE`` as the pre-tokenizer,
+    so that transformers' tokenizer of the checkpoint and the converted file's
+    split text alike (a video block's ``Time: 1.0s`` holds digits, which
+    GPT-2's split keeps with the space before them and Qwen2's does not)."""
+    from tokenizers import AddedToken, Regex, Tokenizer, pre_tokenizers
+    from transformers.integrations.gguf.gguf_tokenizer_mapping import GGUF_PRE_TOKENIZER_SPLITS
     tok = Tokenizer.from_file(str(directory / "tokenizer.json"))
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(GGUF_PRE_TOKENIZER_SPLITS[PRE]), "isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in MARKERS])
     tok.save(str(directory / "tokenizer.json"))
     return {t: tok.token_to_id(t) for t in MARKERS}
@@ -108,8 +120,8 @@ def convert_with_llama_cpp(checkpoint: Path, text_out: Path, mmprojs: dict[str, 
                            outtype: str = "f16") -> None:
     """llama.cpp's release converter (tools/peers.sh): the text file in ``outtype``, then
     ``--mmproj`` once per ``{type: path}`` of ``mmprojs``, all in one converter process."""
-    run_converter([{"dir": checkpoint, "out": text_out, "outtype": outtype, "pre": "qwen2"}]
-                  + [{"dir": checkpoint, "out": path, "outtype": kind, "pre": "qwen2", "extra": ["--mmproj"]}
+    run_converter([{"dir": checkpoint, "out": text_out, "outtype": outtype, "pre": PRE}]
+                  + [{"dir": checkpoint, "out": path, "outtype": kind, "pre": PRE, "extra": ["--mmproj"]}
                      for kind, path in mmprojs.items()], text_out.parent, release=True)
 
 

@@ -2,15 +2,12 @@
 video processors need torchvision to be built (not in the test extra: no
 torchvision wheel for torch's CPU build is on the package index), so the
 oracle is their parts: ``smart_resize`` and ``patchify`` taken from the
-processors' source (``ast``, so the torchvision import at the top is not
-run), and the resize, rescale and normalize of transformers'
-``image_transforms`` (its PIL path, Lanczos, the original model's resampling
-per the processor's own note)."""
+processors' source (``transformers_source.py``), and the resize, rescale and
+normalize of transformers' ``image_transforms`` (its PIL path, Lanczos, the
+original model's resampling per the processor's own note)."""
 from __future__ import annotations
 
-import ast
 import itertools
-import math
 
 import numpy as np
 import pytest
@@ -21,33 +18,15 @@ from muser_torch.vision.preprocess import (MAX_FRAME_TOKENS, MAX_IMAGE_TOKENS, g
 
 from ..bounds import check_bound
 from .conftest import SEED
+from .transformers_source import functions
 
 MEAN, STD = (0.5, 0.5, 0.5), (0.5, 0.5, 0.5)   # transformers' IMAGENET_STANDARD_MEAN / _STD
 
 
-def _source_of(module: str, names: list[str]) -> dict:
-    """Functions (``name`` or ``Class.method``) from a transformers module's source, compiled alone."""
-    import importlib.util
-    path = importlib.util.find_spec(f"transformers.models.muse_glimmer.{module}").origin
-    tree = ast.parse(open(path).read())
-    out = {}
-    for name in names:
-        cls, _, fn = name.rpartition(".")
-        body = tree.body
-        if cls:
-            body = next(n for n in body if isinstance(n, ast.ClassDef) and n.name == cls).body
-        node = next(n for n in body if isinstance(n, ast.FunctionDef) and n.name == fn)
-        node.decorator_list = []
-        ns = {"itertools": itertools, "math": math, "torch": torch}
-        exec(compile(ast.Module([node], []), path, "exec"), ns)
-        out[name] = ns[fn]
-    return out
-
-
 @pytest.fixture(scope="module")
 def hf():
-    return {**_source_of("image_processing_muse_glimmer", ["smart_resize", "MuseGlimmerImageProcessor.patchify"]),
-            **_source_of("video_processing_muse_glimmer", ["MuseGlimmerVideoProcessor.patchify"])}
+    return {**functions("image_processing_muse_glimmer", ["smart_resize", "MuseGlimmerImageProcessor.patchify"]),
+            **functions("video_processing_muse_glimmer", ["MuseGlimmerVideoProcessor.patchify"])}
 
 
 def test_grid_size_is_transformers_smart_resize(hf):

@@ -1,0 +1,74 @@
+"""``muser-torch bench model MODEL --mmproj MMPROJ --image A.png [--image ...]``:
+the vision forward per image on the device, printed, never asserted.
+
+Per image: its preprocessing (Pillow: decode, resize, normalise, patchify;
+on the CPU whatever the device), then the tower, adapter and projection
+(``Glimmer.visual_rows``: what llama.cpp's ``mtmd_encode_chunk`` computes,
+which ``llama-mtmd-cli`` prints as "image slice encoded in N ms"), a first
+call (any compile or first touch of the weights in it) and the best of
+``reps`` warm calls. A random projector of the released geometry comes
+from ``make-tiny --mmproj`` (``tiny/mmproj.py``), so both programs can be
+timed on the same files:
+
+    muser-torch make-tiny text.gguf --hidden 1024 --mmproj mmproj.gguf
+    muser-torch bench model text.gguf --mmproj mmproj.gguf --image cat.png --device cuda
+    llama-mtmd-cli -m text.gguf --mmproj mmproj.gguf --image cat.png -p "hi" -n 1
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import NamedTuple, Sequence
+
+import torch
+
+from ..run import synchronize
+
+__all__ = ["ImageTiming", "time_images", "print_images"]
+
+
+class ImageTiming(NamedTuple):
+    path: Path
+    size: tuple[int, int]          # width, height in pixels, as read
+    patches: tuple[int, int, int]  # the tower's grid: t, h, w patches
+    rows: int                      # embedding rows (placeholders in a prompt)
+    preprocess_s: float
+    cold_s: float                  # the first forward
+    warm_s: float                  # the best of the warm forwards
+
+
+def time_images(model, images: Sequence[Path], reps: int, device: torch.device) -> list[ImageTiming]:
+    """Each image's preprocessing and vision forward on ``model`` (loaded with a projector)."""
+    from ..vision.preprocess import load_image
+    out = []
+    merge = model.vision.config.merge
+    with torch.no_grad():
+        for path in images:
+            w, h = load_image(path).size
+            t0 = time.perf_counter()
+            (x,) = model.prepare_visual([path])
+            pre_s = time.perf_counter() - t0
+            times = []
+            for _ in range(1 + reps):
+                synchronize(device)
+                t0 = time.perf_counter()
+                model.visual_rows([x])
+                synchronize(device)
+                times.append(time.perf_counter() - t0)
+            g = x.grid
+            out.append(ImageTiming(Path(path), (w, h), (g.t, g.h, g.w), g.rows(merge), pre_s, times[0],
+                                   min(times[1:]) if reps else times[0]))
+    return out
+
+
+def print_images(timings: Sequence[ImageTiming], reps: int) -> None:
+    for t in timings:
+        n = t.patches[0] * t.patches[1] * t.patches[2]
+        print(f"  {t.path.name}: {t.size[0]}x{t.size[1]} pixels -> {t.patches[1]}x{t.patches[2]} patches "
+              f"({n}), {t.rows} rows; preprocess {t.preprocess_s * 1e3:.1f} ms; vision forward: first "
+              f"{t.cold_s * 1e3:.1f} ms, warm {t.warm_s * 1e3:.1f} ms (best of {reps}; "
+              f"{n / t.warm_s:.0f} patches/s)")
+    if len(timings) > 1:
+        total = sum(t.warm_s for t in timings)
+        print(f"  {len(timings)} images: warm vision forward {total * 1e3:.1f} ms in all, "
+              f"{total * 1e3 / len(timings):.1f} ms per image")
