@@ -8,8 +8,6 @@ adds reduce-overhead, max-autotune-no-cudagraphs and max-autotune.
 """
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
@@ -18,6 +16,7 @@ from muser_torch.models import from_gguf
 from muser_torch.run import DEMO
 
 from .. import slow
+from ..random_seed import fresh_seed
 
 SELECTED = [mode if mode == "default" else slow.param(mode) for mode in MODES]
 
@@ -29,7 +28,7 @@ def demo():
 
 @pytest.mark.parametrize("mode", SELECTED)
 def test_compiled_decode_matches_eager(demo, mode):
-    seed = int.from_bytes(os.urandom(4), "little")
+    seed = fresh_seed()
     gen = torch.Generator().manual_seed(seed)
     prompt = torch.randint(0, demo.config.vocab_size, (1, 7), generator=gen)
     r = run_mode(demo, mode, prompt, decode=2, device=torch.device("cpu"))

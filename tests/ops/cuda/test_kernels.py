@@ -11,7 +11,6 @@ message (MUSER_TEST_SEED=N replays one).
 from __future__ import annotations
 
 import os
-import random
 
 import gguf
 import numpy as np
@@ -21,6 +20,8 @@ import torch
 from muser_torch.formats import random_weight
 from muser_torch.ops import checks
 from muser_torch.formats.types import GGMLType
+
+from ...random_seed import fresh_seed
 
 try:
     from muser_torch.ops import cuda
@@ -56,16 +57,11 @@ def _ladder_tokens() -> list[int]:
 TOKENS = _ladder_tokens()
 
 
-def _seed() -> int:
-    fixed = os.environ.get("MUSER_TEST_SEED")
-    return int(fixed) if fixed else random.SystemRandom().randrange(2 ** 31)
-
-
 class Case:
     """A random weight of ``qt`` on the CPU and on DEVICE, with its float64 value."""
 
     def __init__(self, qt: GGMLType, n_out: int, n_in: int):
-        self.seed = _seed()
+        self.seed = fresh_seed()
         self.gen = torch.Generator().manual_seed(self.seed)
         self.qt, self.n_out, self.n_in = qt, n_out, n_in
         self.weight = random_weight(qt, n_out, n_in, generator=self.gen)
@@ -341,7 +337,7 @@ def test_compile_glimmer_decode_step():
     config = GlimmerConfig(context_length=128, hidden=512, ffn=1024, n_layers=4, n_heads=4,
                            n_kv_heads=2, head_dim=128, rms_eps=1e-6, sliding_window=16,
                            sliding_window_pattern=4, rope_base=10000.0, vocab_size=1000)
-    seed = _seed()
+    seed = fresh_seed()
     model = Glimmer.random(config, device="cuda", dtype=torch.float16, seed=seed)
     model.setup_cache(1, 64)
     slots = torch.zeros(1, dtype=torch.long, device="cuda")

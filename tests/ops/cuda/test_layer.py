@@ -14,6 +14,8 @@ import torch
 
 from muser_torch.ops import layer as layer_ops
 
+from ...random_seed import fresh_seed
+
 try:
     from muser_torch.ops.cuda import layer as kernels
 except ImportError:
@@ -25,11 +27,6 @@ pytestmark = pytest.mark.skipif(kernels is None or not (torch.cuda.is_available(
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 TOL = {torch.float32: 2e-6, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}   # of max |ref|
-
-
-def _seed() -> int:
-    fixed = os.environ.get("MUSER_TEST_SEED")
-    return int(fixed) if fixed else random.SystemRandom().randrange(2 ** 31)
 
 
 def _gen(seed: int) -> torch.Generator:
@@ -54,7 +51,7 @@ def _close(got: torch.Tensor, want: torch.Tensor, dtype, msg: str) -> None:
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("D", [640, 1000])
 def test_rms_norm(dtype, D):
-    seed = _seed()
+    seed = fresh_seed()
     g = _gen(seed)
     x, w = _randn(3, 2, D, gen=g, dtype=dtype, scale=3.0), _randn(D, gen=g)
     got = kernels.rms_norm(x, w, 1e-6)
@@ -66,7 +63,7 @@ def test_rms_norm(dtype, D):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("post,pre", [(True, True), (False, True), (True, False)])
 def test_add_rms_norm(dtype, post, pre):
-    seed = _seed()
+    seed = fresh_seed()
     g = _gen(seed)
     D = 768
     r, a = _randn(5, D, gen=g, dtype=dtype), _randn(5, D, gen=g, dtype=dtype, scale=10.0)
@@ -101,7 +98,7 @@ def _rope64(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, style: int) -
 @pytest.mark.parametrize("style", [layer_ops.ROPE_NONE, layer_ops.ROPE_NEOX, layer_ops.ROPE_NORMAL])
 @pytest.mark.parametrize("with_norm", [True, False])
 def test_norm_rope(dtype, style, with_norm):
-    seed = _seed()
+    seed = fresh_seed()
     g = _gen(seed)
     B, T, H, D = 2, 3, 4, 64
     x = _randn(B, T, H, D, gen=g, dtype=dtype, scale=2.0)
@@ -127,7 +124,7 @@ def _attention64(q, k, v, keep, scale):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("S,G,valid_at", [(200, 4, None), (300, 5, 130), (64, 16, 64), (17, 1, 9)])
 def test_decode_attention(dtype, S, G, valid_at):
-    seed = _seed()
+    seed = fresh_seed()
     g = _gen(seed)
     B, n_kv, D = 2, 2, 64
     cache = torch.float32 if dtype == torch.float32 else torch.float16
@@ -151,7 +148,7 @@ def test_decode_attention(dtype, S, G, valid_at):
 
 @pytest.mark.parametrize("T,cap", [(1, 8), (3, 8), (11, 8)])
 def test_kv_store(T, cap):
-    seed = _seed()
+    seed = fresh_seed()
     g = _gen(seed)
     slots_n, n_kv, D = 3, 2, 48
     ck = _randn(slots_n, cap, n_kv, D, gen=g, dtype=torch.float16)
@@ -171,7 +168,7 @@ def test_kv_store(T, cap):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("act", [layer_ops.ACT_SILU, layer_ops.ACT_GELU_TANH, layer_ops.ACT_SIGMOID])
 def test_gated_act(dtype, act):
-    seed = _seed()
+    seed = fresh_seed()
     g = _gen(seed)
     gate, up = _randn(3, 1500, gen=g, dtype=dtype, scale=4.0), _randn(3, 1500, gen=g, dtype=dtype)
     got = kernels.gated_act(gate, up, act)
@@ -186,7 +183,7 @@ def test_gated_act(dtype, act):
 def test_strided_inputs_read_in_place():
     """Column slices of a wider output (the joined projections' q, k, v, gate and
     up) give the same results as contiguous copies, without being copied."""
-    seed = _seed()
+    seed = fresh_seed()
     g = _gen(seed)
     B, T, H, D = 2, 3, 2, 32
     wide = _randn(B, T, 5 * H * D, gen=g, dtype=torch.float16)
@@ -215,7 +212,7 @@ def test_strided_inputs_read_in_place():
 @pytest.mark.parametrize("cap,window", [(8, 0), (8, 5), (300, 0), (1100, 700)])
 def test_decode_mask(cap, window):
     """Against the ring formula evaluated entry by entry in Python."""
-    seed = _seed()
+    seed = fresh_seed()
     rng = random.Random(seed)
     lengths = [rng.randrange(0, 3 * cap) for _ in range(3)] + [0, cap - 1, cap]
     keep, valid = kernels.decode_mask(torch.tensor(lengths, device=DEVICE), cap, window)
