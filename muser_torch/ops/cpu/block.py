@@ -41,7 +41,7 @@ class Block(ctypes.Structure):
                                               "w_down")),
                 ("rope", c_int), ("act", c_int), ("n_rot", c_int64), ("mscale", c_float),
                 ("scale", c_float), ("k_cache", c_void_p), ("v_cache", c_void_p),
-                ("capacity", c_int64), ("ggml", c_int)]
+                ("capacity", c_int64), ("ggml", c_int), ("scale_q", c_int)]
 
 
 ABSENT = Linear(type=-1)

@@ -68,6 +68,7 @@ typedef struct {
     float *k_cache, *v_cache;   /* float32 [slots, capacity, n_kv, head_dim] */
     int64_t capacity;
     int ggml;                /* 1: the non-projection arithmetic as ggml-cpu's (see the top) */
+    int scale_q;             /* 1: llama.cpp scales q, not q.k (Gemma): ggml's f16 q is of q * scale */
 } block_t;
 
 int muser_block_size(void) { return (int)sizeof(block_t); }
@@ -349,7 +350,7 @@ typedef struct { float M, S; } fa_t;
 
 static void fa_key(fa_t *st, float *acc, const float *qh, const float *k, const float *v, int64_t D,
                    float scale) {
-    const float s = dot_f16_ggml(qh, k, D) * scale;
+    const float s = dot_f16_ggml(qh, k, D) * scale;   /* scale 1 when q was scaled */
     float ms = 1.0f, vs = 1.0f;
     if (s > st->M) {
         ms = expf(st->M - s);
@@ -362,9 +363,12 @@ static void fa_key(fa_t *st, float *acc, const float *qh, const float *k, const 
     st->S = fmaf(st->S, ms, vs);
 }
 
-static void fa_begin(fa_t *st, float *acc, float *qh, const float *q, int64_t D) {
+/* Starts a row: qh = q (times the scale when the block scales q) rounded to f16;
+ * returns the scale the scores then take. */
+static float fa_begin(const block_t *b, fa_t *st, float *acc, float *qh, const float *q, int64_t D) {
     st->M = -INFINITY, st->S = 0.0f;
-    for (int64_t d = 0; d < D; d++) acc[d] = 0.0f, qh[d] = f16_round(q[d]);
+    for (int64_t d = 0; d < D; d++) acc[d] = 0.0f, qh[d] = f16_round(b->scale_q ? q[d] * b->scale : q[d]);
+    return b->scale_q ? 1.0f : b->scale;
 }
 
 static void fa_end(const fa_t *st, float *acc, int64_t D) {
@@ -388,8 +392,8 @@ static void attn_task(const void *ctx, int64_t i0, int64_t i1) {
         float *s = j->scores + item * j->stride, *o = j->o + (bi * H + h) * D;
         if (b->ggml) {   /* the scores' row holds q as f16 */
             fa_t st;
-            fa_begin(&st, o, s, q, D);
-            for (int64_t i = 0; i < n; i++) fa_key(&st, o, s, K + i * row, V + i * row, D, b->scale);
+            const float scale = fa_begin(b, &st, o, s, q, D);
+            for (int64_t i = 0; i < n; i++) fa_key(&st, o, s, K + i * row, V + i * row, D, scale);
             fa_end(&st, o, D);
             continue;
         }
@@ -420,13 +424,13 @@ static void extend_task(const void *ctx, int64_t i0, int64_t i1) {
         float *s = j->scores + item * j->stride, *o = j->o + (i * H + h) * D;
         if (b->ggml) {   /* the visible keys in position order (the ring has not wrapped past them) */
             fa_t st;
-            fa_begin(&st, o, s, q, D);
+            const float scale = fa_begin(b, &st, o, s, q, D);
             for (int64_t e = 0; e < filled; e++)
                 if (e + cap * ((L - 1 - e) / cap) >= lowest)
-                    fa_key(&st, o, s, K + e * row, V + e * row, D, b->scale);
+                    fa_key(&st, o, s, K + e * row, V + e * row, D, scale);
             for (int64_t r = 0; r <= i; r++)
                 if (L + r >= lowest)
-                    fa_key(&st, o, s, j->k + r * row + g * D, j->v + r * row + g * D, D, b->scale);
+                    fa_key(&st, o, s, j->k + r * row + g * D, j->v + r * row + g * D, D, scale);
             fa_end(&st, o, D);
             continue;
         }

@@ -53,7 +53,8 @@ def _block(plan) -> "cb.Block | str":
                     head_dim=plan.head_dim, ffn=plan.ffn, **norms, **linears,
                     rope=cb.ROPE[plan.rope], act=cb.ACTIVATIONS[plan.act], n_rot=plan.n_rot,
                     mscale=plan.mscale, scale=plan.scale, k_cache=plan.k_cache.data_ptr(),
-                    v_cache=plan.v_cache.data_ptr(), capacity=ring[0], ggml=int(ggml_layer(plan)))
+                    v_cache=plan.v_cache.data_ptr(), capacity=ring[0], ggml=int(ggml_layer(plan)),
+                    scale_q=int(plan.scale_q))
 
 
 def ggml_layer(plan) -> bool:
@@ -122,9 +123,9 @@ class CpuLayers:
         self.storages = [t.untyped_storage() for plan in plans for t in _tensors(plan)] + \
             [t.untyped_storage() for t in inv_freqs]
         self.rope_slots = [plan.rope_slot for plan in plans]
-        # ggml's numerics: the RoPE angles as ggml's rope cache makes them
-        self.ggml_ropes = [ggml_rope(inv) for inv in inv_freqs] \
-            if plans and all(ggml_layer(plan) for plan in plans) else [None] * len(inv_freqs)
+        # ggml's numerics in every layer: runs of any length, the RoPE angles as ggml's rope cache
+        self.ggml = bool(plans) and all(ggml_layer(plan) for plan in plans)
+        self.ggml_ropes = [ggml_rope(inv) if self.ggml else None for inv in inv_freqs]
         ok = self.why_not is None
         # what each step's rows must fit: the slots every cache holds, the hidden width
         self.slots = min((p.k_cache.shape[0] for p in plans), default=0) if ok else 0
@@ -145,10 +146,11 @@ class CpuLayers:
 
     def takes(self, x: torch.Tensor, n_slots: int) -> bool:
         """Whether a step of activations ``x [B, T, hidden]`` (one token of B
-        sequences, or up to ``extend_rows`` of one) in a cache of ``n_slots`` runs here."""
+        sequences, or up to ``extend_rows`` of one; in ggml's numerics a run of
+        any length up to the smallest ring) in a cache of ``n_slots`` runs here."""
         B, T, hidden = x.shape
         return (self.why_not is None and self.accepts(x)
-                and (T == 1 and B <= FUSED_MAX_TOKENS or B == 1 and T <= self.extend_rows)
+                and (T == 1 and B <= FUSED_MAX_TOKENS or B == 1 and (T <= self.extend_rows or self.ggml))
                 and n_slots <= self.slots and self.hidden == {hidden} and T <= self.capacity)
 
     def __call__(self, x: torch.Tensor, slots: torch.Tensor, lengths: torch.Tensor,
@@ -176,7 +178,10 @@ class CpuLayers:
                 lib.muser_rope_angles(positions.data_ptr(), rows, inv.data_ptr(), half,
                                       cos.data_ptr(), sin.data_ptr())
             angles.append((cos.data_ptr(), sin.data_ptr(), cos, sin))
-        threads, xp, wp = torch.get_num_threads(), x.data_ptr(), self.work.data_ptr()
+        work = self.work
+        if rows > max(FUSED_MAX_TOKENS, self.extend_rows):   # a long ggml-numerics run: its own scratch
+            work = torch.empty(max(cb.block_work(lib, b, rows) for b in self.blocks))
+        threads, xp, wp = torch.get_num_threads(), x.data_ptr(), work.data_ptr()
         if T == 1:
             run, name, where = lib.muser_decode_block, "muser::decode_block", (B, slots.data_ptr(),
                                                                               lengths.data_ptr())
