@@ -24,7 +24,7 @@ class Gemma3Block(SandwichBlock):
         attention = Attention(c.hidden, c.n_heads, c.n_kv_heads, c.head_dim,
                               window=None if is_global else c.sliding_window,
                               rope_slot=GLOBAL_ROPE if is_global else LOCAL_ROPE,
-                              qk_norm_eps=c.rms_eps, scale=c.query_scale)
+                              qk_norm_eps=c.rms_eps, scale=c.query_scale, scale_q=True)
         super().__init__(c.hidden, c.rms_eps, c.rms_eps, attention,
                          GatedMLP(c.hidden, c.ffn, gelu_tanh))
 

@@ -42,7 +42,9 @@ __all__ = ["NormPlan", "LinearPlan", "LayerPlan", "describe", "layer_runner", "o
            "EXTEND_MAX_TOKENS"]
 
 # The longest run of one sequence's new tokens a step hands to a layer runner:
-# a DFlash verify block (16 rows). Longer prefills take the torch modules' GEMMs.
+# a DFlash verify block (16 rows). Longer prefills take the torch modules' GEMMs,
+# except in ggml's numerics, whose runner takes a sequence's run of any length
+# (its blocks compute llama.cpp's arithmetic, which the torch modules do not).
 EXTEND_MAX_TOKENS = 16
 
 ACTIVATIONS = {F.silu: "silu", gelu_tanh: "gelu_tanh"}
@@ -92,6 +94,7 @@ class LayerPlan:
     rope_slot: int         # which of the model's frequency tables
     act: str               # "silu" or "gelu_tanh"
     scale: float           # of q.k
+    scale_q: bool          # the scale multiplies q before attention (Attention.scale_q)
     k_cache: torch.Tensor  # [slots, capacity, n_kv, head_dim]
     v_cache: torch.Tensor
 
@@ -165,7 +168,7 @@ def describe(layer: torch.nn.Module) -> "LayerPlan | str":
                      rope=mode, n_rot=n_rot, mscale=mscale, rope_slot=att.rope_slot,
                      act=ACTIVATIONS[mlp.act],
                      scale=att.scale if att.scale is not None else 1.0 / math.sqrt(att.head_dim),
-                     k_cache=cache.k, v_cache=cache.v)
+                     scale_q=att.scale_q, k_cache=cache.k, v_cache=cache.v)
 
 
 def output_hook(fn):
@@ -231,7 +234,7 @@ def layer_runner(model, x: torch.Tensor, slots: torch.Tensor | None) -> "Callabl
     """The step's layers on the backend's layer runner (``run(x, slots,
     lengths, inv_freqs)``), or None for the torch modules."""
     B, T = x.shape[:2]
-    if slots is None or not (T == 1 or B == 1 and T <= EXTEND_MAX_TOKENS):
+    if slots is None or not (T == 1 or B == 1):
         return None
     runner_type = ops.layer_step(x.device.type)
     if runner_type is None or not runner_type.accepts(x):

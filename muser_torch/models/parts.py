@@ -185,15 +185,19 @@ class Attention(nn.Module):
     function) with ``rope_slot`` (which of the model's frequency tables this
     layer uses), ``qk_norm_eps`` (per-head RMSNorm of q and k before RoPE),
     ``gate`` (Glimmer's sigmoid output gate from the normed input), ``bias``
-    (q/k/v biases) and ``scale`` (of q.k; None is 1/sqrt(head_dim))."""
+    (q/k/v biases), ``scale`` (of q.k; None is 1/sqrt(head_dim)) and
+    ``scale_q`` (llama.cpp's graph multiplies q by the scale before attention,
+    as for Gemma, rather than the scores: the same in float, but ggml's
+    numerics round q to f16 after it)."""
 
     def __init__(self, hidden: int, n_heads: int, n_kv: int, head_dim: int, *,
                  window: int | None = None, rope: Callable = rope_neox, rope_slot: int = 0,
                  qk_norm_eps: float | None = None, gate: bool = False, bias: bool = False,
-                 scale: float | None = None):
+                 scale: float | None = None, scale_q: bool = False):
         super().__init__()
         self.n_heads, self.n_kv, self.head_dim = n_heads, n_kv, head_dim
         self.window, self.rope, self.rope_slot, self.scale = window, rope, rope_slot, scale
+        self.scale_q = scale_q
         q_dim, kv_dim = n_heads * head_dim, n_kv * head_dim
         self.wq = nn.Linear(hidden, q_dim, bias=bias)
         self.wk = nn.Linear(hidden, kv_dim, bias=bias)

@@ -41,7 +41,7 @@ class Block(ctypes.Structure):
                                               "w_down")),
                 ("rope", c_int), ("act", c_int), ("n_rot", c_int64), ("mscale", c_float),
                 ("scale", c_float), ("k_cache", c_void_p), ("v_cache", c_void_p),
-                ("capacity", c_int64)]
+                ("capacity", c_int64), ("ggml", c_int), ("scale_q", c_int)]
 
 
 ABSENT = Linear(type=-1)
@@ -82,10 +82,13 @@ def block_work(lib, block: Block, rows: int) -> int:
     return lib.muser_block_work(ctypes.byref(block), rows)
 
 
-def rmsnorm(lib, x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
-    """``models.parts.RMSNorm`` of float32 contiguous x on the library."""
+def rmsnorm(lib, x: torch.Tensor, weight: torch.Tensor | None, eps: float,
+            ggml: bool = False) -> torch.Tensor:
+    """``models.parts.RMSNorm`` of float32 contiguous x on the library; with
+    ``ggml``, as ggml-cpu computes it (the squares summed one by one in double)."""
     out = torch.empty_like(x)
     n = x.shape[-1]
-    lib.muser_rmsnorm(x.data_ptr(), None if weight is None else weight.data_ptr(), eps,
-                      x.numel() // n, n, out.data_ptr())
+    norm = lib.muser_rmsnorm_ggml if ggml else lib.muser_rmsnorm
+    norm(x.data_ptr(), None if weight is None else weight.data_ptr(), eps, x.numel() // n, n,
+         out.data_ptr())
     return out

@@ -145,7 +145,9 @@ def _build() -> ctypes.CDLL:
     lib.muser_packed_rows.argtypes = []
     lib.muser_linear.argtypes = [p, p, i64, p, i, i64]
     lib.muser_rmsnorm.argtypes = [p, p, f, i64, i64, p]
+    lib.muser_rmsnorm_ggml.argtypes = [p, p, f, i64, i64, p]
     lib.muser_rope_angles.argtypes = [p, i64, p, i64, p, p]
+    lib.muser_rope_angles_ggml.argtypes = [p, i64, f, f, i64, p, p]
     lib.muser_block_size.argtypes = []
     lib.muser_block_work.argtypes, lib.muser_block_work.restype = [p, i64], i64
     lib.muser_decode_block.argtypes = [p, p, i64, p, p, p, p, p, i, i64]

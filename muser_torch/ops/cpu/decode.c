@@ -18,6 +18,14 @@
  * double and the attention sums in 8 float lanes, so those differ from
  * torch's reductions by rounding only.
  *
+ * A block with `ggml` set (its projections run in ggml's numerics) does the rest
+ * as ggml-cpu does too (llama.cpp's CPU graph: docs/cpu.md, "Whole model against
+ * llama.cpp"): norms summing squares in double one by one, RoPE angles by
+ * ggml's running product and the rotation with its fused multiply-adds, K and V
+ * rounded to f16 (llama.cpp's f16 cache), attention as its flash attention
+ * (q rounded to f16, f16 dot products in the order of the build's SIMD width,
+ * an online softmax accumulating V in f16) and GELU through its f16 table.
+ *
  * A step of one token attends over the entries [0, min(length + 1, capacity))
  * after its own write: every filled entry of a ring is within the window
  * (models/parts.py: Attention.make_mask gives the same set). An extension
@@ -59,6 +67,8 @@ typedef struct {
     float mscale, scale;     /* cos and sin are scaled by mscale; q.k by scale */
     float *k_cache, *v_cache;   /* float32 [slots, capacity, n_kv, head_dim] */
     int64_t capacity;
+    int ggml;                /* 1: the non-projection arithmetic as ggml-cpu's (see the top) */
+    int scale_q;             /* 1: llama.cpp scales q, not q.k (Gemma): ggml's f16 q is of q * scale */
 } block_t;
 
 int muser_block_size(void) { return (int)sizeof(block_t); }
@@ -101,6 +111,24 @@ void muser_rmsnorm(const float *x, const float *w, float eps, int64_t rows, int6
     for (int64_t r = 0; r < rows; r++) rmsnorm(x + r * n, w, eps, n, out + r * n);
 }
 
+/* ggml-cpu's rms_norm (then its mul by w): squares summed one by one in double. */
+static void rmsnorm_ggml(const float *x, const float *w, float eps, int64_t n, float *out) {
+    double ss = 0.0;
+    for (int64_t i = 0; i < n; i++) ss += (double)(x[i] * x[i]);
+    const float mean = (float)(ss / (double)n);
+    const float r = 1.0f / sqrtf(mean + eps);
+    for (int64_t i = 0; i < n; i++) out[i] = w ? (x[i] * r) * w[i] : x[i] * r;
+}
+
+void muser_rmsnorm_ggml(const float *x, const float *w, float eps, int64_t rows, int64_t n, float *out) {
+    for (int64_t r = 0; r < rows; r++) rmsnorm_ggml(x + r * n, w, eps, n, out + r * n);
+}
+
+static void norm_rows(int ggml, const float *x, const float *w, float eps, int64_t rows, int64_t n,
+                      float *out) {
+    (ggml ? muser_rmsnorm_ggml : muser_rmsnorm)(x, w, eps, rows, n, out);
+}
+
 /* RoPE of one head's first n_rot features: "neox" pairs (i, i + n_rot/2),
  * "normal" (2i, 2i+1); c and s hold n_rot/2 angles' cos and sin. */
 static void rope_head(float *h, int mode, int64_t n_rot, const float *c, const float *s,
@@ -114,6 +142,37 @@ static void rope_head(float *h, int mode, int64_t n_rot, const float *c, const f
         const float x1 = *p1, x2 = *p2;
         *p1 = x1 * ci - x2 * si;
         *p2 = x2 * ci + x1 * si;
+    }
+}
+
+/* ggml's rotate_pairs over its cache (cos and sin times mscale): the products
+ * fused as its build (GCC, contraction on) fuses them. */
+static void rope_head_ggml(float *h, int mode, int64_t n_rot, const float *c, const float *s,
+                           float mscale) {
+    const int64_t half = n_rot / 2;
+    for (int64_t i = 0; i < half; i++) {
+        const float ci = c[i] * mscale, si = s[i] * mscale;
+        float *p1 = mode == ROPE_NEOX ? h + i : h + 2 * i;
+        float *p2 = mode == ROPE_NEOX ? h + i + half : h + 2 * i + 1;
+        const float x0 = *p1, x1 = *p2;
+        *p1 = fmaf(x0, ci, -(x1 * si));
+        *p2 = fmaf(x0, si, x1 * ci);
+    }
+}
+
+/* cos and sin [B, half] as ggml's rope cache makes them: theta starts at the
+ * position and is multiplied by theta_scale (base^(-2/n_rot), as powf gives it)
+ * pair by pair in float, then times freq_scale (linear scaling); mscale 1. */
+void muser_rope_angles_ggml(const int64_t *positions, int64_t B, float theta_scale, float freq_scale,
+                            int64_t half, float *cos_out, float *sin_out) {
+    for (int64_t b = 0; b < B; b++) {
+        float theta = (float)positions[b];
+        for (int64_t i = 0; i < half; i++) {
+            const float a = freq_scale * theta;
+            cos_out[b * half + i] = cosf(a);
+            sin_out[b * half + i] = sinf(a);
+            theta *= theta_scale;
+        }
     }
 }
 
@@ -135,6 +194,20 @@ static float activate(int act, float g) {
     const float beta = (float)(M_SQRT2 * M_2_SQRTPI * 0.5), kappa = 0.044715f;
     const float inner = beta * (g + kappa * (g * g * g));
     return 0.5f * g * (1.0f + tanhf(inner));
+}
+
+/* ggml-cpu's GELU (tanh form) with its build's one fused multiply-add, in float. */
+static float gelu_ggml_f32(float x) {
+    const float a = 0.044715f, s2p = 0.79788456080286535587989211986876f;
+    return 0.5f * x * (1.0f + tanhf(s2p * x * fmaf(a * x, x, 1.0f)));
+}
+
+/* ggml_vec_geglu_f32 with GGML_GELU_FP16: the gate rounded to f16 looks up the
+ * f16 table of gelu_ggml_f32 (computed here instead of stored), 0 and x past -10 and 10. */
+static float geglu_ggml(float g, float u) {
+    if (g <= -10.0f) return 0.0f;
+    if (g >= 10.0f) return g * u;
+    return f16_round(gelu_ggml_f32(f16_round(g))) * u;
 }
 
 /* ---- projections -------------------------------------------------------------------------- */
@@ -235,6 +308,74 @@ static void softmax_values(float *s, int64_t n, float *o, int64_t D, const float
     for (int64_t d = 0; d < D; d++) o[d] *= inv;
 }
 
+/* ggml_vec_dot_f16 of two rows of f16 values (held as floats), summed as the
+ * build's SIMD width sums it: AVX-512 four 16-lane accumulators, AVX2 four of 8,
+ * then ggml's tree and horizontal adds; without either, one by one in double. */
+static float dot_f16_ggml(const float *a, const float *b, int64_t n) {
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+#if defined(__AVX512F__)
+    enum { W = 16 };
+#else
+    enum { W = 8 };
+#endif
+    float acc[4][W] = {{0}};
+    const int64_t np = n & ~(int64_t)(4 * W - 1);
+    for (int64_t i = 0; i < np; i += 4 * W)
+        for (int j = 0; j < 4; j++)
+            for (int l = 0; l < W; l++) acc[j][l] = fmaf(a[i + W * j + l], b[i + W * j + l], acc[j][l]);
+    float x[W];
+    for (int l = 0; l < W; l++) x[l] = (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]);
+#if defined(__AVX512F__)
+    float t3[8], t6[4];
+    for (int l = 0; l < 8; l++) t3[l] = x[l + 8] + x[l];
+    for (int l = 0; l < 4; l++) t6[l] = t3[l + 4] + t3[l];
+    double sum = (t6[0] + t6[2]) + (t6[1] + t6[3]);
+#else
+    float t0[4];
+    for (int l = 0; l < 4; l++) t0[l] = x[l] + x[l + 4];
+    double sum = (t0[0] + t0[1]) + (t0[2] + t0[3]);
+#endif
+    for (int64_t i = np; i < n; i++) sum += (double)(a[i] * b[i]);
+#else
+    double sum = 0.0;
+    for (int64_t i = 0; i < n; i++) sum += (double)(a[i] * b[i]);
+#endif
+    return (float)sum;
+}
+
+/* ggml's CPU flash attention for one query row (ggml_compute_forward_flash_attn_ext_f16's
+ * one_chunk path: fewer than 64 query rows): q rounded to f16, each visible key in
+ * turn scored and folded into an online softmax whose V sum is kept in f16. */
+typedef struct { float M, S; } fa_t;
+
+static void fa_key(fa_t *st, float *acc, const float *qh, const float *k, const float *v, int64_t D,
+                   float scale) {
+    const float s = dot_f16_ggml(qh, k, D) * scale;   /* scale 1 when q was scaled */
+    float ms = 1.0f, vs = 1.0f;
+    if (s > st->M) {
+        ms = expf(st->M - s);
+        st->M = s;
+        for (int64_t d = 0; d < D; d++) acc[d] = f16_round(acc[d] * ms);
+    } else {
+        vs = expf(s - st->M);
+    }
+    for (int64_t d = 0; d < D; d++) acc[d] = f16_round(fmaf(v[d], vs, acc[d]));
+    st->S = fmaf(st->S, ms, vs);
+}
+
+/* Starts a row: qh = q (times the scale when the block scales q) rounded to f16;
+ * returns the scale the scores then take. */
+static float fa_begin(const block_t *b, fa_t *st, float *acc, float *qh, const float *q, int64_t D) {
+    st->M = -INFINITY, st->S = 0.0f;
+    for (int64_t d = 0; d < D; d++) acc[d] = 0.0f, qh[d] = f16_round(b->scale_q ? q[d] * b->scale : q[d]);
+    return b->scale_q ? 1.0f : b->scale;
+}
+
+static void fa_end(const fa_t *st, float *acc, int64_t D) {
+    const float inv = st->S == 0.0f ? 0.0f : 1.0f / st->S;
+    for (int64_t d = 0; d < D; d++) acc[d] *= inv;
+}
+
 /* A decode step: row bi's token attends over its ring after its own write. */
 static void attn_task(const void *ctx, int64_t i0, int64_t i1) {
     const attn_job *j = ctx;
@@ -248,9 +389,16 @@ static void attn_task(const void *ctx, int64_t i0, int64_t i1) {
         const float *K = b->k_cache + j->slots[bi] * b->capacity * row + g * D;
         const float *V = b->v_cache + j->slots[bi] * b->capacity * row + g * D;
         const float *q = j->q + (bi * H + h) * D;
-        float *s = j->scores + item * j->stride;
+        float *s = j->scores + item * j->stride, *o = j->o + (bi * H + h) * D;
+        if (b->ggml) {   /* the scores' row holds q as f16 */
+            fa_t st;
+            const float scale = fa_begin(b, &st, o, s, q, D);
+            for (int64_t i = 0; i < n; i++) fa_key(&st, o, s, K + i * row, V + i * row, D, scale);
+            fa_end(&st, o, D);
+            continue;
+        }
         for (int64_t i = 0; i < n; i++) s[i] = dot(q, K + i * row, D) * b->scale;
-        softmax_values(s, n, j->o + (bi * H + h) * D, D, V, n, row, NULL);
+        softmax_values(s, n, o, D, V, n, row, NULL);
     }
 }
 
@@ -273,24 +421,41 @@ static void extend_task(const void *ctx, int64_t i0, int64_t i1) {
         const float *K = b->k_cache + j->slot * cap * row + g * D;
         const float *V = b->v_cache + j->slot * cap * row + g * D;
         const float *q = j->q + (i * H + h) * D;
-        float *s = j->scores + item * j->stride;
+        float *s = j->scores + item * j->stride, *o = j->o + (i * H + h) * D;
+        if (b->ggml) {   /* the visible keys in position order (the ring has not wrapped past them) */
+            fa_t st;
+            const float scale = fa_begin(b, &st, o, s, q, D);
+            for (int64_t e = 0; e < filled; e++)
+                if (e + cap * ((L - 1 - e) / cap) >= lowest)
+                    fa_key(&st, o, s, K + e * row, V + e * row, D, scale);
+            for (int64_t r = 0; r <= i; r++)
+                if (L + r >= lowest)
+                    fa_key(&st, o, s, j->k + r * row + g * D, j->v + r * row + g * D, D, scale);
+            fa_end(&st, o, D);
+            continue;
+        }
         for (int64_t e = 0; e < filled; e++) {
             const int64_t pos = e + cap * ((L - 1 - e) / cap);
             s[e] = pos >= lowest ? dot(q, K + e * row, D) * b->scale : -INFINITY;
         }
         for (int64_t r = 0; r <= i; r++)
             s[filled + r] = L + r >= lowest ? dot(q, j->k + r * row + g * D, D) * b->scale : -INFINITY;
-        softmax_values(s, filled + i + 1, j->o + (i * H + h) * D, D, V, filled, row, j->v + g * D);
+        softmax_values(s, filled + i + 1, o, D, V, filled, row, j->v + g * D);
     }
 }
 
 /* ---- the block ------------------------------------------------------------------------------ */
 
+/* Floats per (row, head) for the attention's scores (or, in ggml's attention, q as f16). */
+static int64_t score_stride(const block_t *b, int64_t B) {
+    return b->capacity + B > b->head_dim ? b->capacity + B : b->head_dim;
+}
+
 /* Floats of scratch a block needs for B rows (the caller allocates it once):
  * enough for B sequences of one token or one sequence of B new tokens. */
 int64_t muser_block_work(const block_t *b, int64_t B) {
     const int64_t qd = b->n_heads * b->head_dim, kvd = b->n_kv * b->head_dim;
-    return B * (2 * b->hidden + 3 * qd + 2 * kvd + 2 * b->ffn + b->n_heads * (b->capacity + B));
+    return B * (2 * b->hidden + 3 * qd + 2 * kvd + 2 * b->ffn + b->n_heads * score_stride(b, B));
 }
 
 typedef struct { float *xn, *q, *gate, *o, *k, *v, *a, *g, *u, *scores; } scratch_t;
@@ -311,7 +476,7 @@ static int attention_inputs(const block_t *b, const float *x, int64_t B, const f
     const int64_t H = b->n_heads, D = b->head_dim, KV = b->n_kv, qd = H * D, kvd = KV * D;
     const int64_t half = b->n_rot / 2;
     int rc = 0;
-    muser_rmsnorm(x, b->attn_norm.w, b->attn_norm.eps, B, b->hidden, w->xn);
+    norm_rows(b->ggml, x, b->attn_norm.w, b->attn_norm.eps, B, b->hidden, w->xn);
     rc |= muser_linear(&b->wq, w->xn, B, w->q, nthreads, min_bytes);
     rc |= muser_linear(&b->wk, w->xn, B, w->k, nthreads, min_bytes);
     rc |= muser_linear(&b->wv, w->xn, B, w->v, nthreads, min_bytes);
@@ -319,13 +484,20 @@ static int attention_inputs(const block_t *b, const float *x, int64_t B, const f
     if (rc) return rc;
     for (int64_t i = 0; i < B; i++) {
         float *q = w->q + i * qd, *k = w->k + i * kvd;
-        if (b->q_norm.w) muser_rmsnorm(q, b->q_norm.w, b->q_norm.eps, H, D, q);
-        if (b->k_norm.w) muser_rmsnorm(k, b->k_norm.w, b->k_norm.eps, KV, D, k);
-        if (b->rope == ROPE_NONE) continue;
-        for (int64_t h = 0; h < H; h++)
-            rope_head(q + h * D, b->rope, b->n_rot, cos + i * half, sin + i * half, b->mscale);
-        for (int64_t h = 0; h < KV; h++)
-            rope_head(k + h * D, b->rope, b->n_rot, cos + i * half, sin + i * half, b->mscale);
+        if (b->q_norm.w) norm_rows(b->ggml, q, b->q_norm.w, b->q_norm.eps, H, D, q);
+        if (b->k_norm.w) norm_rows(b->ggml, k, b->k_norm.w, b->k_norm.eps, KV, D, k);
+        if (b->rope != ROPE_NONE) {
+            const float *c = cos + i * half, *s = sin + i * half;
+            for (int64_t h = 0; h < H + KV; h++) {
+                float *v = h < H ? q + h * D : k + (h - H) * D;
+                if (b->ggml) rope_head_ggml(v, b->rope, b->n_rot, c, s, b->mscale);
+                else rope_head(v, b->rope, b->n_rot, c, s, b->mscale);
+            }
+        }
+        if (b->ggml) {   /* llama.cpp's f16 cache: K and V as f16 from here on */
+            float *v = w->v + i * kvd;
+            for (int64_t e = 0; e < kvd; e++) k[e] = f16_round(k[e]), v[e] = f16_round(v[e]);
+        }
     }
     return 0;
 }
@@ -338,16 +510,19 @@ static int attention_out_and_mlp(const block_t *b, float *x, int64_t B, const sc
     if (b->wgate.type >= 0)
         for (int64_t i = 0; i < B * qd; i++) w->o[i] *= 1.0f / (1.0f + expf(-w->gate[i]));
     if ((rc = muser_linear(&b->wo, w->o, B, w->a, nthreads, min_bytes))) return rc;
-    if (b->post_attn_norm.w) muser_rmsnorm(w->a, b->post_attn_norm.w, b->post_attn_norm.eps, B, hid, w->a);
+    if (b->post_attn_norm.w) norm_rows(b->ggml, w->a, b->post_attn_norm.w, b->post_attn_norm.eps, B, hid, w->a);
     for (int64_t i = 0; i < B * hid; i++) x[i] += w->a[i];
 
-    muser_rmsnorm(x, b->ffn_norm.w, b->ffn_norm.eps, B, hid, w->xn);
+    norm_rows(b->ggml, x, b->ffn_norm.w, b->ffn_norm.eps, B, hid, w->xn);
     rc |= muser_linear(&b->w_gate, w->xn, B, w->g, nthreads, min_bytes);
     rc |= muser_linear(&b->w_up, w->xn, B, w->u, nthreads, min_bytes);
     if (rc) return rc;
-    for (int64_t i = 0; i < B * b->ffn; i++) w->g[i] = activate(b->act, w->g[i]) * w->u[i];
+    if (b->ggml && b->act == ACT_GELU_TANH)
+        for (int64_t i = 0; i < B * b->ffn; i++) w->g[i] = geglu_ggml(w->g[i], w->u[i]);
+    else
+        for (int64_t i = 0; i < B * b->ffn; i++) w->g[i] = activate(b->act, w->g[i]) * w->u[i];
     if ((rc = muser_linear(&b->w_down, w->g, B, w->a, nthreads, min_bytes))) return rc;
-    if (b->post_ffw_norm.w) muser_rmsnorm(w->a, b->post_ffw_norm.w, b->post_ffw_norm.eps, B, hid, w->a);
+    if (b->post_ffw_norm.w) norm_rows(b->ggml, w->a, b->post_ffw_norm.w, b->post_ffw_norm.eps, B, hid, w->a);
     for (int64_t i = 0; i < B * hid; i++) x[i] += w->a[i];
     return 0;
 }
@@ -377,7 +552,7 @@ int muser_decode_block(const block_t *b, float *x, int64_t B, const int64_t *slo
     for (int64_t i = 0; i < B; i++) store_kv(b, slots[i], lengths[i], w.k + i * kvd, w.v + i * kvd);
     /* one item per (row, query head); split only when the ring is long enough to pay */
     const attn_job aj = {.b = b, .slots = slots, .lengths = lengths, .q = w.q, .o = w.o,
-                         .scores = w.scores, .stride = b->capacity + B};
+                         .scores = w.scores, .stride = score_stride(b, B)};
     int64_t kv_read = 0;
     for (int64_t i = 0; i < B; i++) kv_read += (lengths[i] + 1 < b->capacity ? lengths[i] + 1 : b->capacity);
     parallel_for(attn_task, &aj, B * H, kv_read * kvd * 8 >= min_bytes ? nthreads : 1);
@@ -400,7 +575,7 @@ int muser_extend_block(const block_t *b, float *x, int64_t T, int64_t slot, int6
     if (length < 0 || slot < 0) return -3;
     if ((rc = attention_inputs(b, x, T, cos, sin, &w, nthreads, min_bytes))) return rc;
     const attn_job aj = {.b = b, .slot = slot, .length = length, .q = w.q, .k = w.k, .v = w.v,
-                         .o = w.o, .scores = w.scores, .stride = b->capacity + T};
+                         .o = w.o, .scores = w.scores, .stride = score_stride(b, T)};
     const int64_t filled = length < b->capacity ? length : b->capacity;
     parallel_for(extend_task, &aj, T * H, T * (filled + T) * kvd * 8 >= min_bytes ? nthreads : 1);
     for (int64_t i = T > b->capacity ? T - b->capacity : 0; i < T; i++)

@@ -104,6 +104,22 @@ void qdot_q8_0(const uint8_t *, const uint8_t *, int64_t, int64_t, int, float *)
 void qdot_q4_k(const uint8_t *, const uint8_t *, int64_t, int64_t, int, float *);
 void qdot_q5_k(const uint8_t *, const uint8_t *, int64_t, int64_t, int, float *);
 void qdot_q6_k(const uint8_t *, const uint8_t *, int64_t, int64_t, int, float *);
+/* ggml-cpu's tiled K-quant matmul (its tiled/ kernels) takes a call of at least
+ * GGML_TILED_MIN_TOKENS activation rows of a Q6_K weight that is not repacked, and
+ * sums in float otherwise than vec_dot: per row one float, per block
+ * y = fma((float)I * d_w, d_x, y), I the block's exact integer sum (its AVX2 kernel
+ * writes the fma; its AVX-512 VNNI kernel a product and an add, which GCC, with
+ * contraction on, fuses: measured against llama.cpp's own results). */
+#define GGML_TILED_MIN_TOKENS 8
+void qdot_q6_k_tiled(const uint8_t *, const uint8_t *, int64_t, int64_t, int, float *);
+#if defined(__FMA__) || defined(__AVX512F__)
+#define GGML_TILED_FOLD_FMA 1
+#else
+#define GGML_TILED_FOLD_FMA 0
+#endif
+static inline float tiled_fold(float y, float res, float dx) {
+    return GGML_TILED_FOLD_FMA ? __builtin_fmaf(res, dx, y) : y + res * dx;
+}
 void qdot_q2_k(const uint8_t *, const uint8_t *, int64_t, int64_t, int, float *);
 void qdot_q3_k(const uint8_t *, const uint8_t *, int64_t, int64_t, int, float *);
 void qdot_iq4_nl(const uint8_t *, const uint8_t *, int64_t, int64_t, int, float *);

@@ -252,10 +252,80 @@ ROW_KERNEL void qdot_q45_k(const uint8_t *row, const int five, const uint8_t *ac
 #endif
 }
 
-/* Q6_K as ggml's vec_dot_q6_K_q8_K (x86): per block, 8 int32 lanes, lane m the
- * sum over the block's eight 32-element groups G of sc[2G + m/4] * sum((q - 32) * y)
- * over elements 32G + 4m .. 32G + 4m + 3 (q unsigned 0..63; the offset of 32
- * taken off each pair sum as ggml does, by vpmaddubsw of 32 against y), then
+/* Q4_K as llama.cpp runs it on x86: its weights repacked to q4_K_8x8 (every
+ * Q4_K matrix of a multiple of 8 rows on an AVX2 CPU), whose kernels sum in
+ * float otherwise than vec_dot_q4_K_q8_K: one float per row, no lanes.
+ *   gemv (a call's last T % 4 tokens): per block, acc = fma((float)I, d_w * d_x, acc)
+ *     with I = sum_j sc_j sum(q * y) over the 8 sub-blocks, and accm the same with
+ *     sum_j m_j bsum32_j and dmin_w * d_x;
+ *   gemm (the tokens before, 4 at a time): the same per pair of sub-blocks 2g,
+ *     2g + 1 (g = 0..3), four fmas a block each;
+ * y = acc - accm. Which of the two a token gets depends on the call's token
+ * count as in ggml's repack mul_mat (gemm for rows below T - T % 4), and
+ * q8_task hands qdot groups of QDOT_TOKENS = 4 tokens from the first: a full
+ * group is gemm, the last short one gemv. qdot_packed_k.c computes the same. */
+ROW_KERNEL void qdot_q4_k_rows(const uint8_t *row, const uint8_t *act, int64_t act_stride,
+                               int64_t nb, const int T, float *out) {
+    const int gemm = T == QDOT_TOKENS;
+    float acc[QDOT_TOKENS], accm[QDOT_TOKENS];
+    for (int t = 0; t < T; t++) acc[t] = accm[t] = 0.0f;
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = row + b * MUSER_Q4_K_BYTES, *qs = blk + MUSER_Q4_K_QS;
+        uint8_t sc[8], m[8];
+        k4_scales(blk + MUSER_Q4_K_SCALES, sc, m);
+        const float dw = f16(blk + MUSER_Q4_K_D), mw = f16(blk + MUSER_Q4_K_DMIN);
+        int I[QDOT_TOKENS][4];     /* per token, per pair of sub-blocks g: sc-scaled sums */
+#if defined(__AVX2__) && defined(__FMA__)
+        const __m256i m4 = _mm256_set1_epi8(0xF);
+        for (int g = 0; g < 4; g++) {
+            const __m256i raw = _mm256_loadu_si256((const __m256i *)(qs + 32 * g));
+            const __m256i lo = _mm256_and_si256(raw, m4), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
+            const __m256i s0 = _mm256_set1_epi16((short)sc[2 * g]), s1 = _mm256_set1_epi16((short)sc[2 * g + 1]);
+            for (int t = 0; t < T; t++) {
+                const int8_t *y = ACTK(t, b)->qs + 64 * g;
+                const __m256i v = _mm256_add_epi32(scaled_dot(lo, y, s0), scaled_dot(hi, y + 32, s1));
+                __m128i h = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+                h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4E));
+                h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0xB1));
+                I[t][g] = _mm_cvtsi128_si32(h);
+            }
+        }
+#else
+        for (int t = 0; t < T; t++)
+            for (int g = 0; g < 4; g++) {
+                const int8_t *y = ACTK(t, b)->qs + 64 * g;
+                int lo = 0, hi = 0;
+                for (int l = 0; l < 32; l++) lo += (qs[32 * g + l] & 0xF) * y[l], hi += (qs[32 * g + l] >> 4) * y[32 + l];
+                I[t][g] = sc[2 * g] * lo + sc[2 * g + 1] * hi;
+            }
+#endif
+        for (int t = 0; t < T; t++) {
+            const actk_t *a = ACTK(t, b);
+            const float d = dw * a->d, dm = mw * a->d;
+            int mins[4];
+            for (int g = 0; g < 4; g++)
+                mins[g] = m[2 * g] * (a->bsums[4 * g] + a->bsums[4 * g + 1]) +
+                          m[2 * g + 1] * (a->bsums[4 * g + 2] + a->bsums[4 * g + 3]);
+            if (gemm) {
+                for (int g = 0; g < 4; g++) {
+                    acc[t] = __builtin_fmaf((float)I[t][g], d, acc[t]);
+                    accm[t] = __builtin_fmaf((float)mins[g], dm, accm[t]);
+                }
+            } else {
+                acc[t] = __builtin_fmaf((float)(I[t][0] + I[t][1] + I[t][2] + I[t][3]), d, acc[t]);
+                accm[t] = __builtin_fmaf((float)(mins[0] + mins[1] + mins[2] + mins[3]), dm, accm[t]);
+            }
+        }
+    }
+    for (int t = 0; t < T; t++) out[t] = acc[t] - accm[t];
+}
+_Static_assert(QDOT_TOKENS == 4, "ggml's repack gemm takes 4 tokens at a time, as a full qdot group");
+
+/* Q6_K as ggml's vec_dot_q6_K_q8_K (x86, llama.cpp's source as tools/peers.sh
+ * builds it): per block, 8 int32 lanes, lane m the sum over the block's eight
+ * 32-element groups G of sc[2G + m/4] * sum(q * y) over elements 32G + 4m ..
+ * 32G + 4m + 3 (q unsigned 0..63), less the codes' offset of sub-blocks 2m and
+ * 2m + 1: 32 * (sc[2m] bsum[2m] + sc[2m+1] bsum[2m+1]) (ggml's q8sclsub); then
  * fma(d_x * d_w, lane, acc) into 8 float lanes per token, summed by hsum8.
  * qdot_packed_k.c computes the same on the repacked layout, bit for bit. The
  * plain-C build sums one exact int32 per block, scaled in float. */
@@ -264,7 +334,7 @@ ROW_KERNEL void q6_k_lanes(const uint8_t *blk, const uint8_t *act, int64_t act_s
                            const int T, __m256i lanes[QDOT_TOKENS]) {
     const int8_t *sc = (const int8_t *)(blk + MUSER_Q6_K_SCALES);
     for (int t = 0; t < T; t++) lanes[t] = _mm256_setzero_si256();
-    const __m256i m4 = _mm256_set1_epi8(0xF), m3 = _mm256_set1_epi8(3), m32 = _mm256_set1_epi8(32);
+    const __m256i m4 = _mm256_set1_epi8(0xF), m3 = _mm256_set1_epi8(3);
     for (int h = 0; h < 2; h++) {
         const uint8_t *ql = blk + MUSER_Q6_K_QL + 64 * h, *qh = blk + MUSER_Q6_K_QH + 32 * h;
         const __m256i l0 = _mm256_loadu_si256((const __m256i *)ql);
@@ -283,11 +353,16 @@ ROW_KERNEL void q6_k_lanes(const uint8_t *blk, const uint8_t *act, int64_t act_s
             const __m256i s16 = _mm256_set_m128i(_mm_set1_epi16(sc[j + 1]), _mm_set1_epi16(sc[j]));
             for (int t = 0; t < T; t++) {
                 const __m256i y = _mm256_loadu_si256((const __m256i *)(ACTK(t, b)->qs + 128 * h + 32 * k));
-                /* pair sums of q * y and of 32 * y: each |.| <= 2 * 63 * 127, no saturation */
-                const __m256i p = _mm256_sub_epi16(_mm256_maddubs_epi16(q[k], y), _mm256_maddubs_epi16(m32, y));
-                lanes[t] = _mm256_add_epi32(lanes[t], _mm256_madd_epi16(p, s16));
+                /* pair sums of q * y: each |.| <= 2 * 63 * 128, no saturation */
+                lanes[t] = _mm256_add_epi32(lanes[t], _mm256_madd_epi16(_mm256_maddubs_epi16(q[k], y), s16));
             }
         }
+    }
+    /* the offset: lane m less 32 * (sc[2m] bsum[2m] + sc[2m+1] bsum[2m+1]) */
+    const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sc));
+    for (int t = 0; t < T; t++) {
+        const __m256i bs = _mm256_loadu_si256((const __m256i *)ACTK(t, b)->bsums);
+        lanes[t] = _mm256_sub_epi32(lanes[t], _mm256_slli_epi32(_mm256_madd_epi16(bs, sc16), 5));
     }
 }
 
@@ -448,12 +523,49 @@ ROW_KERNEL void qdot_q23_k(const uint8_t *row, const int three, const uint8_t *a
 #endif
 }
 
+/* Q6_K as ggml's tiled matmul (kernels.h, GGML_TILED_MIN_TOKENS): the block's
+ * integer sum I = sum_j sc_j (sum(q * y) - 32 bsum_j), then y += ((float)I * d_w) * d_x. */
+void qdot_q6_k_tiled(const uint8_t *row, const uint8_t *act, int64_t act_stride, int64_t nb, int T,
+                     float *out) {
+    for (int t = 0; t < T; t++) out[t] = 0.0f;
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = row + b * MUSER_Q6_K_BYTES;
+        const int8_t *sc = (const int8_t *)(blk + MUSER_Q6_K_SCALES);
+        int isum[QDOT_TOKENS];
+#if defined(__AVX2__) && defined(__FMA__)
+        __m256i lanes[QDOT_TOKENS];
+        switch (T) {   /* the lanes already hold the offset; their sum is the block's integer */
+        case 1: q6_k_lanes(blk, act, act_stride, b, 1, lanes); break;
+        case 2: q6_k_lanes(blk, act, act_stride, b, 2, lanes); break;
+        case 3: q6_k_lanes(blk, act, act_stride, b, 3, lanes); break;
+        default: q6_k_lanes(blk, act, act_stride, b, 4, lanes); break;
+        }
+        for (int t = 0; t < T; t++) {
+            __m128i h = _mm_add_epi32(_mm256_castsi256_si128(lanes[t]), _mm256_extracti128_si256(lanes[t], 1));
+            h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4E));
+            h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0xB1));
+            isum[t] = _mm_cvtsi128_si32(h);
+        }
+#else
+        q6_k_isums(blk, act, act_stride, b, T, isum);
+        for (int t = 0; t < T; t++) {
+            int off = 0;
+            for (int j = 0; j < QK_K / 16; j++) off += sc[j] * ACTK(t, b)->bsums[j];
+            isum[t] -= 32 * off;
+        }
+#endif
+        (void)sc;
+        const float dw = f16(blk + MUSER_Q6_K_D);
+        for (int t = 0; t < T; t++) out[t] = tiled_fold(out[t], (float)isum[t] * dw, ACTK(t, b)->d);
+    }
+}
+
 #define KQ_FN(name, call)                                                                      \
     void name(const uint8_t *row, const uint8_t *act, int64_t act_stride, int64_t nb, int T,   \
               float *out) {                                                                     \
         TOKEN_SWITCH(call)                                                                      \
     }
-#define CALL_Q4_K(n) qdot_q45_k(row, 0, act, act_stride, nb, n, out)
+#define CALL_Q4_K(n) qdot_q4_k_rows(row, act, act_stride, nb, n, out)
 #define CALL_Q5_K(n) qdot_q45_k(row, 1, act, act_stride, nb, n, out)
 #define CALL_Q6_K(n) qdot_q6_k_rows(row, act, act_stride, nb, n, out)
 KQ_FN(qdot_q4_k, CALL_Q4_K)
@@ -514,6 +626,12 @@ int muser_matmul_q8(int type, const uint8_t *packed, int64_t n_out, int64_t n_in
     if (!act) return -2;
     const quant_job qj = {k, x, n_in, act_stride, act};
     parallel_for(quant_task, &qj, T, T >= 16 ? nthreads : 1);
+    type_entry_t tiled;     /* ggml's tiled K-quant matmul takes calls of many tokens */
+    if (type == MUSER_ID_Q6_K && T >= GGML_TILED_MIN_TOKENS) {
+        tiled = *k;
+        tiled.qdot = qdot_q6_k_tiled;
+        k = &tiled;
+    }
     const q8_job j = {k, packed, act, n_out, n_in / k->elems, n_in / k->elems * k->bytes, T,
                       act_stride, y};
     parallel_for(q8_task, &j, n_out, nthreads);

@@ -6,17 +6,18 @@
  * The arithmetic is ggml's vec_dot_q6_K_q8_K on x86 (its AVX2 path, which
  * AVX-512 builds run too), so each row's result equals ggml's bit for bit:
  * per block, 8 int32 lanes, lane m summing over the block's eight 32-element
- * groups G the scaled products of elements 32G + 4m .. 32G + 4m + 3,
- *   I_m = sum_G sc[2G + m/4] * sum_j (q - 32) * y      (exact),
+ * groups G the scaled products of elements 32G + 4m .. 32G + 4m + 3, less the
+ * codes' offset of 32 for sub-blocks 2m and 2m + 1 (ggml's q8sclsub),
+ *   I_m = sum_G sc[2G + m/4] * sum_j q * y - 32 (sc[2m] bsum[2m] + sc[2m+1] bsum[2m+1]),
  * then acc_m = fma(d_x * d_w, (float)I_m, acc_m) over the blocks, and the 8
  * accumulators summed as hsum_float_8: ((a0+a4)+(a2+a6)) + ((a1+a5)+(a3+a7)).
  * Element e = 128h + 32g + l (g = 0..3) has its low 4 bits in ql[64h + 32(g&1) + l]
  * (low nibble for g < 2, high for g >= 2) and its top 2 in bits 2g, 2g+1 of
  * qh[32h + l], so lane (G, m)'s 4 codes are one ql chunk and one qh chunk.
  *
- * Kernels: AVX-512 VNNI (vpdpbusd on the unsigned codes, seeded with
- * -32 * sum(y) so the sum is of (q - 32) * y, then vpdpwssd adds it times
- * the row's scale) and plain C (the reference; also the rows past the last group,
+ * Kernels: AVX-512 VNNI (vpdpbusd on the unsigned codes, then vpdpwssd adds
+ * the sum times the row's scale; the offset taken off each lane at the end)
+ * and plain C (the reference; also the rows past the last group,
  * in the file's layout). On a CPU without AVX-512 VNNI the op keeps Q6_K on
  * the row kernel (ops/cpu/packed.py serves it only here).
  */
@@ -35,7 +36,6 @@ _Static_assert(QK_K == GROUPS * 32, "a Q6_K block is 8 groups of 32");
 
 typedef struct {
     const actk_t *a;         /* [T][nb] */
-    const int32_t *seed;     /* [T][nb][GROUPS * LANES]: -32 * (the sum of lane (G, m)'s 4 codes) */
     int64_t nb;
 } acts_k_t;
 
@@ -47,27 +47,32 @@ static inline int q6_code(const uint8_t *blk, int e) {
     return (g < 2 ? lo & 0xF : lo >> 4) | hi << 4;
 }
 
-/* One row (nb blocks in the file's layout) against token t, in ggml's order. */
-static float q6_row_c(const uint8_t *row, const acts_k_t *x, int64_t t) {
-    float acc[LANES] = {0};
+/* One row (nb blocks in the file's layout) against token t, in ggml's order:
+ * vec_dot's, or with `tiled` its tiled matmul's (kernels.h, GGML_TILED_MIN_TOKENS). */
+static float q6_row_c(const uint8_t *row, const acts_k_t *x, int64_t t, int tiled) {
+    float acc[LANES] = {0}, y = 0.0f;
     for (int64_t b = 0; b < x->nb; b++) {
         const uint8_t *blk = row + b * MUSER_Q6_K_BYTES;
         const actk_t *a = x->a + t * x->nb + b;
         const int8_t *sc = (const int8_t *)(blk + MUSER_Q6_K_SCALES);
         const float d = a->d * f16(blk + MUSER_Q6_K_D);
+        int32_t It = 0;      /* the block's integer sum (the tiled order) */
         for (int m = 0; m < LANES; m++) {
-            int32_t I = 0;
+            int32_t I = -32 * (sc[2 * m] * a->bsums[2 * m] + sc[2 * m + 1] * a->bsums[2 * m + 1]);
             for (int G = 0; G < GROUPS; G++) {
                 int s = 0;
                 for (int j = 0; j < 4; j++) {
                     const int e = 32 * G + 4 * m + j;
-                    s += (q6_code(blk, e) - 32) * a->qs[e];
+                    s += q6_code(blk, e) * a->qs[e];
                 }
                 I += sc[2 * G + m / 4] * s;
             }
             acc[m] = __builtin_fmaf(d, (float)I, acc[m]);
+            It += I;
         }
+        if (tiled) y = tiled_fold(y, (float)It * f16(blk + MUSER_Q6_K_D), a->d);
     }
+    if (tiled) return y;
     return ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
 }
 
@@ -96,12 +101,12 @@ _Static_assert(MUSER_Q6_K_QH == MUSER_Q6_K_QL + 128 && MUSER_Q6_K_SCALES == MUSE
                    MUSER_Q4_K_QS == MUSER_Q4_K_SCALES + 12 && MUSER_Q4_K_BYTES == MUSER_Q4_K_QS + 128,
                "the field tables list every byte of the block");
 
-/* ---- Q4_K, as qdot.c's qdot_q45_k (ggml's vec_dot_q4_K_q8_K on x86) ----------------------
- * per block, 8 int32 lanes of the scaled codes, lane m = sum over the 8 sub-blocks G of
- * sc[G] * sum(q * y) over elements 32G + 4m .. + 3 (element 64g + l: low nibble of
- * qs[32g + l], 64g + 32 + l its high nibble), and 8 of the mins, lane j = m[j] *
- * (bsum[2j] + bsum[2j+1]); acc = fma(d_x * d_w, lanes), accm = fma(d_x * dmin_w, mins),
- * y = hsum8(acc) - hsum8(accm). */
+/* ---- Q4_K, as qdot.c's qdot_q4_k_rows (llama.cpp's repacked q4_K_8x8 on x86) -------------
+ * per block, the scaled code sums of each pair of sub-blocks g (elements 64g ..
+ * 64g + 63: low nibbles of qs[32g ..], then their high nibbles) and the mins'
+ * m_j bsum32_j; a gemm token (below T - T % 4 of the call) folds each pair into
+ * acc = fma((float)I_g, d_w * d_x, acc) and accm with dmin_w * d_x, a gemv token the
+ * block's totals, one fma each; y = acc - accm. */
 
 static void q4k_scales(const uint8_t *s, uint8_t sc[8], uint8_t m[8]) {
     for (int j = 0; j < 8; j++) {
@@ -111,32 +116,40 @@ static void q4k_scales(const uint8_t *s, uint8_t sc[8], uint8_t m[8]) {
     }
 }
 
-static float q4k_row_c(const uint8_t *row, const acts_k_t *x, int64_t t) {
-    float acc[LANES] = {0}, accm[LANES] = {0};
+/* Whether token t of a call of T tokens takes ggml's repack gemm (else its gemv). */
+static inline int q4k_gemm(int64_t t, int64_t T) { return t < T - T % 4; }
+
+static float q4k_row_c(const uint8_t *row, const acts_k_t *x, int64_t t, int gemm) {
+    float acc = 0.0f, accm = 0.0f;
     for (int64_t b = 0; b < x->nb; b++) {
         const uint8_t *blk = row + b * MUSER_Q4_K_BYTES;
         const actk_t *a = x->a + t * x->nb + b;
         uint8_t sc[8], mn[8];
         q4k_scales(blk + MUSER_Q4_K_SCALES, sc, mn);
-        const float d = a->d * f16(blk + MUSER_Q4_K_D), dm = a->d * f16(blk + MUSER_Q4_K_DMIN);
-        for (int m = 0; m < LANES; m++) {
-            int32_t I = 0;
-            for (int G = 0; G < GROUPS; G++) {
-                int s = 0;
-                for (int j = 0; j < 4; j++) {
-                    const int l = 4 * m + j;
-                    const uint8_t q = blk[MUSER_Q4_K_QS + 32 * (G / 2) + l];
-                    s += (G & 1 ? q >> 4 : q & 0xF) * a->qs[32 * G + l];
-                }
-                I += sc[G] * s;
+        const float d = f16(blk + MUSER_Q4_K_D) * a->d, dm = f16(blk + MUSER_Q4_K_DMIN) * a->d;
+        int32_t I[4], M[4];
+        for (int g = 0; g < 4; g++) {
+            int lo = 0, hi = 0;
+            for (int l = 0; l < 32; l++) {
+                const uint8_t q = blk[MUSER_Q4_K_QS + 32 * g + l];
+                lo += (q & 0xF) * a->qs[64 * g + l];
+                hi += (q >> 4) * a->qs[64 * g + 32 + l];
             }
-            acc[m] = __builtin_fmaf(d, (float)I, acc[m]);
-            accm[m] = __builtin_fmaf(dm, (float)(mn[m] * (a->bsums[2 * m] + a->bsums[2 * m + 1])), accm[m]);
+            I[g] = sc[2 * g] * lo + sc[2 * g + 1] * hi;
+            M[g] = mn[2 * g] * (a->bsums[4 * g] + a->bsums[4 * g + 1]) +
+                   mn[2 * g + 1] * (a->bsums[4 * g + 2] + a->bsums[4 * g + 3]);
+        }
+        if (gemm) {
+            for (int g = 0; g < 4; g++) {
+                acc = __builtin_fmaf((float)I[g], d, acc);
+                accm = __builtin_fmaf((float)M[g], dm, accm);
+            }
+        } else {
+            acc = __builtin_fmaf((float)(I[0] + I[1] + I[2] + I[3]), d, acc);
+            accm = __builtin_fmaf((float)(M[0] + M[1] + M[2] + M[3]), dm, accm);
         }
     }
-    const float *v = acc, *w = accm;
-    return (((v[0] + v[4]) + (v[2] + v[6])) + ((v[1] + v[5]) + (v[3] + v[7]))) -
-           (((w[0] + w[4]) + (w[2] + w[6])) + ((w[1] + w[5]) + (w[3] + w[7])));
+    return acc - accm;
 }
 
 /* The plain C panels: the blocks un-permuted, then the row arithmetic above. */
@@ -147,7 +160,8 @@ static void panel_k_c(int type, const uint8_t *panel, const acts_k_t *x, int T, 
     unpermute(panel, x->nb, bytes, six ? Q6_FIELDS : Q4_FIELDS, 4, rows);
     for (int t = 0; t < T; t++)
         for (int r = 0; r < PACKED_ROWS; r++)
-            y[t * n_out + r] = (six ? q6_row_c : q4k_row_c)(rows + r * x->nb * bytes, x, t);
+            y[t * n_out + r] = six ? q6_row_c(rows + r * x->nb * bytes, x, t, T >= GGML_TILED_MIN_TOKENS)
+                                   : q4k_row_c(rows + r * x->nb * bytes, x, t, q4k_gemm(t, T));
     free(rows);
 }
 
@@ -185,10 +199,12 @@ T512 static inline __attribute__((always_inline)) void q6_lanes512(const uint8_t
 T512 static inline __attribute__((always_inline)) void panel_q6_512_tt(const uint8_t *panel,
                                                                       const acts_k_t *x, int64_t t0,
                                                                       const int TT, float *y,
-                                                                      int64_t n_out) {
-    __m512 acc[Q6_TT][LANES];
-    for (int t = 0; t < TT; t++)
+                                                                      int64_t n_out, int tiled) {
+    __m512 acc[Q6_TT][LANES], yt[Q6_TT];
+    for (int t = 0; t < TT; t++) {
+        yt[t] = _mm512_setzero_ps();
         for (int m = 0; m < LANES; m++) acc[t][m] = _mm512_setzero_ps();
+    }
     for (int64_t b = 0; b < x->nb; b++) {
         const uint8_t *g = panel + b * GROUP_BYTES;
         prefetch_block(g + PREFETCH_AHEAD * GROUP_BYTES, GROUP_BYTES);
@@ -197,12 +213,14 @@ T512 static inline __attribute__((always_inline)) void panel_q6_512_tt(const uin
         for (int t = 0; t < TT; t++) ds[t] = _mm512_mul_ps(_mm512_set1_ps(x->a[(t0 + t) * x->nb + b].d), dw);
         /* the 16 sub-block scales of each row as int32 lanes whose high 16 bits are 0,
          * so vpdpwssd multiplies the low 16 bits of a lane sum (|sum| < 2^15) by them */
-        __m512i sc[16];
+        __m512i sc[16], sc32[16];
         for (int s = 0; s < 16; s++) {
             const __m512i sv = _mm512_loadu_si512(g + SC + 64 * (s >> 2));
-            sc[s] = _mm512_and_si512(_mm512_srai_epi32(_mm512_slli_epi32(sv, 24 - 8 * (s & 3)), 24),
-                                     _mm512_set1_epi32(0xFFFF));
+            sc32[s] = _mm512_srai_epi32(_mm512_slli_epi32(sv, 24 - 8 * (s & 3)), 24);
+            sc[s] = _mm512_and_si512(sc32[s], _mm512_set1_epi32(0xFFFF));
         }
+        __m512i It[Q6_TT];    /* the block's integer sums (the tiled order) */
+        for (int t = 0; t < TT; t++) It[t] = _mm512_setzero_si512();
         for (int m = 0; m < LANES; m++) {
             __m512i I[Q6_TT];
             for (int t = 0; t < TT; t++) I[t] = _mm512_setzero_si512();
@@ -215,19 +233,35 @@ T512 static inline __attribute__((always_inline)) void panel_q6_512_tt(const uin
                         const int64_t i = (t0 + t) * x->nb + b;
                         int32_t yq;
                         memcpy(&yq, x->a[i].qs + 32 * G + 4 * m, 4);
-                        /* sum (q - 32) y over the lane's 4 elements: |.| <= 4 * 32 * 128 < 2^15 */
-                        const __m512i p = _mm512_dpbusd_epi32(
-                            _mm512_set1_epi32(x->seed[i * GROUPS * LANES + G * LANES + m]), u[gh],
-                            _mm512_set1_epi32(yq));
+                        /* sum q y over the lane's 4 elements: |.| <= 4 * 63 * 128 < 2^15 */
+                        const __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[gh],
+                                                              _mm512_set1_epi32(yq));
                         I[t] = _mm512_dpwssd_epi32(I[t], p, sc[2 * G + m / 4]);
                     }
                 }
             }
-            for (int t = 0; t < TT; t++)
+            for (int t = 0; t < TT; t++) {   /* the offset of sub-blocks 2m, 2m + 1 */
+                const int16_t *bs = x->a[(t0 + t) * x->nb + b].bsums;
+                const __m512i off = _mm512_add_epi32(
+                    _mm512_mullo_epi32(sc32[2 * m], _mm512_set1_epi32(bs[2 * m])),
+                    _mm512_mullo_epi32(sc32[2 * m + 1], _mm512_set1_epi32(bs[2 * m + 1])));
+                I[t] = _mm512_sub_epi32(I[t], _mm512_slli_epi32(off, 5));
+            }
+            for (int t = 0; t < TT; t++) {
                 acc[t][m] = _mm512_fmadd_ps(ds[t], _mm512_cvtepi32_ps(I[t]), acc[t][m]);
+                It[t] = _mm512_add_epi32(It[t], I[t]);
+            }
         }
+        if (tiled)
+            for (int t = 0; t < TT; t++) {
+                const __m512 res = _mm512_mul_ps(_mm512_cvtepi32_ps(It[t]), dw);
+                const __m512 dx = _mm512_set1_ps(x->a[(t0 + t) * x->nb + b].d);
+                yt[t] = GGML_TILED_FOLD_FMA ? _mm512_fmadd_ps(res, dx, yt[t])
+                                            : _mm512_add_ps(yt[t], _mm512_mul_ps(res, dx));
+            }
     }
-    for (int t = 0; t < TT; t++) {
+    for (int t = 0; t < TT && tiled; t++) _mm512_storeu_ps(y + (t0 + t) * n_out, yt[t]);
+    for (int t = 0; t < TT && !tiled; t++) {
         const __m512 *v = acc[t];
         const __m512 s = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(v[0], v[4]), _mm512_add_ps(v[2], v[6])),
                                        _mm512_add_ps(_mm512_add_ps(v[1], v[5]), _mm512_add_ps(v[3], v[7])));
@@ -236,9 +270,10 @@ T512 static inline __attribute__((always_inline)) void panel_q6_512_tt(const uin
 }
 
 T512 static void panel_q6_512(const uint8_t *panel, const acts_k_t *x, int T, float *y, int64_t n_out) {
+    const int tiled = T >= GGML_TILED_MIN_TOKENS;
     int64_t t0 = 0;
-    for (; T >= Q6_TT; T -= Q6_TT, t0 += Q6_TT) panel_q6_512_tt(panel, x, t0, Q6_TT, y, n_out);
-    if (T) panel_q6_512_tt(panel, x, t0, 1, y, n_out);
+    for (; T >= Q6_TT; T -= Q6_TT, t0 += Q6_TT) panel_q6_512_tt(panel, x, t0, Q6_TT, y, n_out, tiled);
+    if (T) panel_q6_512_tt(panel, x, t0, 1, y, n_out, tiled);
 }
 _Static_assert(Q6_TT == 2, "panel_q6_512's remainder is one token");
 #endif
@@ -248,20 +283,20 @@ _Static_assert(Q6_TT == 2, "panel_q6_512's remainder is one token");
 #define Q4_SC (PACKED_ROWS * MUSER_Q4_K_SCALES)
 #define Q4_GROUP_BYTES (PACKED_ROWS * MUSER_Q4_K_BYTES)
 
-/* One token against a panel (16 float accumulators: 8 lanes, 8 mins). */
+/* Each token against a panel: one float accumulator (and one for the mins) per row. */
 T512 static void panel_q4k_512(const uint8_t *panel, const acts_k_t *x, int T, float *y, int64_t n_out) {
     const __m512i lo8 = _mm512_set1_epi32(0xFF), m4 = _mm512_set1_epi8(0xF);
     for (int t = 0; t < T; t++) {
-        __m512 acc[LANES], accm[LANES];
-        for (int m = 0; m < LANES; m++) acc[m] = accm[m] = _mm512_setzero_ps();
+        const int gemm = q4k_gemm(t, T);
+        __m512 acc = _mm512_setzero_ps(), accm = _mm512_setzero_ps();
         for (int64_t b = 0; b < x->nb; b++) {
             const uint8_t *g = panel + b * Q4_GROUP_BYTES;
             prefetch_block(g + PREFETCH_AHEAD * Q4_GROUP_BYTES, Q4_GROUP_BYTES);
             const actk_t *a = x->a + t * x->nb + b;
             const __m512 ad = _mm512_set1_ps(a->d);
-            const __m512 ds = _mm512_mul_ps(ad, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)g)));
-            const __m512 dm = _mm512_mul_ps(ad, _mm512_cvtph_ps(_mm256_loadu_si256(
-                                                   (const __m256i *)(g + PACKED_ROWS * MUSER_Q4_K_DMIN))));
+            const __m512 ds = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)g)), ad);
+            const __m512 dm = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256(
+                                                (const __m256i *)(g + PACKED_ROWS * MUSER_Q4_K_DMIN))), ad);
             /* the 12-byte strip of 16 rows as 3 dwords each: qdot.c's k4_scales, lane-wise */
             const __m512i u0 = _mm512_loadu_si512(g + Q4_SC), u1 = _mm512_loadu_si512(g + Q4_SC + 64),
                           u2 = _mm512_loadu_si512(g + Q4_SC + 128);
@@ -273,30 +308,39 @@ T512 static void panel_q4k_512(const uint8_t *panel, const acts_k_t *x, int T, f
                 _mm512_and_si512(u1, k3f),
                 _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(u2, 4), k0f),
                                 _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(u1, 6), k03), 4))};
-            for (int m = 0; m < LANES; m++) {      /* scales and mins 0..3 in w[0], w[2]; 4..7 in w[1], w[3] */
-                __m512i I = _mm512_setzero_si512();
-                for (int G = 0; G < GROUPS; G++) {
-                    const __m512i raw = _mm512_loadu_si512(g + Q4_QS + 64 * (8 * (G / 2) + m));
-                    const __m512i u = _mm512_and_si512(G & 1 ? _mm512_srli_epi16(raw, 4) : raw, m4);
-                    int32_t yq;
-                    memcpy(&yq, a->qs + 32 * G + 4 * m, 4);
-                    /* sum q * y over 4 elements: |.| <= 4 * 15 * 128 < 2^15, times the 6-bit scale */
-                    const __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, _mm512_set1_epi32(yq));
+            /* scales and mins 0..3 in w[0], w[2]; 4..7 in w[1], w[3] */
+            __m512i I[4], M[4];
+            for (int p = 0; p < 4; p++) {      /* pair p: sub-blocks G = 2p, 2p + 1 */
+                I[p] = M[p] = _mm512_setzero_si512();
+                for (int G = 2 * p; G < 2 * p + 2; G++) {
                     const __m512i sc = _mm512_and_si512(_mm512_srli_epi32(w[G / 4], 8 * (G & 3)), lo8);
-                    I = _mm512_dpwssd_epi32(I, p, sc);
+                    for (int m = 0; m < LANES; m++) {
+                        const __m512i raw = _mm512_loadu_si512(g + Q4_QS + 64 * (8 * (G / 2) + m));
+                        const __m512i u = _mm512_and_si512(G & 1 ? _mm512_srli_epi16(raw, 4) : raw, m4);
+                        int32_t yq;
+                        memcpy(&yq, a->qs + 32 * G + 4 * m, 4);
+                        /* sum q * y over 4 elements: |.| <= 4 * 15 * 128 < 2^15, times the 6-bit scale */
+                        const __m512i q = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, _mm512_set1_epi32(yq));
+                        I[p] = _mm512_dpwssd_epi32(I[p], q, sc);
+                    }
+                    const __m512i mn = _mm512_and_si512(_mm512_srli_epi32(w[2 + G / 4], 8 * (G & 3)), lo8);
+                    M[p] = _mm512_add_epi32(M[p], _mm512_mullo_epi32(
+                                                      mn, _mm512_set1_epi32(a->bsums[2 * G] + a->bsums[2 * G + 1])));
                 }
-                acc[m] = _mm512_fmadd_ps(ds, _mm512_cvtepi32_ps(I), acc[m]);
-                const __m512i mn = _mm512_and_si512(_mm512_srli_epi32(w[2 + m / 4], 8 * (m & 3)), lo8);
-                const __m512i ms = _mm512_madd_epi16(mn, _mm512_set1_epi32(a->bsums[2 * m] + a->bsums[2 * m + 1]));
-                accm[m] = _mm512_fmadd_ps(dm, _mm512_cvtepi32_ps(ms), accm[m]);
+            }
+            if (gemm) {
+                for (int p = 0; p < 4; p++) {
+                    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I[p]), ds, acc);
+                    accm = _mm512_fmadd_ps(_mm512_cvtepi32_ps(M[p]), dm, accm);
+                }
+            } else {
+                const __m512i Is = _mm512_add_epi32(_mm512_add_epi32(I[0], I[1]), _mm512_add_epi32(I[2], I[3]));
+                const __m512i Ms = _mm512_add_epi32(_mm512_add_epi32(M[0], M[1]), _mm512_add_epi32(M[2], M[3]));
+                acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(Is), ds, acc);
+                accm = _mm512_fmadd_ps(_mm512_cvtepi32_ps(Ms), dm, accm);
             }
         }
-        const __m512 *v = acc, *u = accm;
-        const __m512 s = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(v[0], v[4]), _mm512_add_ps(v[2], v[6])),
-                                       _mm512_add_ps(_mm512_add_ps(v[1], v[5]), _mm512_add_ps(v[3], v[7])));
-        const __m512 sm = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(u[0], u[4]), _mm512_add_ps(u[2], u[6])),
-                                        _mm512_add_ps(_mm512_add_ps(u[1], u[5]), _mm512_add_ps(u[3], u[7])));
-        _mm512_storeu_ps(y + t * n_out, _mm512_sub_ps(s, sm));
+        _mm512_storeu_ps(y + t * n_out, _mm512_sub_ps(acc, accm));
     }
 }
 #endif
@@ -333,28 +377,17 @@ int matmul_k_packed(int type, const uint8_t *packed, int64_t n_out, int64_t n_in
                     int64_t T, float *y, int nthreads, int isa) {
     const int64_t nb = n_in / QK_K;
     actk_t *a = malloc(sizeof(actk_t) * (size_t)(T * nb));
-    int32_t *seed = malloc(sizeof(int32_t) * (size_t)(T * nb * GROUPS * LANES));
-    if (!a || !seed) {
-        free(a), free(seed);
-        return -2;
-    }
-    for (int64_t t = 0; t < T; t++) {
-        quantize_act_q8_k(x + t * n_in, n_in, a + t * nb);
-        for (int64_t b = 0; b < nb; b++)
-            for (int G = 0; G < GROUPS; G++)
-                for (int m = 0; m < LANES; m++) {
-                    const int8_t *q = a[t * nb + b].qs + 32 * G + 4 * m;
-                    seed[(t * nb + b) * GROUPS * LANES + G * LANES + m] = -32 * (q[0] + q[1] + q[2] + q[3]);
-                }
-    }
+    if (!a) return -2;
+    for (int64_t t = 0; t < T; t++) quantize_act_q8_k(x + t * n_in, n_in, a + t * nb);
     const int64_t groups = n_out / PACKED_ROWS;
-    const k_job j = {type, packed, {a, seed, nb}, T, n_out, y, isa == PACKED_ISA_AVX512};
+    const k_job j = {type, packed, {a, nb}, T, n_out, y, isa == PACKED_ISA_AVX512};
     parallel_for(k_task, &j, groups, nthreads);
     const int six = type == MUSER_ID_Q6_K;
     const int64_t row_bytes = nb * (six ? MUSER_Q6_K_BYTES : MUSER_Q4_K_BYTES);
     for (int64_t r = groups * PACKED_ROWS; r < n_out; r++)
         for (int64_t t = 0; t < T; t++)
-            y[t * n_out + r] = (six ? q6_row_c : q4k_row_c)(packed + r * row_bytes, &j.x, t);
-    free(a), free(seed);
+            y[t * n_out + r] = six ? q6_row_c(packed + r * row_bytes, &j.x, t, T >= GGML_TILED_MIN_TOKENS)
+                                   : q4k_row_c(packed + r * row_bytes, &j.x, t, q4k_gemm(t, T));
+    free(a);
     return 0;
 }

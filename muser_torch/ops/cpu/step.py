@@ -53,7 +53,32 @@ def _block(plan) -> "cb.Block | str":
                     head_dim=plan.head_dim, ffn=plan.ffn, **norms, **linears,
                     rope=cb.ROPE[plan.rope], act=cb.ACTIVATIONS[plan.act], n_rot=plan.n_rot,
                     mscale=plan.mscale, scale=plan.scale, k_cache=plan.k_cache.data_ptr(),
-                    v_cache=plan.v_cache.data_ptr(), capacity=ring[0])
+                    v_cache=plan.v_cache.data_ptr(), capacity=ring[0], ggml=int(ggml_layer(plan)),
+                    scale_q=int(plan.scale_q))
+
+
+def ggml_layer(plan) -> bool:
+    """Whether the layer runs in ggml's numerics: every projection does, so the
+    rest of the block (norms, RoPE, f16 K/V, attention, GELU) follows ggml-cpu too."""
+    parts = [p for p in plan.linears.values() if p is not None]
+    return bool(parts) and all(p.numerics == "ggml" for p in parts)
+
+
+def ggml_rope(inv_freq: torch.Tensor) -> tuple[float, float] | None:
+    """(theta_scale, freq_scale) of ggml's rope cache for a RoPE table that is
+    ``freq_scale * base ** (-2i / n_rot)``: its running product reproduces the
+    table to 1e-5; None for a table of another shape (per-frequency factors,
+    YaRN), whose angles stay the table's."""
+    inv = inv_freq.double()
+    if inv.numel() < 2 or inv[0] <= 0:
+        return None
+    freq_scale = float(inv[0])
+    theta_scale = float(torch.tensor(float(inv[1] / inv[0]), dtype=torch.float32))
+    steps = torch.full((inv.numel(),), theta_scale, dtype=torch.float64)
+    steps[0] = 1.0
+    if not torch.allclose(freq_scale * steps.cumprod(0), inv, rtol=1e-5, atol=0.0):
+        return None
+    return theta_scale, freq_scale
 
 
 def _unfit_rope(plan, inv_freqs: Sequence[torch.Tensor]) -> str | None:
@@ -98,6 +123,9 @@ class CpuLayers:
         self.storages = [t.untyped_storage() for plan in plans for t in _tensors(plan)] + \
             [t.untyped_storage() for t in inv_freqs]
         self.rope_slots = [plan.rope_slot for plan in plans]
+        # ggml's numerics in every layer: runs of any length, the RoPE angles as ggml's rope cache
+        self.ggml = bool(plans) and all(ggml_layer(plan) for plan in plans)
+        self.ggml_ropes = [ggml_rope(inv) if self.ggml else None for inv in inv_freqs]
         ok = self.why_not is None
         # what each step's rows must fit: the slots every cache holds, the hidden width
         self.slots = min((p.k_cache.shape[0] for p in plans), default=0) if ok else 0
@@ -118,10 +146,11 @@ class CpuLayers:
 
     def takes(self, x: torch.Tensor, n_slots: int) -> bool:
         """Whether a step of activations ``x [B, T, hidden]`` (one token of B
-        sequences, or up to ``extend_rows`` of one) in a cache of ``n_slots`` runs here."""
+        sequences, or up to ``extend_rows`` of one; in ggml's numerics a run of
+        any length up to the smallest ring) in a cache of ``n_slots`` runs here."""
         B, T, hidden = x.shape
         return (self.why_not is None and self.accepts(x)
-                and (T == 1 and B <= FUSED_MAX_TOKENS or B == 1 and T <= self.extend_rows)
+                and (T == 1 and B <= FUSED_MAX_TOKENS or B == 1 and (T <= self.extend_rows or self.ggml))
                 and n_slots <= self.slots and self.hidden == {hidden} and T <= self.capacity)
 
     def __call__(self, x: torch.Tensor, slots: torch.Tensor, lengths: torch.Tensor,
@@ -138,14 +167,21 @@ class CpuLayers:
         positions = lengths if T == 1 else torch.arange(T) + lengths
         lib, rows = self.lib, B * T
         angles = []
-        for inv in inv_freqs:   # cos and sin of each table, as parts.rope_angles (no torch ops)
+        for inv, ggml in zip(inv_freqs, self.ggml_ropes):   # cos and sin of each table (no torch ops)
             inv = inv.contiguous()
             half = inv.numel()
             cos, sin = torch.empty(rows, half), torch.empty(rows, half)
-            lib.muser_rope_angles(positions.data_ptr(), rows, inv.data_ptr(), half, cos.data_ptr(),
-                                  sin.data_ptr())
+            if ggml is not None:    # as ggml's rope cache
+                lib.muser_rope_angles_ggml(positions.data_ptr(), rows, *ggml, half, cos.data_ptr(),
+                                           sin.data_ptr())
+            else:                   # as parts.rope_angles
+                lib.muser_rope_angles(positions.data_ptr(), rows, inv.data_ptr(), half,
+                                      cos.data_ptr(), sin.data_ptr())
             angles.append((cos.data_ptr(), sin.data_ptr(), cos, sin))
-        threads, xp, wp = torch.get_num_threads(), x.data_ptr(), self.work.data_ptr()
+        work = self.work
+        if rows > max(FUSED_MAX_TOKENS, self.extend_rows):   # a long ggml-numerics run: its own scratch
+            work = torch.empty(max(cb.block_work(lib, b, rows) for b in self.blocks))
+        threads, xp, wp = torch.get_num_threads(), x.data_ptr(), work.data_ptr()
         if T == 1:
             run, name, where = lib.muser_decode_block, "muser::decode_block", (B, slots.data_ptr(),
                                                                               lengths.data_ptr())
