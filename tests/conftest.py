@@ -34,6 +34,18 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+@pytest.fixture
+def repack_on():
+    """The CPU repack on for a test whatever MUSER_CPU_REPACK says (the repack's
+    own tests use it), and back as it was after."""
+    from muser_torch.nn import set_repack
+    from muser_torch.ops.cpu import packed
+    was = packed.enabled()
+    set_repack(True)
+    yield
+    set_repack(was)
+
+
 @pytest.fixture(scope="session")
 def gemma_path() -> str:
     """The real Gemma 3 270M Q4_K_M file (the test extra's package), assembled once."""

@@ -32,6 +32,24 @@ def llama_cpp_logits(path, ids: list[int], n_greedy: int, threads: int = 1,
             [int(v) for v in lines["GREEDY"]])
 
 
+def muser_logits_and_greedy(model, ids: list[int], n_greedy: int) -> tuple[torch.Tensor, list[int]]:
+    """muser's side of ``llama_cpp_logits``: the prompt's last-position logits
+    (float64) and ``n_greedy`` greedy tokens, through one cache slot."""
+    model.setup_cache(1, len(ids) + n_greedy + 1)
+    slots = torch.zeros(1, dtype=torch.long)
+    with torch.no_grad():
+        logits = model(torch.tensor([ids]), slots)[0, -1].double()
+        tokens = [int(logits.argmax())]
+        for _ in range(n_greedy - 1):
+            tokens.append(int(model(torch.tensor([[tokens[-1]]]), slots)[0, -1].argmax()))
+    return logits, tokens
+
+
+def first_parting(tokens: list[int], ref: list[int]) -> int | None:
+    """The first step where two greedy continuations differ (None: never)."""
+    return next((i for i, (a, b) in enumerate(zip(tokens, ref)) if a != b), None)
+
+
 def llama_cpp_tokenize(path, text: str, timeout: int = 600) -> list[int]:
     """llama.cpp's ``llama_tokenize`` of ``text`` (add_special true, parse_special
     false: a control token's text stays text), through ``lcpp_logits``' tokenize mode."""

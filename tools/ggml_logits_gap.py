@@ -12,38 +12,17 @@ BOS) unless ``--ids`` gives one prompt's token ids. One thread on both sides.
 from __future__ import annotations
 
 import argparse
-import os
-import subprocess
+import sys
 from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from tests.lcpp import first_parting, llama_cpp_logits, muser_logits_and_greedy  # noqa: E402
+
 PROMPTS = ("The capital of France is",
            "Write a short poem about the sea, in four lines:",
            "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n")
-PEER = Path(os.environ.get("MUSER_LCPP_LOGITS", Path(os.environ.get(
-    "MUSER_PEERS_DIR", Path.home() / ".cache/muser-torch/peers")) / "bin/lcpp_logits"))
-
-
-def llama_cpp(path: Path, ids: list[int], n_greedy: int) -> tuple[torch.Tensor, list[int]]:
-    """llama.cpp's last-position logits (float64) and greedy continuation of ``ids``."""
-    out = subprocess.run([str(PEER), str(path), "1", str(n_greedy), *map(str, ids)],
-                         capture_output=True, text=True, check=True).stdout
-    lines = {line.split()[0]: line.split()[1:] for line in out.splitlines() if line.strip()}
-    return (torch.tensor([float(v) for v in lines["LOGITS"]], dtype=torch.float64),
-            [int(v) for v in lines["GREEDY"]])
-
-
-def muser(model, ids: list[int], n_greedy: int) -> tuple[torch.Tensor, list[int]]:
-    """muser's last-position logits of the prompt and its greedy continuation."""
-    model.setup_cache(1, len(ids) + n_greedy + 1)
-    slots = torch.zeros(1, dtype=torch.long)
-    with torch.no_grad():
-        logits = model(torch.tensor([ids]), slots)[0, -1].double()
-        tokens = [int(logits.argmax())]
-        for _ in range(n_greedy - 1):
-            tokens.append(int(model(torch.tensor([[tokens[-1]]]), slots)[0, -1].argmax()))
-    return logits, tokens
 
 
 def main() -> None:
@@ -58,10 +37,10 @@ def main() -> None:
     model = muser_torch.from_gguf(args.path, dtype=torch.float32, numerics=args.numerics)
     prompts = [args.ids] if args.ids else [model.tokenizer.encode(t) for t in PROMPTS]
     for ids in prompts:
-        ref, ref_tokens = llama_cpp(args.path, ids, args.greedy)
-        logits, tokens = muser(model, ids, args.greedy)
+        ref, ref_tokens = llama_cpp_logits(args.path, ids, args.greedy)
+        logits, tokens = muser_logits_and_greedy(model, ids, args.greedy)
         err = float((logits - ref).norm() / ref.norm())
-        parted = next((i for i, (a, b) in enumerate(zip(tokens, ref_tokens)) if a != b), None)
+        parted = first_parting(tokens, ref_tokens)
         print(f"{len(ids):3d} tokens: logits {err:.3g} relative, greedy "
               f"{'equal' if parted is None else f'parts at step {parted}'} ({args.numerics})")
 

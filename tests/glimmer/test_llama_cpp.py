@@ -52,7 +52,7 @@ def compare(path: Path, vocab: int) -> tuple[float, int, int, list[int], list[in
     ours_greedy = model.generate(torch.tensor(ids), N_GREEDY, temperature=0.0)[-N_GREEDY:].tolist()
     rel = float((got - want).norm() / want.norm())
     tie = 0.0
-    parted = next((k for k, (a, b) in enumerate(zip(ours_greedy, their_greedy)) if a != b), None)
+    parted = lcpp.first_parting(ours_greedy, their_greedy)
     if parted is not None:
         delta = float((got - want).abs().max())
         at = model(torch.tensor([ids + their_greedy[:parted]]))[0, -1].double()

@@ -19,7 +19,7 @@ import torch
 from muser_torch.ops.cpu import native_available, step
 
 from ..bounds import check_bound, check_floor
-from ..lcpp import llama_cpp_logits, skip_unless_available
+from ..lcpp import first_parting, llama_cpp_logits, muser_logits_and_greedy, skip_unless_available
 
 PROMPT = [2, 651, 6037, 3756, 529, 506, 5279, 563, 236743, 8732, 9998, 531, 1586, 532, 7225, 236764]
 N_GREEDY = 64
@@ -40,32 +40,16 @@ def lcpp(gemma_path):
     return llama_cpp_logits(gemma_path, PROMPT, N_GREEDY)
 
 
-def _greedy(model, ids: list[int]) -> tuple[torch.Tensor, list[int]]:
-    """The prompt's last-position logits (float64) and N_GREEDY greedy tokens."""
-    model.setup_cache(1, len(ids) + N_GREEDY + 1)
-    slots = torch.zeros(1, dtype=torch.long)
-    with torch.no_grad():
-        logits = model(torch.tensor([ids]), slots)[0, -1].double()
-        tokens = [int(logits.argmax())]
-        for _ in range(N_GREEDY - 1):
-            tokens.append(int(model(torch.tensor([[tokens[-1]]]), slots)[0, -1].argmax()))
-    return logits, tokens
-
-
-def _parted(tokens: list[int], ref: list[int]) -> int | None:
-    return next((i for i, (a, b) in enumerate(zip(tokens, ref)) if a != b), None)
-
-
 @pytest.mark.parametrize("numerics", ["exact", "ggml"])
 def test_same_greedy_continuation_as_llama_cpp(numerics, gemma_path, lcpp):
     import muser_torch
     ref_logits, ref_greedy = lcpp
     model = muser_torch.from_gguf(gemma_path, dtype=torch.float32, numerics=numerics)
-    logits, tokens = _greedy(model, PROMPT)
+    logits, tokens = muser_logits_and_greedy(model, PROMPT, N_GREEDY)
     err = float((logits - ref_logits).norm() / ref_logits.norm())
     print(f"{numerics}: last-position logits {err:.3g} relative to llama.cpp's")
     assert logits.shape == ref_logits.shape
-    assert tokens == ref_greedy, f"{numerics}: first difference at step {_parted(tokens, ref_greedy)}"
+    assert tokens == ref_greedy, f"{numerics}: first difference at step {first_parting(tokens, ref_greedy)}"
 
 
 @pytest.fixture(scope="module")
@@ -87,11 +71,11 @@ def test_ggml_numerics_are_llama_cpps(prompt, ggml_model, lcpp_ggml_prompts):
     """Logits within 1e-3 of llama.cpp's and 64 equal greedy tokens (fixed
     prompts and file: nothing random here)."""
     ref_logits, ref_greedy = lcpp_ggml_prompts[prompt]
-    logits, tokens = _greedy(ggml_model, GGML_PROMPTS[prompt])
+    logits, tokens = muser_logits_and_greedy(ggml_model, GGML_PROMPTS[prompt], N_GREEDY)
     err = float((logits - ref_logits).norm() / ref_logits.norm())
     check_bound("ggml numerics: last-position logits relative to llama.cpp's", err, GGML_BOUND,
                 f"(prompt {prompt!r})")
-    assert tokens == ref_greedy, f"{prompt}: the greedy continuations part at step {_parted(tokens, ref_greedy)}"
+    assert tokens == ref_greedy, f"{prompt}: the greedy continuations part at step {first_parting(tokens, ref_greedy)}"
 
 
 def test_ggml_numerics_without_llama_cpps_block_arithmetic_miss_the_bound(ggml_model, lcpp_ggml_prompts,

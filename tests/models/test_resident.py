@@ -28,7 +28,6 @@ import torch
 import muser_torch
 from muser_torch.gguf_io import pages
 from muser_torch.nn import QLinear, set_repack
-from muser_torch.ops.cpu import packed as cpu_packed
 
 from ..resident import PAGE, fault_window, interior, mapping_rss, require_proc, resident_inside
 from ..versions import require_transformers
@@ -37,13 +36,7 @@ from .conftest import SEED
 PROMPT = 48
 
 
-@pytest.fixture(autouse=True)
-def _repack_on():
-    """These tests are about the repack: on whatever MUSER_CPU_REPACK says."""
-    was = cpu_packed.enabled()
-    set_repack(True)
-    yield
-    set_repack(was)
+pytestmark = pytest.mark.usefixtures("repack_on")     # tests/conftest.py
 
 
 @pytest.fixture(scope="module")

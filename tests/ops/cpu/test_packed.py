@@ -47,13 +47,7 @@ SHAPES = ((16, 2), (37, 3), (69, 20), (5, 1))
 TOKENS = (1, 2, 3, 5, 8, 9, 33)
 
 
-@pytest.fixture(autouse=True)
-def _repack_on():
-    """The repack's tests run it whatever MUSER_CPU_REPACK says."""
-    was = P.enabled()
-    set_repack(True)
-    yield
-    set_repack(was)
+pytestmark = pytest.mark.usefixtures("repack_on")     # tests/conftest.py
 
 
 @pytest.fixture
