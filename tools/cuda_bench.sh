@@ -5,6 +5,7 @@
 # graph and the kernels of one token. Run from the repo root on the device:
 #   bash tools/cuda_bench.sh [kernels] [rungs] [tests] [gemma] [llama8b] [glimmer] [profile]
 #                            [lcpp-build] [suite] [generate] [dflash] [startup] [dtests] [verify] [serve] [transcode]
+#                            [prefix]
 # Logs go to $OUT (or /tmp/cuda-bench).
 #   lcpp-build  starts, in the background (setsid: it outlives the call on a warm machine),
 #               llama.cpp's CUDA build (sm_90, GGML_NATIVE=ON, as users build it) from the
@@ -18,6 +19,7 @@
 #               process (compiling what Triton's cache lacks), then a second, profiled
 #   dtests      the CUDA tests of the decode engine and of DFlash's recorded rounds
 #   verify      bench model's one-token graph step beside the 16-row verify ($VERIFY_FILES)
+#   prefix      tools/prefix_bench.py --device cuda on the Gemma layout with its tokenizer (issue 47)
 #   transcode   bench model on the Gemma layout with and without --q5-0-as-q8-0
 #   serve       tools/serve_side_by_side.py --device cuda against llama-server, the Gemma layout
 #               written with Gemma 3's tokenizer (.tok/gemma-tokenizer.gguf, carried)
@@ -109,15 +111,22 @@ if want generate; then
       --decode 64 --generate 128 2>&1 | grep -v Warning | tee -a "$OUT/generate.log"
   done
 fi
+gemma_tok() {   # the Gemma layout written with Gemma 3's tokenizer (carried in .tok), so it serves text
+  [ -f .tok/gemma-tokenizer.gguf ] || { echo "needs .tok/gemma-tokenizer.gguf (python -m muser_torch.bench.shaped tokenizer FILE .tok/gemma-tokenizer.gguf, carried)"; return 1; }
+  [ -f /tmp/shaped/gemma-tok.gguf ] || python3 -m muser_torch.bench.shaped write tools/layouts/gemma.lcpp.json \
+    /tmp/shaped/gemma-tok.gguf --tokenizer .tok/gemma-tokenizer.gguf
+}
+if want prefix && gemma_tok; then   # issue 47: a second chat turn's first token, reused against cold, on CUDA
+  timeout 300 python3 tools/prefix_bench.py /tmp/shaped/gemma-tok.gguf --device cuda --tokens 2000 --rounds 3 \
+    2>&1 | grep -v Warning | tee "$OUT/prefix.log"
+fi
 if want serve; then     # serve --device cuda beside llama-server, the Gemma layout with its real tokenizer
-  if [ -f .tok/gemma-tokenizer.gguf ] && lcpp_wait 400 && [ -x $LCPP_BUILD/bin/llama-server ]; then
-    [ -f /tmp/shaped/gemma-tok.gguf ] || python3 -m muser_torch.bench.shaped write tools/layouts/gemma.lcpp.json \
-      /tmp/shaped/gemma-tok.gguf --tokenizer .tok/gemma-tokenizer.gguf
+  if gemma_tok && lcpp_wait 400 && [ -x $LCPP_BUILD/bin/llama-server ]; then
     timeout 500 python3 tools/serve_side_by_side.py /tmp/shaped/gemma-tok.gguf --device cuda \
       --llama-server $LCPP_BUILD/bin/llama-server --slots 8 --clients 1,4,8 --requests 4 \
       --max-tokens 128 2>&1 | grep -v Warning | tee "$OUT/serve.log"
   else
-    echo "serve: needs .tok/gemma-tokenizer.gguf (python -m muser_torch.bench.shaped tokenizer FILE .tok/gemma-tokenizer.gguf, carried) and llama-server"
+    echo "serve: needs the tokenizer above and llama-server"
   fi
 fi
 if want transcode; then   # issue 44: Q5_0 weights as Q8_0 at load, the graph step both ways

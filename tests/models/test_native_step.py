@@ -209,8 +209,9 @@ def test_whole_decode_matches_the_torch_modules(which, gemma_path, hf_file, monk
                         lambda self, *a: ran.append(1) or real(self, *a))
     got = _decode(model, ids, slots, 12, True, monkeypatch)
     assert len(ran) == 12, f"{which}: {len(ran)} of 12 steps ran on the library"
-    err = rel_err(got, want)
-    assert err < 1e-5, f"{which}: 12 decode steps differ from the torch modules by {err:.2e} (seed {SEED})"
+    # float32 orders over up to 18 layers; a cache, slot or mask error is 1e-2 or more
+    check_bound("12 decode steps: rel err against the torch modules", rel_err(got, want), 1e-4,
+                f"{which} (seed {SEED})")
 
 
 def test_steps_it_leaves_to_torch(gemma_path, native_calls):
@@ -316,7 +317,7 @@ def test_runs_of_new_tokens_match_the_torch_modules(which, gemma_path, hf_file, 
     err = max([rel_err(got, want)] + [rel_err(a, b) for kv, kv2 in zip(got_kv, want_kv)
                                       for a, b in zip(kv, kv2)])
     # float32 orders over up to 18 layers reach 1.2e-5; a cache or mask error is 1e-2 or more
-    assert err < 1e-4, f"{which}: runs differ from the torch modules by {err:.2e} (seed {SEED})"
+    check_bound("runs of new tokens: rel err against the torch modules", err, 1e-4, f"{which} (seed {SEED})")
 
 
 def test_a_journaled_run_rewinds_as_the_torch_modules_do(gemma_path, monkeypatch):
@@ -332,7 +333,8 @@ def test_a_journaled_run_rewinds_as_the_torch_modules_do(gemma_path, monkeypatch
     _, want = _chunked(model, ids, chunks, False, monkeypatch, journal_keep=6)
     _, got = _chunked(model, ids, chunks, True, monkeypatch, journal_keep=6)
     _, unrewound = _chunked(model, ids, chunks, True, monkeypatch)
+    # float32 orders over 18 layers reach 2e-5 (seed 5916362); the unrewound caches are 1e-2 or more off
     err = max(rel_err(a, b) for kv, kv2 in zip(got, want) for a, b in zip(kv, kv2))
-    assert err < 1e-5, f"rewound caches differ from the torch modules' by {err:.2e} (seed {SEED})"
+    check_bound("rewound caches: rel err against the torch modules'", err, 1e-4, f"(seed {SEED})")
     moved = max(rel_err(a, b) for kv, kv2 in zip(got, unrewound) for a, b in zip(kv, kv2))
-    assert moved > 1e-2, "the rewind changed nothing: the test cannot tell"
+    check_floor("unrewound caches: rel err against the rewound ones", moved, 1e-2, f"(seed {SEED})")
