@@ -14,7 +14,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-import muser_torch
 from muser_torch.cli import main as cli
 from muser_torch.text.chat_limits import ChatLimits
 from muser_torch.text.special import SLOT
