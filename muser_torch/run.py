@@ -20,6 +20,7 @@ from .errors import ContextLengthError, DraftMismatchError
 from .nn import NUMERICS, check_numerics
 from .text.chat_limits import DEFAULT_MAX_CHARS, DEFAULT_SECONDS, MESSAGES_FACTOR, ChatLimits
 from .text.stream import TextStream
+from .vision.video_files import FRAME_RATE
 
 DEMO_DIR = Path(__file__).resolve().parents[1] / "demo"
 DEMO = {"q4_k_xl": DEMO_DIR / "glimmer-demo-q4_k_xl.gguf",
@@ -54,6 +55,16 @@ def register(subparsers) -> None:
     p.add_argument("--image", type=Path, action="append", default=None, metavar="PATH",
                    help="an image placed before the prompt's text (repeatable, in order; needs "
                         "--mmproj; combines with --draft); default: none")
+    p.add_argument("--video", type=Path, action="append", default=None, metavar="PATH",
+                   help="a video placed before the prompt's text, after the images (repeatable, in "
+                        "order; needs --mmproj; combines with --chat and --draft): a folder of frame "
+                        "images, sorted by name, at --video-fps; or an animated image (GIF, WebP), "
+                        "timed by its frames' durations. No video codec is read: extract an mp4's "
+                        "frames first (ffmpeg -i clip.mp4 -vf fps=1 frames/%%05d.png); default: none")
+    p.add_argument("--video-fps", type=float, default=FRAME_RATE, metavar="F",
+                   help="frames per second of a --video folder's frames (and of an animation whose "
+                        "frames carry no durations), which gives each frame's time; the model keeps "
+                        "2 a second, at most 96 (default %(default)s)")
     p.add_argument("--device", default="cpu", help="cpu, mps or cuda (default %(default)s)")
     add_dtype_arg(p)
     add_numerics_arg(p)
@@ -230,7 +241,7 @@ def main(args: argparse.Namespace) -> int:
     path = model_path(args.model, args.lane)
     if args.draft is not None:
         draft_path(args.draft)
-    check_image_args(args)
+    videos = check_visual_args(args)
     device = resolve_device(args.device)
     if args.backend == "metal-emulator" and device.type != "cpu":
         raise ValueError(f"--backend metal-emulator runs on CPU tensors; got --device {device.type}")
@@ -248,41 +259,57 @@ def main(args: argparse.Namespace) -> int:
         ops.cpu.build_now()
     with ops.use_backend(args.backend):
         if args.chat:
-            return _chat(model, tok, path, device, args)
+            return _chat(model, tok, path, device, args, videos)
         prompt = "def " if args.prompt is None else args.prompt
         ids = tok.encode(prompt)
         embeds = None
-        if args.image:
-            ids, embeds = _with_images(model, tok, ids, args.image, device)
+        if args.image or videos:
+            ids, embeds = _with_visuals(model, tok, ids, args.image or [], videos, device)
         check_room(len(ids), args.max_new_tokens, model.config.context_length)
         sys.stdout.write(prompt)
         _generate(model, tok, ids, path, device, args, embeds)
     return 0
 
 
-def check_image_args(args: argparse.Namespace) -> None:
-    """``--image`` needs ``--mmproj``."""
+def check_visual_args(args: argparse.Namespace) -> list:
+    """``--image`` and ``--video`` need ``--mmproj``; the videos (``vision.Video``),
+    read from disk before the model loads (a bad one is an ``ImageError``)."""
     if getattr(args, "mmproj", None) is not None and not args.mmproj.is_file():
         raise ValueError(f"--mmproj {args.mmproj}: no such file")
-    if not args.image:
-        return
-    if args.mmproj is None:
-        raise ValueError("--image needs --mmproj MMPROJ, the model's vision projector file")
+    videos = getattr(args, "video", None) or []
+    for flag, given in (("--image", args.image), ("--video", videos)):
+        if given and args.mmproj is None:
+            raise ValueError(f"{flag} needs --mmproj MMPROJ, the model's vision projector file")
+    if not videos:
+        return []
+    if not (math.isfinite(args.video_fps) and args.video_fps > 0):
+        raise ValueError(f"--video-fps must be a finite number > 0, got {args.video_fps}")
+    from .errors import ImageError
+    from .vision.video_files import video_from_path
+    out = []
+    for path in videos:
+        try:
+            out.append(video_from_path(path, args.video_fps))
+        except ImageError as e:
+            raise type(e)(f"--video {e}") from None
+    return out
 
 
-class _ChatImages:
-    """A chat's images: preprocessed and through the tower once. They open the
-    first user turn as ``special.SLOT`` s, which the chat's encoding turns into
-    the image markup as markup (``encode_chat(slot=IMAGE_MARK)``: text the user
-    types stays text); each turn's prompt then gets the stand-ins widened and
-    the images' rows."""
+class _ChatVisuals:
+    """A chat's images and videos: preprocessed and through the tower once. They
+    open the first user turn as ``special.SLOT`` s, which the chat's encoding
+    turns into the stand-in markup as markup (``encode_chat(slot=IMAGE_MARK)``:
+    text the user types stays text); each turn's prompt then gets each stand-in
+    replaced by its image's or video's block (``fill_marks``) and the rows."""
 
-    def __init__(self, model, images: list[Path], device: torch.device) -> None:
+    def __init__(self, model, images: list[Path], videos: list, device: torch.device) -> None:
         from .text.special import SLOT
-        from .vision.prompt import IMAGE_MARK
+        from .vision.prompt import IMAGE_MARK, visual_block
         self.model, self.device = model, device
-        self.inputs = model.prepare_visual(images)
+        self.inputs = model.prepare_visual(images, videos)
         self.rows = model.visual_rows(self.inputs)
+        merge = model.vision.config.merge
+        self.blocks = [visual_block(model.tokenizer, x, merge) for x in self.inputs]
         self.slots, self.markup = SLOT * len(self.inputs), IMAGE_MARK
 
     def open_turn(self, user: str) -> str:
@@ -293,20 +320,21 @@ class _ChatImages:
         return self.slots + user
 
     def fill(self, ids: list[int]):
-        from .vision.prompt import placeholder_rows, widen_marks
-        merge = self.model.vision.config.merge
-        ids = widen_marks(self.model.tokenizer, ids, [x.grid.rows(merge) for x in self.inputs])
+        from .vision.prompt import fill_marks, placeholder_rows
+        ids = fill_marks(self.model.tokenizer, ids, self.blocks)
         img_id, vid_id = self.model.placeholder_ids()
         t = torch.tensor([ids], device=self.device)
-        return ids, placeholder_rows(t, self.inputs, self.rows, merge, img_id, vid_id)
+        return ids, placeholder_rows(t, self.inputs, self.rows, self.model.vision.config.merge, img_id, vid_id)
 
 
-def _with_images(model, tok, ids: list[int], images: list[Path], device: torch.device):
+def _with_visuals(model, tok, ids: list[int], images: list[Path], videos: list, device: torch.device):
     """The prompt with each image's block (``<|image_start|>``, its placeholders,
-    ``<|image_end|>``) before the text, after a leading BOS; and the rows for them."""
-    inputs = model.prepare_visual(images)
+    ``<|image_end|>``), then each video's (``<|vid_start|>`` ... ``<|vid_end|>``),
+    before the text, after a leading BOS; and the rows for them."""
+    inputs = model.prepare_visual(images, videos)
     head = ids[:1] if ids and tok.bos_id is not None and ids[0] == tok.bos_id else []
-    ids = head + model.image_prompt(inputs) + ids[len(head):]
+    n_images = len(images)
+    ids = head + model.image_prompt(inputs[:n_images]) + model.video_prompt(inputs[n_images:]) + ids[len(head):]
     t = torch.tensor([ids], device=device)
     img_id, vid_id = model.placeholder_ids()
     from .vision.prompt import placeholder_rows
@@ -314,14 +342,14 @@ def _with_images(model, tok, ids: list[int], images: list[Path], device: torch.d
                                  img_id, vid_id)
 
 
-def _chat(model, tok, path: Path, device: torch.device, args: argparse.Namespace) -> int:
+def _chat(model, tok, path: Path, device: torch.device, args: argparse.Namespace, videos: list) -> int:
     """One turn (``--prompt``) or a conversation read line by line from stdin."""
     if getattr(tok, "chat_template", None) is None:
         from .errors import ChatTemplateError
         raise ChatTemplateError(f"{path.name}: --chat needs tokenizer.chat_template; the file has none")
     messages: list[dict] = []
     limits = chat_limits(args)
-    visual = _ChatImages(model, args.image, device) if args.image else None
+    visual = _ChatVisuals(model, args.image or [], videos, device) if args.image or videos else None
     turns = [args.prompt] if args.prompt is not None else None
     while True:
         if turns is not None:
@@ -335,7 +363,7 @@ def _chat(model, tok, path: Path, device: torch.device, args: argparse.Namespace
             if not user:
                 return 0
             user = user.rstrip("\n")
-        if visual is not None and not messages:     # the images open the first user turn
+        if visual is not None and not messages:     # the images and videos open the first user turn
             user = visual.open_turn(user)
         messages.append({"role": "user", "content": user})
         # renders within limits (ChatTemplateError)

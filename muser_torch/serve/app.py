@@ -13,10 +13,12 @@ without the server's API key (when it has one); 413 for a body over
 A request's events come from the scheduler thread through
 ``loop.call_soon_threadsafe`` into an ``asyncio.Queue`` of its own.
 
-A chat's ``image_url`` parts (``data:`` URLs only) become image rows at their
-placeholders (``prompts.image_prompt``), computed on the request's thread before
-the job is queued; a model without a vision projector (``serve --mmproj``)
-answers them with a 400. When
+A chat's ``image_url`` and ``video_url`` parts (``data:`` URLs only; a video
+as its frames, ``data:video/jpeg;base64,<frame>,...``, at ``media_io_kwargs``'
+``video.fps``) become image and video rows at their placeholders
+(``prompts.visual_prompt``), computed on the request's thread before the job is
+queued; a model without a vision projector (``serve --mmproj``) answers them
+with a 400. When
 its client disconnects (a stream: sse-starlette ends the generator; a whole
 response: a watcher of ``http.disconnect``) the job is cancelled, and the
 scheduler frees its slot at its next turn.
@@ -38,7 +40,7 @@ from starlette.exceptions import HTTPException
 
 from ..text.chat_limits import ChatLimits
 from .grammar import Grammars
-from .prompts import chat_prompt, completion_prompt, image_prompt
+from .prompts import chat_prompt, completion_prompt, visual_prompt
 from .responses import Reply, TokenText, error_body
 from .scheduler import Failure, Finish, Job, Piece, QueueFull, Scheduler
 from .schemas import (ChatRequest, CompletionRequest, RequestError, ToolRequest, chat_request,
@@ -101,8 +103,9 @@ def create_app(scheduler: Scheduler, model_id: str, chat_limits: ChatLimits | No
         # a chat template is the file's code: rendered off the event loop, within limits
         ids, stops = await asyncio.to_thread(chat_prompt, tok, req.messages, limits, offered)
         embeds = None
-        if getattr(req.messages, "images", ()):
-            ids, embeds = await asyncio.to_thread(image_prompt, scheduler.model, ids, req.messages.images)
+        if getattr(req.messages, "visuals", ()):
+            ids, embeds = await asyncio.to_thread(visual_prompt, scheduler.model, ids, req.messages.visuals,
+                                                  req.video_fps)
         return await _respond("chat", req, ids, stops, request, "messages", req.tools, family, embeds)
 
     @app.post("/v1/completions")

@@ -34,7 +34,8 @@ def register(subparsers) -> None:
                         "time (no logprobs)")
     p.add_argument("--mmproj", type=Path, default=None, metavar="MMPROJ",
                    help="the model's vision projector (llama.cpp's mmproj GGUF; Muse Glimmer): chat "
-                        "messages then take image_url parts (data: URLs)")
+                        "messages then take image_url parts (data: URLs) and video_url parts "
+                        "(frames as data:video/jpeg;base64,<frame>,<frame>,...; no video codec)")
     p.add_argument("--queue", type=int, default=DEFAULT_QUEUE,
                    help="requests that may wait for a slot; past it the server answers 503 "
                         f"(default {DEFAULT_QUEUE})")

@@ -27,7 +27,8 @@ from typing import Any, Sequence
 from ..errors import ChatTemplateError
 from ..text.chat_limits import ChatLimits
 from ..text.special import SLOT
-from .schemas import IMAGE_MARK, RequestError
+from ..vision.video_files import FRAME_RATE
+from .schemas import IMAGE_MARK, RequestError, VideoFrames
 from .tools import chatml_call, chatml_tools
 
 CHATML_END = "<|im_end|>"
@@ -58,8 +59,8 @@ def chat_prompt(tok: Any, messages: Sequence[dict], limits: ChatLimits,
     template, whose end-of-turn token is among the tokenizer's stop ids).
     ``tools``: the functions offered (OpenAI's shape), None for none."""
     # the template sees tools only when some are offered (a tokenizer without
-    # the keyword still renders plain chats); an image part's SLOT becomes its markup
-    slot = IMAGE_MARK if getattr(messages, "images", ()) else None
+    # the keyword still renders plain chats); an image or video part's SLOT becomes its markup
+    slot = IMAGE_MARK if getattr(messages, "visuals", ()) else None
     extra = ({"tools": list(tools)} if tools else {}) | ({"slot": slot} if slot else {})
     try:
         if getattr(tok, "chat_template", None) is not None:
@@ -105,23 +106,38 @@ def _nonempty(ids: list[int]) -> list[int]:
     return ids
 
 
-def image_prompt(model: Any, ids: list[int], images: Sequence[bytes]) -> tuple[list[int], Any]:
-    """The prompt with each image's stand-in (``vision.prompt.IMAGE_MARK``, in
-    order) widened to the image's rows, and ``Decoder.forward``'s ``embeds`` for
-    them. A 400 for a model without a projector, an image that is not one or too
-    large, or stand-ins that do not pair with the images one to one."""
+def visual_prompt(model: Any, ids: list[int], visuals: Sequence[Any],
+                  video_fps: float = FRAME_RATE) -> tuple[list[int], Any]:
+    """The prompt with each part's stand-in (``vision.prompt.IMAGE_MARK``, in
+    order) replaced by its block: an image's (``<|image_start|>``, its rows'
+    placeholders, ``<|image_end|>``) or a video's (``<|vid_start|>`` ...
+    ``<|vid_end|>``, its frame ``i`` at ``i / video_fps`` seconds, every frame
+    kept: vLLM's reading of a frame list); and ``Decoder.forward``'s ``embeds``
+    for them. A 400 for a model without a projector, an image or frame that is
+    not one or too large, frames of mixed sizes, or stand-ins that do not pair
+    with the parts one to one."""
     import torch
 
     from ..errors import ImageError, PlaceholderError
-    from ..vision.prompt import widen_marks
+    from ..vision import Video
+    from ..vision.prompt import fill_marks, visual_block
     if getattr(model, "vision", None) is None:
-        raise RequestError("image_url parts need a model with a vision projector (serve --mmproj)",
-                           param="messages")
+        raise RequestError("image_url and video_url parts need a model with a vision projector "
+                           "(serve --mmproj)", param="messages")
     try:
-        inputs = model.prepare_visual(list(images))
+        inputs = []
+        for v in visuals:
+            if isinstance(v, VideoFrames):
+                # the processor's times for a frame list (indices 0..n-1 at the rate): i / fps
+                video = Video(v.frames, timestamps=[i / video_fps for i in range(len(v.frames))])
+                inputs += model.prepare_visual(videos=[video])
+            else:
+                inputs += model.prepare_visual([v])
         merge = model.vision.config.merge
-        out = widen_marks(model.tokenizer, ids, [x.grid.rows(merge) for x in inputs])
+        out = fill_marks(model.tokenizer, ids, [visual_block(model.tokenizer, x, merge) for x in inputs])
         t = torch.tensor([out], device=model.lengths.device)
-        return out, model.vision_embeds(t, images=inputs)
+        images = [x for x in inputs if x.kind == "image"]
+        videos = [x for x in inputs if x.kind == "video"]
+        return out, model.vision_embeds(t, images=images, videos=videos)
     except (ImageError, PlaceholderError) as e:
         raise RequestError(f"messages: {e}", param="messages") from None

@@ -23,11 +23,14 @@ from typing import Any, Callable
 
 from ..text.special import SLOT
 from ..vision.prompt import IMAGE_MARK
+from ..vision.video import MAX_FRAMES
+from ..vision.video_files import FRAME_RATE
 from .sampling import SamplingParams
 
 # The seeds torch.Generator.manual_seed takes.
 SEED_RANGE = (-(1 << 63), (1 << 64) - 1)
 MAX_STOP_STRINGS = 16
+VIDEO_FRAMES_TYPE = "video/jpeg"   # vLLM's media type of a data URL holding a video's frames
 MAX_TOP_LOGPROBS = 20            # chat: OpenAI's bound
 MAX_COMPLETION_LOGPROBS = 5      # completions: OpenAI's bound
 
@@ -113,30 +116,36 @@ def _same(v: Any, n: Any) -> bool:
                                              isinstance(n, (int, float)) and v == n)
 
 
-class Messages(list):
-    """Checked messages, and the bytes of their images in order (``images``):
-    each image part's place in its message's text holds ``special.SLOT``,
-    which the prompt fills with ``IMAGE_MARK`` as markup."""
-    images: tuple[bytes, ...] = ()
+@dataclass(frozen=True)
+class VideoFrames:
+    """A ``video_url`` part's frames, each an image's bytes, in order."""
+    frames: tuple[bytes, ...]
 
+
+class Messages(list):
+    """Checked messages, and their image and video parts in order (``visuals``:
+    an image's bytes, a video's ``VideoFrames``): each part's place in its
+    message's text holds ``special.SLOT``, which the prompt fills with
+    ``IMAGE_MARK`` as markup, later replaced by the part's block."""
+    visuals: "tuple[bytes | VideoFrames, ...]" = ()
 
 
 def chat_messages(v: Any, name: str) -> list[dict]:
     """Messages as the template reads them: role, text content (a string, or
-    text and image parts joined, an image as ``special.SLOT``), name /
-    tool_call_id when given, and an assistant's ``tool_calls``
-    (``_tool_calls``); the images' bytes in ``Messages.images``."""
+    text, image and video parts joined, an image or video as ``special.SLOT``),
+    name / tool_call_id when given, and an assistant's ``tool_calls``
+    (``_tool_calls``); the images and videos in ``Messages.visuals``."""
     _kind(v, name, (list,), "a list of messages")
     if not v:
         raise RequestError(f"{name} is empty: a chat needs at least one message", param=name)
-    out, images = Messages(), []
+    out, visuals = Messages(), []
     for i, m in enumerate(v):
         where = f"{name}[{i}]"
         _kind(m, where, (dict,), "an object with 'role' and 'content'")
         if "role" not in m:
             raise RequestError(f"{where} has no role", param=where)
         text, mine = _content(m.get("content"), f"{where}.content")
-        images += mine
+        visuals += mine
         plain = {"role": string(m["role"], f"{where}.role"), "content": text}
         for key in ("name", "tool_call_id"):
             if m.get(key) is not None:
@@ -144,7 +153,7 @@ def chat_messages(v: Any, name: str) -> list[dict]:
         if m.get("tool_calls") is not None:
             plain["tool_calls"] = _tool_calls(m["tool_calls"], f"{where}.tool_calls")
         out.append(plain)
-    out.images = tuple(images)
+    out.visuals = tuple(visuals)
     return out
 
 
@@ -292,17 +301,17 @@ def _text(v: Any, name: str) -> str:
     text = string(v, name)
     if SLOT in text:
         raise RequestError(f"{name} holds U+{ord(SLOT):04X}, a Unicode noncharacter reserved here "
-                           f"for an image's place", param=name)
+                           f"for an image's or a video's place", param=name)
     return text
 
 
-def _content(v: Any, name: str) -> tuple[str, list[bytes]]:
-    """A message's text, an image part as ``SLOT`` (the prompt's image markup
-    goes there, ``prompts.chat_prompt``), and the images' bytes."""
+def _content(v: Any, name: str) -> tuple[str, list]:
+    """A message's text, an image or video part as ``SLOT`` (the prompt's stand-in
+    markup goes there, ``prompts.chat_prompt``), and the parts' media in order."""
     if v is None or isinstance(v, str):
         return _text(v, name) if v else "", []
-    _kind(v, name, (list,), "a string, a list of text and image_url parts or null")
-    texts, images = [], []
+    _kind(v, name, (list,), "a string, a list of text, image_url and video_url parts or null")
+    texts, visuals = [], []
     for i, part in enumerate(v):
         where = f"{name}[{i}]"
         _kind(part, where, (dict,), "a content part object")
@@ -310,28 +319,78 @@ def _content(v: Any, name: str) -> tuple[str, list[bytes]]:
         if kind == "text":
             texts.append(_text(part.get("text"), f"{where}.text"))
         elif kind == "image_url":
-            images.append(_image_bytes(part.get("image_url"), f"{where}.image_url"))
+            visuals.append(_image_bytes(part.get("image_url"), f"{where}.image_url"))
+            texts.append(SLOT)
+        elif kind == "video_url":
+            visuals.append(_video_frames(part.get("video_url"), f"{where}.video_url"))
             texts.append(SLOT)
         else:
-            raise RequestError(f"{where}: only text and image_url parts are supported, got type "
-                               f"{kind!r}", param=where)
-    return "".join(texts), images
+            raise RequestError(f"{where}: only text, image_url and video_url parts are supported, got "
+                               f"type {kind!r}", param=where)
+    return "".join(texts), visuals
+
+
+def _data_url(v: Any, name: str, example: str) -> tuple[str, str]:
+    """A part's ``data:<media type>;base64,<data>`` URL as (media type, data)."""
+    url = string(v.get("url") if isinstance(v, dict) else v, f"{name}.url")
+    if not url.startswith("data:"):
+        raise RequestError(f"{name}.url: only data: URLs ({example}) are taken; the server fetches "
+                           f"nothing from the network, got {url[:40]!r}", param=f"{name}.url")
+    head, sep, data = url.partition(",")
+    if not sep or not head.endswith(";base64"):
+        raise RequestError(f"{name}.url: expected data:<media type>;base64,<data>", param=f"{name}.url")
+    return head[len("data:"):-len(";base64")].split(";")[0].strip().lower(), data
+
+
+def _base64(data: str, name: str) -> bytes:
+    try:
+        return base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError):
+        raise RequestError(f"{name}: the data is not valid base64", param=name) from None
 
 
 def _image_bytes(v: Any, name: str) -> bytes:
     """An image_url part's bytes: a ``data:<type>;base64,<data>`` URL only."""
-    url = string(v.get("url") if isinstance(v, dict) else v, f"{name}.url")
-    if not url.startswith("data:"):
-        raise RequestError(f"{name}.url: only data: URLs (data:image/png;base64,...) are taken; the "
-                           f"server fetches nothing from the network, got {url[:40]!r}",
-                           param=f"{name}.url")
-    head, sep, data = url.partition(",")
-    if not sep or not head.endswith(";base64"):
-        raise RequestError(f"{name}.url: expected data:<media type>;base64,<data>", param=f"{name}.url")
-    try:
-        return base64.b64decode(data, validate=True)
-    except (binascii.Error, ValueError):
-        raise RequestError(f"{name}.url: the data is not valid base64", param=f"{name}.url") from None
+    _, data = _data_url(v, name, "data:image/png;base64,...")
+    return _base64(data, f"{name}.url")
+
+
+def _video_frames(v: Any, name: str) -> VideoFrames:
+    """A video_url part's frames: vLLM's ``data:video/jpeg;base64,<frame>,<frame>,...``,
+    each frame an image's base64 (any format Pillow reads), at most
+    ``MAX_FRAMES``. A video file (mp4, webm, ...) needs a codec the server
+    does not have: its frames must be extracted first."""
+    kind, data = _data_url(v, name, "data:video/jpeg;base64,<frame>,<frame>,...")
+    if kind != VIDEO_FRAMES_TYPE:
+        raise RequestError(f"{name}.url: a {kind or 'typeless'} video needs a video codec, which the "
+                           f"server does not have; send its frames, extracted, as "
+                           f"data:{VIDEO_FRAMES_TYPE};base64,<frame>,<frame>,... (each frame an "
+                           f"image's base64)", param=f"{name}.url")
+    parts = data.split(",")
+    if len(parts) > MAX_FRAMES:
+        raise RequestError(f"{name}.url: {len(parts)} frames, more than the {MAX_FRAMES} a video "
+                           f"takes; send frames sampled from the clip", param=f"{name}.url")
+    for i, part in enumerate(parts):
+        if not part:
+            raise RequestError(f"{name}.url: frame {i} is empty", param=f"{name}.url")
+    return VideoFrames(tuple(_base64(p, f"{name}.url frame {i}") for i, p in enumerate(parts)))
+
+
+def media_io_kwargs(v: Any, name: str) -> float:
+    """vLLM's ``{"video": {"fps": F}}``: the rate of every video_url part's frames
+    (frame i at i / F seconds); the only setting taken."""
+    _kind(v, name, (dict,), 'an object such as {"video": {"fps": 2}}')
+    extra = sorted(set(v) - {"video"})
+    video = _kind(v.get("video", {}), f"{name}.video", (dict,), 'an object such as {"fps": 2}')
+    extra += [f"video.{k}" for k in sorted(set(video) - {"fps"})]
+    if extra:
+        raise RequestError(f"{name}: only video.fps is taken, got {', '.join(extra)}", param=name)
+    fps = video.get("fps", FRAME_RATE)
+    _kind(fps, f"{name}.video.fps", (int, float), "a number")
+    if not (math.isfinite(fps) and fps > 0):
+        raise RequestError(f"{name}.video.fps must be a finite number > 0, got {fps}",
+                           param=f"{name}.video.fps")
+    return float(fps)
 
 
 def response_format(v: Any, name: str) -> str | None:
@@ -395,6 +454,7 @@ CHAT: dict[str, Rule] = {
     "tool_choice": tool_choice,
     "parallel_tool_calls": boolean,
     "response_format": response_format,
+    "media_io_kwargs": media_io_kwargs,
 }
 COMPLETION: dict[str, Rule] = {
     "prompt": completion_prompt,
@@ -411,6 +471,7 @@ class ChatRequest:
     stream: bool
     include_usage: bool
     tools: ToolRequest | None = None     # None: no tools offered, or tool_choice "none"
+    video_fps: float = FRAME_RATE        # media_io_kwargs' video.fps: the rate of video_url frames
 
 
 @dataclass(frozen=True)
@@ -441,7 +502,7 @@ def chat_request(data: dict) -> ChatRequest:
     params = replace(_params(f, max_tokens, f.get("logprobs", False), top),
                      json_schema=f.get("response_format"))
     return ChatRequest(f["messages"], params, f.get("stream", False), f.get("stream_options", False),
-                       _tool_request(f))
+                       _tool_request(f), f.get("media_io_kwargs", FRAME_RATE))
 
 
 def _tool_request(f: dict) -> ToolRequest | None:

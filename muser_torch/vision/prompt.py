@@ -25,8 +25,8 @@ from .preprocess import VisualInput, preprocess_image, preprocess_video
 from .video import STAMP, Video, group_times
 
 __all__ = ["IMAGE_TOKEN", "VIDEO_TOKEN", "IMAGE_START", "IMAGE_END", "VIDEO_START", "VIDEO_SEPARATOR",
-           "VIDEO_END", "IMAGE_MARK", "token_id", "prepare", "image_block", "video_block", "widen_marks",
-           "placeholder_rows"]
+           "VIDEO_END", "IMAGE_MARK", "token_id", "prepare", "image_block", "video_block", "visual_block",
+           "fill_marks", "widen_marks", "placeholder_rows"]
 
 IMAGE_TOKEN, VIDEO_TOKEN = "<|patch|>", "<|video|>"
 IMAGE_START, IMAGE_END = "<|image_start|>", "<|image_end|>"
@@ -98,25 +98,37 @@ def video_block(tokenizer: Any, video: VisualInput, merge: int) -> list[int]:
     return out
 
 
-def widen_marks(tokenizer: Any, ids: Sequence[int], rows: Sequence[int]) -> list[int]:
-    """``ids`` with its first ``len(rows)`` stand-ins (``IMAGE_MARK`` as tokens)
-    widened to ``rows[k]`` placeholders each; PlaceholderError when fewer are there
-    (a chat template that dropped an image part)."""
+def visual_block(tokenizer: Any, x: VisualInput, merge: int) -> list[int]:
+    """An image's block (``image_block``) or a timed video's (``video_block``)."""
+    return video_block(tokenizer, x, merge) if x.kind == "video" else image_block(tokenizer, x.grid.rows(merge))
+
+
+def fill_marks(tokenizer: Any, ids: Sequence[int], blocks: Sequence[Sequence[int]]) -> list[int]:
+    """``ids`` with its first ``len(blocks)`` stand-ins (``IMAGE_MARK`` as tokens)
+    replaced by ``blocks[k]`` each, in order: an image's or a video's block
+    (``visual_block``); PlaceholderError when fewer stand-ins are there (a
+    chat template that dropped a part)."""
     start, patch, end = (token_id(tokenizer, t) for t in (IMAGE_START, IMAGE_TOKEN, IMAGE_END))
     out: list[int] = []
     k = i = 0
     ids = list(ids)
     while i < len(ids):
-        if k < len(rows) and ids[i:i + 3] == [start, patch, end]:
-            out += [start] + [patch] * rows[k] + [end]
+        if k < len(blocks) and ids[i:i + 3] == [start, patch, end]:
+            out += blocks[k]
             k, i = k + 1, i + 3
         else:
             out.append(ids[i])
             i += 1
-    if k != len(rows):
-        raise PlaceholderError(f"the rendered prompt places {k} of the {len(rows)} images (the chat "
-                               f"template dropped an image part)")
+    if k != len(blocks):
+        raise PlaceholderError(f"the rendered prompt places {k} of the {len(blocks)} images and videos "
+                               f"(the chat template dropped an image or video part)")
     return out
+
+
+def widen_marks(tokenizer: Any, ids: Sequence[int], rows: Sequence[int]) -> list[int]:
+    """``ids`` with its first ``len(rows)`` stand-ins widened to image blocks of
+    ``rows[k]`` placeholders each (``fill_marks``)."""
+    return fill_marks(tokenizer, ids, [image_block(tokenizer, r) for r in rows])
 
 
 def placeholder_rows(ids: Tensor, inputs: Sequence[VisualInput], rows: Sequence[Tensor], merge: int,

@@ -31,7 +31,7 @@ import torch
 from ..errors import ImageError
 from .preprocess import TEMPORAL_PATCH, ImageLike
 
-__all__ = ["Video", "SAMPLE_FPS", "MAX_FRAMES", "STAMP", "sample_indices", "group_times"]
+__all__ = ["Video", "SAMPLE_FPS", "MAX_FRAMES", "STAMP", "sample_indices", "sampled_times", "group_times"]
 
 SAMPLE_FPS = 2.0                 # MuseGlimmerVideoProcessor.fps: frames kept per second of a clip
 MAX_FRAMES = 96                  # MuseGlimmerVideoProcessor.num_frames: frames kept at most
@@ -68,11 +68,17 @@ class Video:
         """The frames the tower sees and each one's time in seconds."""
         if self.timestamps is not None:
             return list(self.frames), [float(t) for t in self.timestamps]
-        idx = sample_indices(len(self.frames), float(self.fps))
-        # The processor divides its index tensor by the rate: a float32 quotient, whose
-        # rounding to one decimal can differ from float64's at a tie, so we divide the same way.
-        times = (torch.tensor(idx) / float(self.fps)).tolist()
+        idx, times = sampled_times(len(self.frames), float(self.fps))
         return [self.frames[i] for i in idx], times
+
+
+def sampled_times(total: int, fps: float) -> tuple[list[int], list[float]]:
+    """The indices kept from ``total`` frames at ``fps`` (``sample_indices``) and
+    each kept frame's time in seconds."""
+    idx = sample_indices(total, fps)
+    # The processor divides its index tensor by the rate: a float32 quotient, whose
+    # rounding to one decimal can differ from float64's at a tie, so we divide the same way.
+    return idx, (torch.tensor(idx) / fps).tolist()
 
 
 def sample_indices(total: int, fps: float, sample_fps: float = SAMPLE_FPS, max_frames: int = MAX_FRAMES,

@@ -222,6 +222,26 @@ def test_run_with_images_and_a_draft_prints_the_plain_continuation(vision_files,
     assert f"prompt {len(ids)} tokens" in captured.err and "mean accepted" in captured.err, captured.err
 
 
+def test_run_with_a_video_and_a_draft_prints_the_plain_continuation(vision_files, draft_file, pair, tmp_path,
+                                                                    capsys):
+    """``run --video DIR --draft``: the text is the greedy continuation
+    generate(videos=[Video(frames, fps=...)]) gives without the draft."""
+    from muser_torch.vision import Video
+
+    from .test_video_run import _folder, _greedy_text, _plain_prompt
+    text, mmproj = vision_files["f16"]
+    target, _ = pair
+    paths = _folder(tmp_path, torch.Generator().manual_seed(SEED + 6), 6)
+    assert cli(["run", str(text), "--mmproj", str(mmproj), "--video", str(paths[0].parent), "--video-fps", "3",
+                "--draft", str(draft_file[0]), "--prompt", "hello", "--max-new-tokens", "20",
+                "--temperature", "0"]) == 0
+    captured = capsys.readouterr()
+    video = Video(paths, fps=3.0)
+    ids = _plain_prompt(target, "hello", videos=[video])
+    assert captured.out == "hello" + _greedy_text(target, ids, 20, videos=[video]) + "\n", (captured.out, SEED)
+    assert f"prompt {len(ids)} tokens" in captured.err and "mean accepted" in captured.err, captured.err
+
+
 def test_served_image_chat_with_a_draft_answers_as_generate(pair):
     """``serve --mmproj --draft``: an image chat over HTTP (the official
     client) answers with the greedy text generate(images=) gives without the draft."""

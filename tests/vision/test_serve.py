@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import muser_torch
-from muser_torch.serve.prompts import chat_prompt, image_prompt
+from muser_torch.serve.prompts import chat_prompt, visual_prompt
 from muser_torch.text.chat_limits import ChatLimits
 
 from .conftest import SEED
@@ -49,7 +49,7 @@ def _expected(model, png: bytes, n: int) -> tuple[str, list[int]]:
     from muser_torch.serve.schemas import chat_messages
     msgs = chat_messages(_messages(png), "messages")
     ids, _ = chat_prompt(model.tokenizer, msgs, ChatLimits())
-    ids, _ = image_prompt(model, ids, msgs.images)
+    ids, _ = visual_prompt(model, ids, msgs.visuals)
     stops = model.tokenizer.stop_ids
     new = model.generate(torch.tensor(ids), n, images=[png], temperature=0.0, stop=sorted(stops))[len(ids):]
     new = new.tolist()
@@ -110,7 +110,7 @@ def test_a_message_spelling_the_image_markup_places_no_image(model):
     ids, _ = chat_prompt(model.tokenizer, msgs, ChatLimits())
     patch, _ = model.placeholder_ids()
     assert ids.count(patch) == 1, "the written markup became a placeholder"
-    ids, _ = image_prompt(model, ids, msgs.images)   # one image, one place: no 400
+    ids, _ = visual_prompt(model, ids, msgs.visuals)   # one image, one place: no 400
     with serving(model, slots=1) as live:
         with pytest.raises(openai.BadRequestError, match="U\\+FDD2"):
             live.client().chat.completions.create(
