@@ -139,10 +139,28 @@ def test_rounds_fall_back_where_they_cannot_record(files, pair):
     assert rounds.why_not(4, 46) == "the cache has no room for a whole block past the last token"
 
 
+def test_a_recording_serves_later_calls_until_the_cache_grows(files):
+    """A second generate whose prompt fits the cache replays the first one's
+    recording; one that needs a longer cache re-sets it up, and the rounds
+    record anew (the old recording holds the old cache's tensors)."""
+    target, draft = _load(files)
+    recorder = _recording(target)
+    rounds = []
+    for n_prompt in (30, 11, 60):           # 60: past the cache that 30 set up
+        prompt = _prompt(n_prompt, n_prompt)
+        plain = target.generate(prompt, N_NEW).tolist()
+        got = target.generate(prompt, N_NEW, draft=draft, engine=recorder).tolist()
+        assert got == plain, f"prompt {n_prompt} (seed {SEED})"
+        rounds.append(draft.__dict__["_draft_rounds"].captures)
+    assert rounds == [1, 1, 2], f"recordings after each call: {rounds}"
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_graph_rounds_match_eager_rounds(files):
     target, draft = _load(files, "cuda")
-    for n_prompt in (11, 30):
+    # the longer prompt first: its cache holds the shorter one's, so one recording
+    # serves both (the other order re-sets the cache up and records twice)
+    for n_prompt in (30, 11):
         prompt = _prompt(n_prompt, n_prompt).cuda()
         eager = target.generate(prompt, N_NEW, draft=draft, engine="eager").tolist()
         got = target.generate(prompt, N_NEW, draft=draft).tolist()
