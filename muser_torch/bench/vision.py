@@ -39,17 +39,19 @@ class ImageTiming(NamedTuple):
     cold_s: float                  # the first forward
     warm_s: float                  # the best of the warm forwards
     eager_s: float | None = None   # the best eager forward, where the engine records
+    gap: float | None = None       # there: the recorded rows' relative distance to the eager ones
 
 
-def _forwards(model, x, n: int, device: torch.device, engine: str) -> list[float]:
+def _forwards(model, x, n: int, device: torch.device, engine: str) -> tuple[list[float], torch.Tensor]:
+    """The seconds of ``n`` forwards, and the last one's rows."""
     times = []
     for _ in range(n):
         synchronize(device)
         t0 = time.perf_counter()
-        model.visual_rows([x], engine)
+        (rows,) = model.visual_rows([x], engine)
         synchronize(device)
         times.append(time.perf_counter() - t0)
-    return times
+    return times, rows
 
 
 def time_images(model, images: Sequence[Path], reps: int, device: torch.device,
@@ -67,18 +69,23 @@ def time_images(model, images: Sequence[Path], reps: int, device: torch.device,
             t0 = time.perf_counter()
             (x,) = model.prepare_visual([path])
             pre_s = time.perf_counter() - t0
-            times = _forwards(model, x, 1 + reps, device, engine)
-            eager = min(_forwards(model, x, reps, device, "eager")) if records and reps else None
+            times, rows = _forwards(model, x, 1 + reps, device, engine)
+            eager = gap = None
+            if records and reps:     # the same image eagerly: its time, and how far the replayed rows are
+                eager_times, want = _forwards(model, x, reps, device, "eager")
+                eager = min(eager_times)
+                gap = float((rows.double() - want.double()).norm() / want.double().norm())
             g = x.grid
             out.append(ImageTiming(Path(path), (w, h), (g.t, g.h, g.w), g.rows(merge), pre_s, times[0],
-                                   min(times[1:]) if reps else times[0], eager))
+                                   min(times[1:]) if reps else times[0], eager, gap))
     return out
 
 
 def _eager(t: ImageTiming) -> str:
     if t.eager_s is None:
         return ""
-    return f"; recorded (CUDA graph); eager {t.eager_s * 1e3:.1f} ms ({t.eager_s / t.warm_s:.2f}x)"
+    return (f"; recorded (CUDA graph); eager {t.eager_s * 1e3:.1f} ms ({t.eager_s / t.warm_s:.2f}x; "
+            f"rows {t.gap:.1e} from the graph's)")
 
 
 def print_images(timings: Sequence[ImageTiming], reps: int) -> None:
