@@ -27,9 +27,10 @@
 #               eager), then a Glimmer-shaped random projector (make-tiny --mmproj: the released
 #               50-layer tower, F16, 3.85 GB, beside a 2-layer text file of the seed's width 6656
 #               with a vocabulary llama.cpp reads; llama.cpp needs a sliding layer, so 2) and two
-#               images ($VISION_SIZES, default 448x448 640x480); per image llama-mtmd-cli's "mtmd
-#               batch encoding done in N ms" (3 encodes of it in one process, after its warm-up)
-#               beside `bench model --image` (a CUDA graph per grid, and eager)
+#               images ($VISION_SIZES, default 448x448 640x480) into /tmp/vision; `bench model
+#               --image` (a CUDA graph per grid, and eager), then per image llama-mtmd-cli's "mtmd
+#               batch encoding done in N ms" (3 encodes in one process, after its warm-up), once
+#               lcpp-build's build is done (waited for $VISION_LCPP_WAIT s, default 300)
 set -uo pipefail
 OUT=${OUT:-/tmp/cuda-bench}; mkdir -p "$OUT"
 if ls .whl/*.whl >/dev/null 2>&1; then   # gguf and other pure-Python wheels the image lacks
@@ -141,7 +142,7 @@ if want vision; then    # issue 46: the vision forward per image, muser beside l
     | grep -v Warning | tail -15 | tee "$OUT/vision-tests.log"
   V=/tmp/vision; mkdir -p $V
   if [ ! -f $V/mmproj.gguf ]; then   # make-tiny prints each file's size and time (each appears whole)
-    timeout 900 python3 -m muser_torch.cli make-tiny $V/text.gguf --hidden 6656 --layers 2 --context 4096 \
+    timeout 400 python3 -m muser_torch.cli make-tiny $V/text.gguf --hidden 6656 --layers 2 --context 4096 \
       --mmproj $V/mmproj.gguf --mmproj-type f16 2>&1 | grep -oE "wrote .*|.*rror.*" | tee "$OUT/vision.log"
   fi
   imgs=()
@@ -151,10 +152,14 @@ Image.frombytes('RGB', (w, h), random.Random(w * h).randbytes(w * h * 3)).save(s
       $size $V/img-$size.png && imgs+=($V/img-$size.png)
   done
   if [ -f $V/mmproj.gguf ] && [ ${#imgs[@]} -gt 0 ]; then
-    # the build (lcpp-build, this call or an earlier one on a warm machine); one finished before
-    # llama-mtmd-cli was among its targets gets it added (incremental)
-    [ -d $LCPP_BUILD ] && lcpp_wait 600 && [ ! -x $LCPP_BUILD/bin/llama-mtmd-cli ] && timeout 600 \
-      cmake --build $LCPP_BUILD --target llama-mtmd-cli -j16 >> $LCPP_BUILD/build.log 2>&1
+    # muser first (its numbers come even if llama.cpp's build is not done within this call)
+    timeout 400 python3 -m muser_torch.cli bench model $V/text.gguf --mmproj $V/mmproj.gguf \
+      $(printf -- "--image %s " "${imgs[@]}") --image-reps 5 --device cuda 2>&1 | grep -v Warning \
+      | tee -a "$OUT/vision.log"
+    # the build (lcpp-build, this call or an earlier one on a warm machine; waited for at most
+    # $VISION_LCPP_WAIT s); one finished before llama-mtmd-cli was among its targets gets it added
+    [ -d $LCPP_BUILD ] && lcpp_wait ${VISION_LCPP_WAIT:-300} && [ ! -x $LCPP_BUILD/bin/llama-mtmd-cli ] \
+      && timeout 600 cmake --build $LCPP_BUILD --target llama-mtmd-cli -j16 >> $LCPP_BUILD/build.log 2>&1
     if [ -x $LCPP_BUILD/bin/llama-mtmd-cli ]; then
       for img in "${imgs[@]}"; do   # one image thrice: an encode each (its warm-up ran another size)
         echo "== llama-mtmd-cli $(basename $img)" | tee -a "$OUT/vision.log"
@@ -163,12 +168,9 @@ Image.frombytes('RGB', (w, h), random.Random(w * h).randbytes(w * h * 3)).save(s
           | grep -E "encoding done in|rror|failed|GGML_ASSERT" | tee -a "$OUT/vision.log"
       done
     else
-      echo "vision: llama-mtmd-cli not built (add lcpp-build to the steps; $LCPP_BUILD/build.log)" \
+      echo "vision: llama-mtmd-cli not built yet (lcpp-build starts it; $LCPP_BUILD/build.log)" \
         | tee -a "$OUT/vision.log"
     fi
-    timeout 400 python3 -m muser_torch.cli bench model $V/text.gguf --mmproj $V/mmproj.gguf \
-      $(printf -- "--image %s " "${imgs[@]}") --image-reps 5 --device cuda 2>&1 | grep -v Warning \
-      | tee -a "$OUT/vision.log"
   else
     echo "vision: no projector or images in $V" | tee -a "$OUT/vision.log"
   fi
