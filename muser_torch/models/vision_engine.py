@@ -35,6 +35,7 @@ request's thread records."""
 from __future__ import annotations
 
 import threading
+import warnings
 import weakref
 from collections import OrderedDict
 from typing import Any, Callable
@@ -149,7 +150,17 @@ class VisionEngine:
             return forward()        # eager: compiles and warms every kernel the forward launches
         if self._pool is None:
             self._pool = self.recorder.new_pool()
-        entry.replay = self.recorder.capture(forward, self._pool, mode="thread_local")
+        try:
+            entry.replay = self.recorder.capture(forward, self._pool, mode="thread_local")
+        except Exception as err:   # noqa: BLE001 -- any failure to record: said, then unrecorded
+            # as DFlash's rounds do: a recording computes nothing, so the same
+            # forward runs eagerly from here on (slower, the same rows)
+            warnings.warn(f"the vision forward could not be recorded as a CUDA graph "
+                          f"({type(err).__name__}: {err}); it runs unrecorded",
+                          RuntimeWarning, stacklevel=3)
+            self.recorder, self._pool = None, None
+            self._buckets.clear()
+            return forward()
         self.captures += 1
         return entry.replay()
 

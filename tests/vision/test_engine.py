@@ -92,6 +92,32 @@ def test_recorded_rows_are_the_towers_bit_for_bit(small_mmproj):
     assert engine.grids == GRIDS and engine.evictions == 0
 
 
+class FailingRecorder(CountingRecorder):
+    """A recorder whose recording fails, as a capture can on a device."""
+
+    def capture(self, fn, pool, mode="global"):
+        super().capture(fn, pool, mode)
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+
+def test_a_failed_recording_is_said_and_runs_eagerly(small_mmproj):
+    tower = tower_of(small_mmproj)
+    recorder = FailingRecorder()
+    engine = VisionEngine(tower, recorder)
+    gen = torch.Generator().manual_seed(SEED + 7)
+    grid = GRIDS[1]
+    with torch.no_grad():
+        px = pixels_for(tower, grid, gen)
+        assert torch.equal(engine.rows(px, grid), tower(px, grid))       # eager, first call
+        px = pixels_for(tower, grid, gen)
+        with pytest.warns(RuntimeWarning, match="could not be recorded.*stream is capturing"):
+            got = engine.rows(px, grid)
+        assert torch.equal(got, tower(px, grid)), f"the failed recording's call (SEED={SEED})"
+        px = pixels_for(tower, grid, gen)
+        assert torch.equal(engine.rows(px, grid), tower(px, grid)), "later calls run eagerly"
+    assert recorder.recorded == 1 and not engine.records and engine.captures == 0
+
+
 def test_recordings_are_dropped_when_the_tower_changes(small_mmproj):
     tower = tower_of(small_mmproj)
     engine = VisionEngine(tower, CountingRecorder())
