@@ -118,7 +118,8 @@ def add_engine_arg(p) -> None:
                    help="how decode steps run: auto (recorded once and replayed as CUDA graphs "
                         "on CUDA, eager elsewhere; the default), graph (CUDA graphs or an error), "
                         "eager (every kernel launched from Python); with --draft, greedy rounds "
-                        "are recorded the same way")
+                        "are recorded the same way, and with --mmproj the vision forward (one "
+                        "recording per image size)")
 
 
 def add_threads_arg(p) -> None:
@@ -264,7 +265,7 @@ def main(args: argparse.Namespace) -> int:
         ids = tok.encode(prompt)
         embeds = None
         if args.image or videos:
-            ids, embeds = _with_visuals(model, tok, ids, args.image or [], videos, device)
+            ids, embeds = _with_visuals(model, tok, ids, args.image or [], videos, device, args.engine)
         check_room(len(ids), args.max_new_tokens, model.config.context_length)
         sys.stdout.write(prompt)
         _generate(model, tok, ids, path, device, args, embeds)
@@ -302,12 +303,13 @@ class _ChatVisuals:
     text the user types stays text); each turn's prompt then gets each stand-in
     replaced by its image's or video's block (``fill_marks``) and the rows."""
 
-    def __init__(self, model, images: list[Path], videos: list, device: torch.device) -> None:
+    def __init__(self, model, images: list[Path], videos: list, device: torch.device,
+                 engine: str = "auto") -> None:
         from .text.special import SLOT
         from .vision.prompt import IMAGE_MARK, visual_block
         self.model, self.device = model, device
         self.inputs = model.prepare_visual(images, videos)
-        self.rows = model.visual_rows(self.inputs)
+        self.rows = model.visual_rows(self.inputs, engine)
         merge = model.vision.config.merge
         self.blocks = [visual_block(model.tokenizer, x, merge) for x in self.inputs]
         self.slots, self.markup = SLOT * len(self.inputs), IMAGE_MARK
@@ -327,7 +329,8 @@ class _ChatVisuals:
         return ids, placeholder_rows(t, self.inputs, self.rows, self.model.vision.config.merge, img_id, vid_id)
 
 
-def _with_visuals(model, tok, ids: list[int], images: list[Path], videos: list, device: torch.device):
+def _with_visuals(model, tok, ids: list[int], images: list[Path], videos: list, device: torch.device,
+                  engine: str = "auto"):
     """The prompt with each image's block (``<|image_start|>``, its placeholders,
     ``<|image_end|>``), then each video's (``<|vid_start|>`` ... ``<|vid_end|>``),
     before the text, after a leading BOS; and the rows for them."""
@@ -338,7 +341,7 @@ def _with_visuals(model, tok, ids: list[int], images: list[Path], videos: list, 
     t = torch.tensor([ids], device=device)
     img_id, vid_id = model.placeholder_ids()
     from .vision.prompt import placeholder_rows
-    return ids, placeholder_rows(t, inputs, model.visual_rows(inputs), model.vision.config.merge,
+    return ids, placeholder_rows(t, inputs, model.visual_rows(inputs, engine), model.vision.config.merge,
                                  img_id, vid_id)
 
 
@@ -349,7 +352,7 @@ def _chat(model, tok, path: Path, device: torch.device, args: argparse.Namespace
         raise ChatTemplateError(f"{path.name}: --chat needs tokenizer.chat_template; the file has none")
     messages: list[dict] = []
     limits = chat_limits(args)
-    visual = _ChatVisuals(model, args.image or [], videos, device) if args.image or videos else None
+    visual = _ChatVisuals(model, args.image or [], videos, device, args.engine) if args.image or videos else None
     turns = [args.prompt] if args.prompt is not None else None
     while True:
         if turns is not None:

@@ -5,7 +5,7 @@
 # graph and the kernels of one token. Run from the repo root on the device:
 #   bash tools/cuda_bench.sh [kernels] [rungs] [tests] [gemma] [llama8b] [glimmer] [profile]
 #                            [lcpp-build] [suite] [generate] [dflash] [startup] [dtests] [verify] [serve] [transcode]
-#                            [prefix]
+#                            [prefix] [vision]
 # Logs go to $OUT (or /tmp/cuda-bench).
 #   lcpp-build  starts, in the background (setsid: it outlives the call on a warm machine),
 #               llama.cpp's CUDA build (sm_90, GGML_NATIVE=ON, as users build it) from the
@@ -23,6 +23,14 @@
 #   transcode   bench model on the Gemma layout with and without --q5-0-as-q8-0
 #   serve       tools/serve_side_by_side.py --device cuda against llama-server, the Gemma layout
 #               written with Gemma 3's tokenizer (.tok/gemma-tokenizer.gguf, carried)
+#   vision      issue 46: the vision engine's tests (tests/vision/test_engine.py: CUDA graph against
+#               eager), then a Glimmer-shaped random projector (make-tiny --mmproj: the released
+#               50-layer tower, F16, 3.85 GB, beside a 2-layer text file of the seed's width 6656
+#               with a vocabulary llama.cpp reads; llama.cpp needs a sliding layer, so 2) and two
+#               images ($VISION_SIZES, default 448x448 640x480) into /tmp/vision; `bench model
+#               --image` (a CUDA graph per grid, and eager), then per image llama-mtmd-cli's "mtmd
+#               batch encoding done in N ms" (3 encodes in one process, after its warm-up), once
+#               lcpp-build's build is done (waited for $VISION_LCPP_WAIT s, default 300)
 set -uo pipefail
 OUT=${OUT:-/tmp/cuda-bench}; mkdir -p "$OUT"
 if ls .whl/*.whl >/dev/null 2>&1; then   # gguf and other pure-Python wheels the image lacks
@@ -57,7 +65,7 @@ if want lcpp-build && [ ! -f $LCPP_BUILD/done ]; then
       -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
       -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_APP=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_USE_PREBUILT_UI=OFF \
       -DLLAMA_BUILD_UI=OFF > $LCPP_BUILD/build.log 2>&1 \
-    && cmake --build $LCPP_BUILD --target llama-bench llama-server -j16 >> $LCPP_BUILD/build.log 2>&1 \
+    && cmake --build $LCPP_BUILD --target llama-bench llama-server llama-mtmd-cli -j16 >> $LCPP_BUILD/build.log 2>&1 \
     && touch $LCPP_BUILD/done || touch $LCPP_BUILD/failed" < /dev/null > /dev/null 2>&1 &
   setsid bash -c "cd $PWD; export PYTHONPATH=$PYTHONPATH; for f in gemma llama8b glimmer; do
       [ -f /tmp/shaped/\$f.gguf ] || { python3 -m muser_torch.bench.shaped write tools/layouts/\$f.lcpp.json \
@@ -127,6 +135,44 @@ if want serve; then     # serve --device cuda beside llama-server, the Gemma lay
       --max-tokens 128 2>&1 | grep -v Warning | tee "$OUT/serve.log"
   else
     echo "serve: needs the tokenizer above and llama-server"
+  fi
+fi
+if want vision; then    # issue 46: the vision forward per image, muser beside llama-mtmd-cli
+  timeout 300 python3 -m pytest -q -rs --tb=short -p no:cacheprovider tests/vision/test_engine.py 2>&1 \
+    | grep -v Warning | tail -15 | tee "$OUT/vision-tests.log"
+  V=/tmp/vision; mkdir -p $V
+  if [ ! -f $V/mmproj.gguf ]; then   # make-tiny prints each file's size and time (each appears whole)
+    timeout 400 python3 -m muser_torch.cli make-tiny $V/text.gguf --hidden 6656 --layers 2 --context 4096 \
+      --mmproj $V/mmproj.gguf --mmproj-type f16 2>&1 | grep -oE "wrote .*|.*rror.*" | tee "$OUT/vision.log"
+  fi
+  imgs=()
+  for size in ${VISION_SIZES:-448x448 640x480}; do
+    python3 -c "import sys, random; from PIL import Image; w, h = map(int, sys.argv[1].split('x')); \
+Image.frombytes('RGB', (w, h), random.Random(w * h).randbytes(w * h * 3)).save(sys.argv[2])" \
+      $size $V/img-$size.png && imgs+=($V/img-$size.png)
+  done
+  if [ -f $V/mmproj.gguf ] && [ ${#imgs[@]} -gt 0 ]; then
+    # muser first (its numbers come even if llama.cpp's build is not done within this call)
+    timeout 400 python3 -m muser_torch.cli bench model $V/text.gguf --mmproj $V/mmproj.gguf \
+      $(printf -- "--image %s " "${imgs[@]}") --image-reps 5 --device cuda 2>&1 | grep -v Warning \
+      | tee -a "$OUT/vision.log"
+    # the build (lcpp-build, this call or an earlier one on a warm machine; waited for at most
+    # $VISION_LCPP_WAIT s); one finished before llama-mtmd-cli was among its targets gets it added
+    [ -d $LCPP_BUILD ] && lcpp_wait ${VISION_LCPP_WAIT:-300} && [ ! -x $LCPP_BUILD/bin/llama-mtmd-cli ] \
+      && timeout 600 cmake --build $LCPP_BUILD --target llama-mtmd-cli -j16 >> $LCPP_BUILD/build.log 2>&1
+    if [ -x $LCPP_BUILD/bin/llama-mtmd-cli ]; then
+      for img in "${imgs[@]}"; do   # one image thrice: an encode each (its warm-up ran another size)
+        echo "== llama-mtmd-cli $(basename $img)" | tee -a "$OUT/vision.log"
+        timeout 300 $LCPP_BUILD/bin/llama-mtmd-cli -m $V/text.gguf --mmproj $V/mmproj.gguf \
+          --image $img,$img,$img -p describe -n 1 -ngl 99 -c 4096 -b 2048 -ub 2048 2>&1 \
+          | grep -E "encoding done in|rror|failed|GGML_ASSERT" | tee -a "$OUT/vision.log"
+      done
+    else
+      echo "vision: llama-mtmd-cli not built yet (lcpp-build starts it; $LCPP_BUILD/build.log)" \
+        | tee -a "$OUT/vision.log"
+    fi
+  else
+    echo "vision: no projector or images in $V" | tee -a "$OUT/vision.log"
   fi
 fi
 if want transcode; then   # issue 44: Q5_0 weights as Q8_0 at load, the graph step both ways

@@ -10,6 +10,7 @@ import torch
 from .engine import decode_engine
 from .host_copy import HostCopy
 from .sampling import sample
+from .vision_engine import engine_choice
 
 __all__ = ["Generation", "sample", "SYNC_EVERY"]
 
@@ -135,8 +136,10 @@ class Generation:
                 from ..errors import ImageError
                 raise ImageError(f"generate: a {type(self).__name__} model takes no images")
             ids = torch.as_tensor(input_ids, dtype=torch.long, device=self.lengths.device)
+            # the vision forward follows the decode steps' engine choice (models/vision_engine.py)
             kw["embeds"] = self.vision_embeds(ids.unsqueeze(0) if ids.dim() == 1 else ids, images, videos,
-                                              image_token_id, video_token_id)
+                                              image_token_id, video_token_id,
+                                              engine=engine_choice(kw.get("engine", "auto")))
         if draft is not None or return_stats:
             if draft is None:
                 raise ValueError("generate: return_stats=True reports a draft's rounds; pass draft=")

@@ -31,6 +31,7 @@ from ..vision import VisionTower
 from ..vision import prompt as vision_prompt
 from .assembly import assemble
 from .decoder import Decoder
+from .vision_engine import vision_engine
 from .parts import Attention, GatedMLP, SandwichBlock, no_rope, rope_inv_freq, rope_normal
 
 __all__ = ["Glimmer", "GlimmerBlock", "no_rope"]
@@ -125,25 +126,31 @@ class Glimmer(Decoder):
         return vision_prompt.prepare(self.vision, images, videos)
 
     @torch.no_grad()
-    def visual_rows(self, inputs: Sequence[Any]) -> list[torch.Tensor]:
+    def visual_rows(self, inputs: Sequence[Any], engine: Any = "auto") -> list[torch.Tensor]:
         """Each input's embedding rows: the tower and adapter, then the text
-        model's weightless RMSNorm (as every embedding row), in float32."""
+        model's weightless RMSNorm (as every embedding row), in float32.
+
+        The tower runs on the vision engine (``models/vision_engine.py``): on
+        CUDA recorded once per patch grid and replayed (``engine="auto"``, the
+        default; ``"graph"`` insists on recording, ``"eager"`` launches every
+        kernel from Python; a ``VisionEngine`` of this tower is used as it is)."""
         out = []
-        dev = self.lengths.device
+        runner = vision_engine(self.vision, engine)
         for x in inputs:
-            r = self.vision(x.pixels.to(dev), x.grid).float()
+            r = runner.rows(x.pixels, x.grid).float()
             out.append(r * torch.rsqrt(r.pow(2).mean(-1, keepdim=True) + self.config.rms_eps))
         return out
 
     def vision_embeds(self, ids: torch.Tensor, images: Sequence[Any] = (), videos: Sequence[Any] = (),
-                      image_token_id: int | None = None, video_token_id: int | None = None
-                      ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``forward``'s ``embeds`` for prompt ``ids`` ``[B, T]`` holding the placeholders."""
+                      image_token_id: int | None = None, video_token_id: int | None = None,
+                      engine: Any = "auto") -> tuple[torch.Tensor, torch.Tensor]:
+        """``forward``'s ``embeds`` for prompt ``ids`` ``[B, T]`` holding the
+        placeholders (``engine``: ``visual_rows``')."""
         inputs = self.prepare_visual(images, videos)
         img_id, vid_id = self.placeholder_ids()
         img_id = image_token_id if image_token_id is not None else img_id
         vid_id = video_token_id if video_token_id is not None else vid_id
-        rows = self.visual_rows(inputs)
+        rows = self.visual_rows(inputs, engine)
         return vision_prompt.placeholder_rows(ids, inputs, rows, self.vision.config.merge, img_id, vid_id)
 
     def video_prompt(self, inputs: Sequence[Any]) -> list[int]:

@@ -105,7 +105,7 @@ def create_app(scheduler: Scheduler, model_id: str, chat_limits: ChatLimits | No
         embeds = None
         if getattr(req.messages, "visuals", ()):
             ids, embeds = await asyncio.to_thread(visual_prompt, scheduler.model, ids, req.messages.visuals,
-                                                  req.video_fps)
+                                                  req.video_fps, scheduler.engine_name)
         return await _respond("chat", req, ids, stops, request, "messages", req.tools, family, embeds)
 
     @app.post("/v1/completions")

@@ -107,7 +107,7 @@ def _nonempty(ids: list[int]) -> list[int]:
 
 
 def visual_prompt(model: Any, ids: list[int], visuals: Sequence[Any],
-                  video_fps: float = FRAME_RATE) -> tuple[list[int], Any]:
+                  video_fps: float = FRAME_RATE, engine: str = "auto") -> tuple[list[int], Any]:
     """The prompt with each part's stand-in (``vision.prompt.IMAGE_MARK``, in
     order) replaced by its block: an image's (``<|image_start|>``, its rows'
     placeholders, ``<|image_end|>``) or a video's (``<|vid_start|>`` ...
@@ -115,7 +115,8 @@ def visual_prompt(model: Any, ids: list[int], visuals: Sequence[Any],
     kept: vLLM's reading of a frame list); and ``Decoder.forward``'s ``embeds``
     for them. A 400 for a model without a projector, an image or frame that is
     not one or too large, frames of mixed sizes, or stand-ins that do not pair
-    with the parts one to one."""
+    with the parts one to one. ``engine`` runs the vision forward
+    (``Glimmer.visual_rows``': CUDA graphs per image size by default)."""
     import torch
 
     from ..errors import ImageError, PlaceholderError
@@ -138,6 +139,6 @@ def visual_prompt(model: Any, ids: list[int], visuals: Sequence[Any],
         t = torch.tensor([out], device=model.lengths.device)
         images = [x for x in inputs if x.kind == "image"]
         videos = [x for x in inputs if x.kind == "video"]
-        return out, model.vision_embeds(t, images=images, videos=videos)
+        return out, model.vision_embeds(t, images=images, videos=videos, engine=engine)
     except (ImageError, PlaceholderError) as e:
         raise RequestError(f"messages: {e}", param="messages") from None

@@ -138,6 +138,7 @@ class Scheduler:
         model.setup_cache(slots, self.context)
         # the batched one-token steps: on CUDA, replayed CUDA graphs per batch bucket
         self.engine = decode_engine(model, engine)
+        self.engine_name = engine   # the image rows' vision forward follows it (prompts.visual_prompt)
         self.stats = Stats()
         self._waiting: collections.deque[Job] = collections.deque()
         self._running: dict[int, Job] = {}          # slot -> job

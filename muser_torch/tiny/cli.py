@@ -14,6 +14,7 @@ from ..text.byte_tokenizer import ByteTokenizer
 from ..arch.glimmer_recipe import SEED_CONFIG, planned_bytes
 from ..arch.glimmer_vision import release_config
 from .mmproj import MMPROJ_KINDS, mmproj_bytes, write_random_mmproj
+from .vocab import marker_vocab, vocab_size
 from .writer import write_tiny
 
 __all__ = ["register", "main", "config_from_args", "check_config"]
@@ -31,7 +32,10 @@ def register(subparsers) -> None:
     p.add_argument("--kv-heads", type=int, default=1)
     p.add_argument("--head-dim", type=int, default=128)
     p.add_argument("--ffn", type=int, default=512)
-    p.add_argument("--vocab", type=int, default=ByteTokenizer.VOCAB_SIZE)
+    p.add_argument("--vocab", type=int, default=None,
+                   help=f"vocabulary size (default {ByteTokenizer.VOCAB_SIZE}: the byte tokenizer; "
+                        f"with --mmproj the file carries a {vocab_size()}-token sentencepiece "
+                        f"vocabulary with the image markers instead, tiny/vocab.py, and takes no --vocab)")
     p.add_argument("--context", type=int, default=512)
     p.add_argument("--window", type=int, default=64)
     p.add_argument("--pattern", type=int, default=4,
@@ -41,7 +45,8 @@ def register(subparsers) -> None:
     p.add_argument("--mmproj", type=Path, default=None, metavar="MMPROJ",
                    help="also write a random vision projector for the model, of the released tower's "
                         "geometry (1536 wide, 16 heads, 32 x 32 positions, adapter 4096) and the model's "
-                        "width: for `bench model --mmproj` and llama.cpp's llama-mtmd-cli on the same files")
+                        "width: for `bench model --mmproj` and llama.cpp's llama-mtmd-cli on the same files "
+                        "(the text file then gets a vocabulary llama.cpp tokenizes, with a chat template)")
     p.add_argument("--mmproj-layers", type=int, default=50, metavar="N",
                    help="the projector's layers, of the release's 50 (default %(default)s)")
     p.add_argument("--mmproj-type", choices=tuple(MMPROJ_KINDS), default="f16",
@@ -58,8 +63,17 @@ def config_from_args(args: argparse.Namespace) -> GlimmerConfig:
         context_length=args.context, hidden=args.hidden, ffn=args.ffn, n_layers=args.layers,
         n_heads=args.heads, n_kv_heads=args.kv_heads, head_dim=args.head_dim, rms_eps=1e-6,
         sliding_window=args.window, sliding_window_pattern=reference_pattern(args.layers, args.pattern),
-        rope_base=10000.0, vocab_size=args.vocab, weight_precision=args.lane,
+        rope_base=10000.0, vocab_size=_vocab(args), weight_precision=args.lane,
         logit_scale=SEED_CONFIG.logit_scale, final_softcap=SEED_CONFIG.final_softcap)
+
+
+def _vocab(args: argparse.Namespace) -> int:
+    if getattr(args, "mmproj", None) is not None:
+        if args.vocab is not None:
+            raise ValueError(f"make-tiny: --vocab with --mmproj: the text file carries the "
+                             f"{vocab_size()}-token vocabulary llama-mtmd-cli reads (tiny/vocab.py)")
+        return vocab_size()
+    return ByteTokenizer.VOCAB_SIZE if args.vocab is None else args.vocab
 
 
 def main(args: argparse.Namespace) -> int:
@@ -69,7 +83,10 @@ def main(args: argparse.Namespace) -> int:
         raise ValueError(f"make-tiny: --mmproj-layers={args.mmproj_layers} must be >= 1")
     size, params = planned_bytes(config)
     t0 = time.time()
-    write_tiny(args.output, config, args.seed, progress=size > 256 << 20)
+    # beside a projector, a vocabulary llama.cpp tokenizes (llama-mtmd-cli runs the pair)
+    tokenizer, tokenizer_types = marker_vocab() if args.mmproj is not None else (None, None)
+    write_tiny(args.output, config, args.seed, progress=size > 256 << 20, tokenizer=tokenizer,
+               tokenizer_types=tokenizer_types)
     print(f"wrote {args.output}: {config.n_layers} layers, {params:,} parameters, "
           f"{size:,} bytes of tensor data ({size * 8 / params:.2f} bits/weight) "
           f"in {time.time() - t0:.1f} s")

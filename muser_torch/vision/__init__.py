@@ -3,7 +3,7 @@ weights (``tower.py``), the image and video preprocessing
 (``preprocess.py``) and a video's frames and times (``video.py``)."""
 from __future__ import annotations
 
-from .tower import Grid, VisionTower
+from .tower import Grid, GridPlan, VisionTower
 from .video import Video
 
-__all__ = ["Grid", "VisionTower", "Video"]
+__all__ = ["Grid", "GridPlan", "VisionTower", "Video"]

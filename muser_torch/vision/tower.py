@@ -19,7 +19,14 @@ One image (or one temporal group of a video) of ``h x w`` patches:
 Windows need no reordering of the rows: a windowed layer gathers each window's
 rows, attends, and scatters back (transformers and llama.cpp permute the rows
 into window order instead; every other step is per row, so the result is the
-same up to the order of float sums)."""
+same up to the order of float sums).
+
+A forward is two parts (``forward`` = ``run(pixels, plan(grid))``): ``plan``
+makes what depends on the grid alone -- the position table's taps and
+weights, the rotary tables, the windows' indices, the merge's gather -- on
+the host and with host syncs (``nonzero``, ``unique``), and ``run`` is pure
+device work over the pixels and that plan, so it can be recorded once per
+grid and replayed (``models/vision_engine.py``: CUDA graphs)."""
 from __future__ import annotations
 
 import math
@@ -33,7 +40,7 @@ from torch import Tensor, nn
 from ..arch.glimmer_vision import ROPE_BASE, VisionConfig, admit_mmproj
 from ..nn import QEmbedding, QLinear
 
-__all__ = ["VisionTower", "Grid"]
+__all__ = ["VisionTower", "Grid", "GridPlan"]
 
 
 @dataclass(frozen=True)
@@ -50,6 +57,21 @@ class Grid:
     def rows(self, merge: int) -> int:
         """Embedding rows it becomes (placeholder tokens in the prompt)."""
         return self.t * (self.h // merge) * (self.w // merge)
+
+
+@dataclass(frozen=True)
+class GridPlan:
+    """The tensors a forward of one grid needs beside its pixels, on the
+    tower's device (``VisionTower.plan``). They depend on the grid and the
+    device only, not on any weight, so a plan is kept as long as the tower
+    stays where it is."""
+    grid: Grid
+    pos_index: Tensor        # [h*w*4]: the position table's bilinear taps, 4 per patch
+    pos_weight: Tensor       # [h*w, 4]: their weights
+    cos: Tensor              # [h*w, head_dim / 2]
+    sin: Tensor
+    windows: list[Tensor]    # each window's patch indices (windowed layers)
+    merge: Tensor            # [h*w]: the 2 x 2 merge's gather
 
 
 def _vector(gguf: Any, name: str) -> Tensor:
@@ -139,14 +161,22 @@ class VisionTower(nn.Module):
         ``h``-column one -- the reference's meshgrid swaps the axes, which only
         a non-square grid shows. llama.cpp resizes the table plainly (and
         clamps at the border), so it differs on such grids."""
+        idx, wt = self.position_taps(h, w)
+        return self._resampled(idx, wt)
+
+    def position_taps(self, h: int, w: int) -> tuple[Tensor, Tensor]:
+        """``positions``' table rows (4 per patch, flat) and their weights ``[h*w, 4]``, on the device."""
         side = self.config.pos_side
         i = torch.arange(h * w)    # taps on the CPU: float64 there (MPS has none), then moved
         rt, rw = _taps(i // h, w, side)
         ct, cw = _taps(i % h, h, side)
         dev = self.inv_freq.device
-        idx = (rt[:, :, None] * side + ct[:, None, :]).reshape(-1, 4).to(dev)
+        idx = (rt[:, :, None] * side + ct[:, None, :]).reshape(-1).to(dev)
         wt = (rw[:, :, None] * cw[:, None, :]).reshape(-1, 4).to(dev)
-        rows = self.position(idx.reshape(-1)).view(h * w, 4, -1).float()
+        return idx, wt
+
+    def _resampled(self, idx: Tensor, wt: Tensor) -> Tensor:
+        rows = self.position(idx).view(wt.shape[0], 4, -1).float()
         return (rows * wt[:, :, None]).sum(1)
 
     def rotary(self, h: int, w: int) -> tuple[Tensor, Tensor]:
@@ -171,29 +201,42 @@ class VisionTower(nn.Module):
         i = torch.arange(h * w, device=self.inv_freq.device).view(h // m, m, w // m, m)
         return i.permute(0, 2, 1, 3).reshape(-1)
 
+    def plan(self, grid: Grid) -> GridPlan:
+        """What a forward of ``grid`` needs beside the pixels (host work, host syncs)."""
+        h, w = grid.h, grid.w
+        idx, wt = self.position_taps(h, w)
+        cos, sin = self.rotary(h, w)
+        return GridPlan(grid, idx, wt, cos, sin, self.windows(h, w), self.merge_index(h, w))
+
     # -- forward -----------------------------------------------------------------------
 
     def encode(self, pixels: Tensor, grid: Grid) -> Tensor:
         """The merged ViT rows ``[t * h/2 * w/2, 4 * hidden]`` of one input:
         ``pixels`` ``[t, h*w, 3*p*p]`` (one frame per temporal group)."""
+        return self._encode(pixels, self.plan(grid))
+
+    def _encode(self, pixels: Tensor, plan: GridPlan) -> Tensor:
+        # device work only: no host sync, no allocation outside the caching allocator
         cfg = self.config
-        h, w = grid.h, grid.w
-        x = self.patch(pixels.float()) + self.positions(h, w)
+        x = self.patch(pixels.float()) + self._resampled(plan.pos_index, plan.pos_weight)
         x = F.layer_norm(x, (cfg.hidden,), self.pre_ln_weight, self.pre_ln_bias, cfg.eps)
-        cos, sin = self.rotary(h, w)
-        windows = self.windows(h, w)
         for layer in self.layers:
-            x = layer(x, cos, sin, windows)
+            x = layer(x, plan.cos, plan.sin, plan.windows)
         x = F.layer_norm(x, (cfg.hidden,), self.post_ln_weight, self.post_ln_bias, cfg.eps)
         m2 = cfg.merge * cfg.merge
-        x = x[:, self.merge_index(h, w)].view(grid.t, -1, m2, cfg.hidden)
+        x = x[:, plan.merge].view(plan.grid.t, -1, m2, cfg.hidden)
         return x.transpose(-1, -2).reshape(-1, cfg.hidden * m2)
+
+    def run(self, pixels: Tensor, plan: GridPlan) -> Tensor:
+        """``forward`` of ``pixels`` (on the tower's device) over a grid's ``plan``:
+        device work alone, the same ops in the same order as ``forward``."""
+        x = self._encode(pixels, plan)
+        return self.mm2(F.gelu(self.mm1(F.gelu(self.mm0(x)))))
 
     def forward(self, pixels: Tensor, grid: Grid) -> Tensor:
         """Embedding rows ``[grid.rows(merge), text_hidden]`` (before the text
         model's embedding norm)."""
-        x = self.encode(pixels, grid)
-        return self.mm2(F.gelu(self.mm1(F.gelu(self.mm0(x)))))
+        return self.run(pixels, self.plan(grid))
 
 
 def _taps(index: Tensor, size: int, side: int) -> tuple[Tensor, Tensor]:

@@ -20,6 +20,7 @@ from muser_torch.arch.glimmer_vision import admit_mmproj, release_config
 from muser_torch.cli import main as cli
 from muser_torch.gguf_io import load_gguf
 from muser_torch.tiny.mmproj import mmproj_bytes, write_random_mmproj
+from muser_torch.tiny.vocab import MARKERS, vocab_size
 
 from .conftest import SEED
 
@@ -56,6 +57,22 @@ def test_make_tiny_writes_a_projector_of_the_release_geometry(tmp_path, capsys):
     assert cli(["make-tiny", str(tmp_path / "t2.gguf"), "--mmproj", str(tmp_path / "m2.gguf"),
                 "--mmproj-layers", "0"]) == 2
     assert "--mmproj-layers=0 must be >= 1" in capsys.readouterr().err
+    # the text file's vocabulary (tiny/vocab.py), which llama-mtmd-cli tokenizes too: the
+    # markers are one token each, text falls back to bytes and decodes back, ChatML renders
+    tok = model.tokenizer
+    assert tok.vocab_size == model.config.vocab_size == vocab_size()
+    assert None not in model.placeholder_ids()
+    for marker in MARKERS:
+        assert tok.encode(marker, bos=False, parse_special=True) == [tok.vocab.tokens.index(marker)], marker
+    text = "a photo, 12 cats \u00e9"
+    assert tok.decode(tok.encode(text)) == text
+    ids = tok.encode_chat([{"role": "user", "content": "describe"}])
+    start, end = (tok.vocab.tokens.index(m) for m in ("<|im_start|>", "<|im_end|>"))
+    assert [i for i in ids if i in (start, end)] == [start, end, start], ids
+    assert "describe" in tok.decode(ids) and "<|im" not in tok.decode(ids)
+    assert cli(["make-tiny", str(tmp_path / "t3.gguf"), "--mmproj", str(tmp_path / "m3.gguf"),
+                "--vocab", "300"]) == 2
+    assert "--vocab with --mmproj" in capsys.readouterr().err
 
 
 def _png(tmp_path, h: int, w: int, name: str = "im.png"):

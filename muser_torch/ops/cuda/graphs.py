@@ -18,16 +18,21 @@ import torch
 __all__ = ["capture"]
 
 
-def capture(fn: Callable[[], torch.Tensor], pool=None) -> Callable[[], torch.Tensor]:
+def capture(fn: Callable[[], torch.Tensor], pool=None, mode: str = "global") -> Callable[[], torch.Tensor]:
     """Record ``fn`` (already run once eagerly, so every kernel is compiled and
     every library handle made) into a CUDA graph; return a function that
     replays it and returns its output tensor (the same tensor every time).
 
     ``pool`` is a ``torch.cuda.graph_pool_handle()`` shared by the graphs of
-    one engine. Recording runs nothing: the caller replays once to compute."""
+    one engine. Recording runs nothing: the caller replays once to compute.
+
+    ``mode`` is CUDA's stream-capture mode: "global" (the decode engine's:
+    any thread's unsafe call, a ``cudaMalloc``, fails the capture) or
+    "thread_local" (the vision engine's: it records on a request's thread
+    while the scheduler's thread keeps decoding and may allocate)."""
     graph = torch.cuda.CUDAGraph()
     torch.cuda.current_stream().synchronize()
-    with torch.cuda.graph(graph, pool=pool):
+    with torch.cuda.graph(graph, pool=pool, capture_error_mode=mode):
         out = fn()
 
     def replay() -> torch.Tensor:
