@@ -58,7 +58,9 @@ def kernels() -> ModuleType | None:
     where = cache_dir() / "cuda-ext" / digest
     where.mkdir(parents=True, exist_ok=True)
     if not any(where.glob("*.so")):
-        print(f"muser-torch: compiling the CUDA C++ kernels (once; cached in {where})",
+        # about two minutes on the H200 machine's 16 cores (2026-12-05: a fresh load's
+        # warm-up was 155 s, of which Triton's compile had been 34 s): torch's headers
+        print(f"muser-torch: compiling the CUDA C++ kernels, about 2 minutes (once; cached in {where})",
               file=sys.stderr, flush=True)
     try:
         return cpp_extension.load(name=f"muser_cuda_mv_{digest}", sources=[str(SOURCE)],
