@@ -30,7 +30,7 @@ import torch
 
 from .. import changes, ops
 
-__all__ = ["DecodeEngine", "ENGINES", "decode_engine", "bucket"]
+__all__ = ["DecodeEngine", "ENGINES", "decode_engine", "engine_recorder", "bucket"]
 
 ENGINES = ("auto", "graph", "eager")
 
@@ -145,6 +145,20 @@ class DecodeEngine:
         return entry.replay()
 
 
+def engine_recorder(engine: str, device: torch.device, what: str):
+    """The backend's recorder (``ops.graph_capture``) that an ``engine`` word
+    asks for on ``device``, or None to run eagerly: ``"auto"`` records where
+    the backend can (CUDA), ``"graph"`` insists on it (a ``ValueError``
+    naming ``what`` elsewhere), ``"eager"`` never records."""
+    if engine not in ENGINES:
+        raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
+    recorder = None if engine == "eager" else ops.graph_capture(device.type)
+    if engine == "graph" and recorder is None:
+        raise ValueError(f"engine='graph': {what} on {device.type} cannot be recorded "
+                         f"(CUDA graphs need a CUDA model); use engine='eager' or 'auto'")
+    return recorder
+
+
 def decode_engine(model: torch.nn.Module, engine: "str | DecodeEngine" = "auto") -> DecodeEngine:
     """``model``'s engine (made once, kept on the model): ``"auto"`` records
     steps where the backend can (CUDA), ``"graph"`` insists on it (a
@@ -154,13 +168,7 @@ def decode_engine(model: torch.nn.Module, engine: "str | DecodeEngine" = "auto")
         if engine.model is not model:
             raise ValueError("engine: a DecodeEngine runs the model it was made for, not this one")
         return engine
-    if engine not in ENGINES:
-        raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
-    device = model.lengths.device
-    recorder = None if engine == "eager" else ops.graph_capture(device.type)
-    if engine == "graph" and recorder is None:
-        raise ValueError(f"engine='graph': steps on {device.type} cannot be recorded "
-                         f"(CUDA graphs need a CUDA model); use engine='eager' or 'auto'")
+    recorder = engine_recorder(engine, model.lengths.device, "steps")
     cached = model.__dict__.get("_decode_engines", {})
     model.__dict__["_decode_engines"] = cached
     kind = "graph" if recorder is not None else "eager"

@@ -42,9 +42,9 @@ from typing import Any, Callable
 
 import torch
 
-from .. import changes, ops
+from .. import changes
 from ..vision import Grid, GridPlan, VisionTower
-from .engine import ENGINES
+from .engine import engine_recorder
 
 __all__ = ["VisionEngine", "vision_engine", "MAX_GRIDS", "engine_choice"]
 
@@ -183,13 +183,7 @@ def vision_engine(tower: VisionTower, engine: "str | VisionEngine" = "auto") -> 
         if engine.tower is not tower:
             raise ValueError("engine: a VisionEngine runs the tower it was made for, not this one")
         return engine
-    if engine not in ENGINES:
-        raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
-    device = tower.inv_freq.device
-    recorder = None if engine == "eager" else ops.graph_capture(device.type)
-    if engine == "graph" and recorder is None:
-        raise ValueError(f"engine='graph': a vision forward on {device.type} cannot be recorded "
-                         f"(CUDA graphs need a CUDA model); use engine='eager' or 'auto'")
+    recorder = engine_recorder(engine, tower.inv_freq.device, "a vision forward")
     kind = "graph" if recorder is not None else "eager"
     cached = tower.__dict__.setdefault("_vision_engines", {})
     if kind not in cached:
