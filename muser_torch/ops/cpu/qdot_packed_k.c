@@ -283,66 +283,99 @@ _Static_assert(Q6_TT == 2, "panel_q6_512's remainder is one token");
 #define Q4_SC (PACKED_ROWS * MUSER_Q4_K_SCALES)
 #define Q4_GROUP_BYTES (PACKED_ROWS * MUSER_Q4_K_BYTES)
 
-/* Each token against a panel: one float accumulator (and one for the mins) per row. */
-T512 static void panel_q4k_512(const uint8_t *panel, const acts_k_t *x, int T, float *y, int64_t n_out) {
+/* The scales and mins of 16 rows' block (each row's 12-byte strip as 3 dwords: qdot.c's
+ * k4_scales, lane-wise): sc_j in byte j % 4 of w[j / 4], m_j in byte j % 4 of w[2 + j / 4]. */
+#define Q4K_SCALES(SI, AND, OR, SRL, SLL, LOAD, SET1, g, w)                                          \
+    do {                                                                                           \
+        const SI u0 = LOAD(g), u1 = LOAD(g + 64), u2 = LOAD(g + 128);                              \
+        const SI k3f = SET1(0x3F3F3F3F), k0f = SET1(0x0F0F0F0F), k03 = SET1(0x03030303);           \
+        w[0] = AND(u0, k3f);                                                                       \
+        w[1] = OR(AND(u2, k0f), SLL(AND(SRL(u0, 6), k03), 4));                                     \
+        w[2] = AND(u1, k3f);                                                                       \
+        w[3] = OR(AND(SRL(u2, 4), k0f), SLL(AND(SRL(u1, 6), k03), 4));                             \
+    } while (0)
+
+#define Q4_TT 4   /* tokens per pass over a panel: each block's codes unpacked once for all */
+
+/* Tokens t0 .. t0 + TT - 1 (all gemm or all gemv: q4k_gemm's boundary is a multiple of 4)
+ * against a panel: per token and row one float accumulator and one for the mins. The
+ * integer sums are exact, so how they are grouped is free; the floats are folded per
+ * pair (gemm) or per block (gemv) as q4k_row_c folds them. */
+T512 static inline __attribute__((always_inline)) void panel_q4k_512_tt(const uint8_t *panel,
+                                                                       const acts_k_t *x, int64_t t0,
+                                                                       const int TT, const int gemm,
+                                                                       float *y, int64_t n_out) {
     const __m512i lo8 = _mm512_set1_epi32(0xFF), m4 = _mm512_set1_epi8(0xF);
-    for (int t = 0; t < T; t++) {
-        const int gemm = q4k_gemm(t, T);
-        __m512 acc = _mm512_setzero_ps(), accm = _mm512_setzero_ps();
-        for (int64_t b = 0; b < x->nb; b++) {
-            const uint8_t *g = panel + b * Q4_GROUP_BYTES;
-            prefetch_block(g + PREFETCH_AHEAD * Q4_GROUP_BYTES, Q4_GROUP_BYTES);
-            const actk_t *a = x->a + t * x->nb + b;
-            const __m512 ad = _mm512_set1_ps(a->d);
-            const __m512 ds = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)g)), ad);
-            const __m512 dm = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256(
-                                                (const __m256i *)(g + PACKED_ROWS * MUSER_Q4_K_DMIN))), ad);
-            /* the 12-byte strip of 16 rows as 3 dwords each: qdot.c's k4_scales, lane-wise */
-            const __m512i u0 = _mm512_loadu_si512(g + Q4_SC), u1 = _mm512_loadu_si512(g + Q4_SC + 64),
-                          u2 = _mm512_loadu_si512(g + Q4_SC + 128);
-            const __m512i k3f = _mm512_set1_epi32(0x3F3F3F3F), k0f = _mm512_set1_epi32(0x0F0F0F0F),
-                          k03 = _mm512_set1_epi32(0x03030303);
-            const __m512i w[4] = {
-                _mm512_and_si512(u0, k3f),
-                _mm512_or_si512(_mm512_and_si512(u2, k0f), _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(u0, 6), k03), 4)),
-                _mm512_and_si512(u1, k3f),
-                _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(u2, 4), k0f),
-                                _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(u1, 6), k03), 4))};
-            /* scales and mins 0..3 in w[0], w[2]; 4..7 in w[1], w[3] */
-            __m512i I[4], M[4];
-            for (int p = 0; p < 4; p++) {      /* pair p: sub-blocks G = 2p, 2p + 1 */
-                I[p] = M[p] = _mm512_setzero_si512();
-                for (int G = 2 * p; G < 2 * p + 2; G++) {
-                    const __m512i sc = _mm512_and_si512(_mm512_srli_epi32(w[G / 4], 8 * (G & 3)), lo8);
-                    for (int m = 0; m < LANES; m++) {
-                        const __m512i raw = _mm512_loadu_si512(g + Q4_QS + 64 * (8 * (G / 2) + m));
-                        const __m512i u = _mm512_and_si512(G & 1 ? _mm512_srli_epi16(raw, 4) : raw, m4);
-                        int32_t yq;
-                        memcpy(&yq, a->qs + 32 * G + 4 * m, 4);
-                        /* sum q * y over 4 elements: |.| <= 4 * 15 * 128 < 2^15, times the 6-bit scale */
-                        const __m512i q = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, _mm512_set1_epi32(yq));
-                        I[p] = _mm512_dpwssd_epi32(I[p], q, sc);
-                    }
-                    const __m512i mn = _mm512_and_si512(_mm512_srli_epi32(w[2 + G / 4], 8 * (G & 3)), lo8);
-                    M[p] = _mm512_add_epi32(M[p], _mm512_mullo_epi32(
-                                                      mn, _mm512_set1_epi32(a->bsums[2 * G] + a->bsums[2 * G + 1])));
+    __m512 acc[Q4_TT], accm[Q4_TT];
+    for (int t = 0; t < TT; t++) acc[t] = accm[t] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < x->nb; b++) {
+        const uint8_t *g = panel + b * Q4_GROUP_BYTES;
+        prefetch_block(g + PREFETCH_AHEAD * Q4_GROUP_BYTES, Q4_GROUP_BYTES);
+        const actk_t *a[Q4_TT];
+        for (int t = 0; t < TT; t++) a[t] = x->a + (t0 + t) * x->nb + b;
+        const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)g));
+        const __m512 mw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(g + PACKED_ROWS * MUSER_Q4_K_DMIN)));
+        __m512 ds[Q4_TT], dm[Q4_TT];
+        for (int t = 0; t < TT; t++) {
+            ds[t] = _mm512_mul_ps(dw, _mm512_set1_ps(a[t]->d));
+            dm[t] = _mm512_mul_ps(mw, _mm512_set1_ps(a[t]->d));
+        }
+        __m512i w[4];
+        Q4K_SCALES(__m512i, _mm512_and_si512, _mm512_or_si512, _mm512_srli_epi32, _mm512_slli_epi32,
+                   _mm512_loadu_si512, _mm512_set1_epi32, g + Q4_SC, w);
+        __m512i Ib[Q4_TT], Mb[Q4_TT];        /* gemv: the block's totals */
+        for (int t = 0; t < TT; t++) Ib[t] = Mb[t] = _mm512_setzero_si512();
+        for (int p = 0; p < 4; p++) {        /* pair p: sub-blocks G = 2p (low nibbles), 2p + 1 (high) */
+            const __m512i sc0 = _mm512_and_si512(_mm512_srli_epi32(w[p / 2], 16 * (p & 1)), lo8);
+            const __m512i sc1 = _mm512_and_si512(_mm512_srli_epi32(w[p / 2], 16 * (p & 1) + 8), lo8);
+            const __m512i mn0 = _mm512_and_si512(_mm512_srli_epi32(w[2 + p / 2], 16 * (p & 1)), lo8);
+            const __m512i mn1 = _mm512_and_si512(_mm512_srli_epi32(w[2 + p / 2], 16 * (p & 1) + 8), lo8);
+            __m512i I[Q4_TT];
+            for (int t = 0; t < TT; t++) I[t] = _mm512_setzero_si512();
+            for (int m = 0; m < LANES; m++) {
+                const __m512i raw = _mm512_loadu_si512(g + Q4_QS + 64 * (8 * p + m));
+                const __m512i u0 = _mm512_and_si512(raw, m4), u1 = _mm512_and_si512(_mm512_srli_epi16(raw, 4), m4);
+                for (int t = 0; t < TT; t++) {
+                    int32_t y0, y1;
+                    memcpy(&y0, a[t]->qs + 64 * p + 4 * m, 4);
+                    memcpy(&y1, a[t]->qs + 64 * p + 32 + 4 * m, 4);
+                    /* sum q * y over 4 elements: |.| <= 4 * 15 * 128 < 2^15, times the 6-bit scale */
+                    const __m512i q0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u0, _mm512_set1_epi32(y0));
+                    const __m512i q1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u1, _mm512_set1_epi32(y1));
+                    I[t] = _mm512_dpwssd_epi32(_mm512_dpwssd_epi32(I[t], q0, sc0), q1, sc1);
                 }
             }
-            if (gemm) {
-                for (int p = 0; p < 4; p++) {
-                    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I[p]), ds, acc);
-                    accm = _mm512_fmadd_ps(_mm512_cvtepi32_ps(M[p]), dm, accm);
+            for (int t = 0; t < TT; t++) {
+                const int16_t *bs = a[t]->bsums;
+                const __m512i M = _mm512_add_epi32(_mm512_mullo_epi32(mn0, _mm512_set1_epi32(bs[4 * p] + bs[4 * p + 1])),
+                                                   _mm512_mullo_epi32(mn1, _mm512_set1_epi32(bs[4 * p + 2] + bs[4 * p + 3])));
+                if (gemm) {
+                    acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I[t]), ds[t], acc[t]);
+                    accm[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(M), dm[t], accm[t]);
+                } else {
+                    Ib[t] = _mm512_add_epi32(Ib[t], I[t]);
+                    Mb[t] = _mm512_add_epi32(Mb[t], M);
                 }
-            } else {
-                const __m512i Is = _mm512_add_epi32(_mm512_add_epi32(I[0], I[1]), _mm512_add_epi32(I[2], I[3]));
-                const __m512i Ms = _mm512_add_epi32(_mm512_add_epi32(M[0], M[1]), _mm512_add_epi32(M[2], M[3]));
-                acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(Is), ds, acc);
-                accm = _mm512_fmadd_ps(_mm512_cvtepi32_ps(Ms), dm, accm);
             }
         }
-        _mm512_storeu_ps(y + t * n_out, _mm512_sub_ps(acc, accm));
+        if (!gemm)
+            for (int t = 0; t < TT; t++) {
+                acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(Ib[t]), ds[t], acc[t]);
+                accm[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(Mb[t]), dm[t], accm[t]);
+            }
     }
+    for (int t = 0; t < TT; t++) _mm512_storeu_ps(y + (t0 + t) * n_out, _mm512_sub_ps(acc[t], accm[t]));
 }
+
+/* The call's tokens Q4_TT at a time (the gemm ones: T - T % 4 of them), then its gemv
+ * tail one at a time. */
+T512 static void panel_q4k_512(const uint8_t *panel, const acts_k_t *x, int T, float *y, int64_t n_out) {
+    const int n_gemm = T - T % 4;
+    int t0 = 0;
+    for (; t0 + Q4_TT <= n_gemm; t0 += Q4_TT) panel_q4k_512_tt(panel, x, t0, Q4_TT, 1, y, n_out);
+    for (; t0 < T; t0++) panel_q4k_512_tt(panel, x, t0, 1, 0, y, n_out);
+}
+_Static_assert(Q4_TT == 4, "panel_q4k_512 takes the gemm tokens 4 at a time");
 #endif
 
 typedef struct {
