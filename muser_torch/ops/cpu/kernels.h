@@ -97,6 +97,15 @@ _Static_assert(QDOT_TOKENS == 4, "TOKEN_SWITCH covers 1 .. 4 tokens");
 
 float f16_round(float f);
 float f16_round_soft(float f);       /* the same without F16C (q8_act.c) */
+uint16_t f16_encode_soft(float f);   /* its f16 bits */
+/* f's f16 bits, rounded to nearest even (F16C's where the build has it). */
+static inline uint16_t f16_bits(float f) {
+#if defined(__F16C__)
+    return (uint16_t)_cvtss_sh(f, 0);
+#else
+    return f16_encode_soft(f);
+#endif
+}
 
 /* ggml-cpu's f16 flash attention (attn_f16.c, decode.c's ggml block). The f16 dot's
  * order is that of the emulated llama.cpp build's SIMD width, taken to be this

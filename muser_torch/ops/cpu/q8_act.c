@@ -27,11 +27,12 @@ static inline int nearest_int(float v) {
     return (int)((v + big) - big);
 }
 
-/* f as an IEEE half, rounded to nearest even, returned as a float: what F16C's
+/* f as an IEEE half, rounded to nearest even (its bits; f16_round_soft: returned as
+ * a float): what F16C's
  * vcvtps2ph (imm 0) and vcvtph2ps give, in software, for every float32 bit
  * pattern (attn_f16.c's muser_f16_round_check compares the two), NaNs included:
  * F16C keeps a NaN's sign and the top 10 bits of its payload and sets the quiet bit. */
-float f16_round_soft(float f) {
+uint16_t f16_encode_soft(float f) {
     uint32_t x;
     memcpy(&x, &f, 4);
     const uint32_t sign = x & 0x80000000u, ax = x ^ sign;
@@ -47,7 +48,11 @@ float f16_round_soft(float f) {
     } else {
         h = (ax + 0xFFFu + ((ax >> 13) & 1u) - 0x38000000u) >> 13;
     }
-    h |= sign >> 16;
+    return (uint16_t)(h | sign >> 16);
+}
+
+float f16_round_soft(float f) {
+    const uint16_t h = f16_encode_soft(f);
     const uint8_t b[2] = {(uint8_t)h, (uint8_t)(h >> 8)};
     return f16(b);
 }
