@@ -19,7 +19,8 @@
  * the sum times the row's scale; the offset taken off each lane at the end)
  * and plain C (the reference; also the rows past the last group,
  * in the file's layout). On a CPU without AVX-512 VNNI the op keeps Q6_K on
- * the row kernel (ops/cpu/packed.py serves it only here).
+ * the row kernel (ops/cpu/packed.py serves it only here); Q4_K has an AVX2
+ * kernel too (below), each row's sums in its own lane as on AVX-512.
  */
 #include <stdlib.h>
 
@@ -378,13 +379,102 @@ T512 static void panel_q4k_512(const uint8_t *panel, const acts_k_t *x, int T, f
 _Static_assert(Q4_TT == 4, "panel_q4k_512 takes the gemm tokens 4 at a time");
 #endif
 
+#if defined(__x86_64__)
+#define T256 __attribute__((target("avx2,fma,f16c")))
+#define Q4_TT2 2   /* AVX2: tokens per pass (16 registers) */
+
+/* AVX2 (llama.cpp's q4_K_8x8 layout is 8 rows; here a panel's 16 rows are two halves
+ * of 8, each row's sums in its own 32-bit lane, no sum across lanes): half hh's bytes
+ * are the second 32 of each 64-byte chunk. The 4-element sums by vpmaddubsw (u4 x s8,
+ * pairs <= 2 * 15 * 128, no saturation), times the scale by vpmaddwd against the scale
+ * in both 16-bit halves of the lane: exact, so the same integers as the AVX-512 kernel. */
+T256 static inline __attribute__((always_inline)) void panel_q4k_256_tt(const uint8_t *panel,
+                                                                       const acts_k_t *x, int64_t t0,
+                                                                       const int TT, const int gemm,
+                                                                       const int hh, float *y, int64_t n_out) {
+    const __m256i lo8 = _mm256_set1_epi32(0xFF), m4 = _mm256_set1_epi8(0xF);
+    __m256 acc[Q4_TT2], accm[Q4_TT2];
+    for (int t = 0; t < TT; t++) acc[t] = accm[t] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < x->nb; b++) {
+        const uint8_t *g = panel + b * Q4_GROUP_BYTES;
+        if (!hh) prefetch_block(g + PREFETCH_AHEAD * Q4_GROUP_BYTES, Q4_GROUP_BYTES);
+        const actk_t *a[Q4_TT2];
+        for (int t = 0; t < TT; t++) a[t] = x->a + (t0 + t) * x->nb + b;
+        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(g + 16 * hh)));
+        const __m256 mw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(g + PACKED_ROWS * MUSER_Q4_K_DMIN + 16 * hh)));
+        __m256 ds[Q4_TT2], dm[Q4_TT2];
+        for (int t = 0; t < TT; t++) {
+            ds[t] = _mm256_mul_ps(dw, _mm256_set1_ps(a[t]->d));
+            dm[t] = _mm256_mul_ps(mw, _mm256_set1_ps(a[t]->d));
+        }
+#define LOAD256(q) _mm256_loadu_si256((const __m256i *)(q))
+        __m256i w[4];
+        Q4K_SCALES(__m256i, _mm256_and_si256, _mm256_or_si256, _mm256_srli_epi32, _mm256_slli_epi32,
+                   LOAD256, _mm256_set1_epi32, g + Q4_SC + 32 * hh, w);
+        __m256i Ib[Q4_TT2], Mb[Q4_TT2];
+        for (int t = 0; t < TT; t++) Ib[t] = Mb[t] = _mm256_setzero_si256();
+        for (int p = 0; p < 4; p++) {
+            const __m256i sc0 = _mm256_and_si256(_mm256_srli_epi32(w[p / 2], 16 * (p & 1)), lo8);
+            const __m256i sc1 = _mm256_and_si256(_mm256_srli_epi32(w[p / 2], 16 * (p & 1) + 8), lo8);
+            const __m256i sw0 = _mm256_or_si256(sc0, _mm256_slli_epi32(sc0, 16));
+            const __m256i sw1 = _mm256_or_si256(sc1, _mm256_slli_epi32(sc1, 16));
+            __m256i I[Q4_TT2];
+            for (int t = 0; t < TT; t++) I[t] = _mm256_setzero_si256();
+            for (int m = 0; m < LANES; m++) {
+                const __m256i raw = LOAD256(g + Q4_QS + 64 * (8 * p + m) + 32 * hh);
+                const __m256i u0 = _mm256_and_si256(raw, m4), u1 = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
+                for (int t = 0; t < TT; t++) {
+                    int32_t y0, y1;
+                    memcpy(&y0, a[t]->qs + 64 * p + 4 * m, 4);
+                    memcpy(&y1, a[t]->qs + 64 * p + 32 + 4 * m, 4);
+                    const __m256i q0 = _mm256_madd_epi16(_mm256_maddubs_epi16(u0, _mm256_set1_epi32(y0)), sw0);
+                    const __m256i q1 = _mm256_madd_epi16(_mm256_maddubs_epi16(u1, _mm256_set1_epi32(y1)), sw1);
+                    I[t] = _mm256_add_epi32(I[t], _mm256_add_epi32(q0, q1));
+                }
+            }
+            const __m256i mn0 = _mm256_and_si256(_mm256_srli_epi32(w[2 + p / 2], 16 * (p & 1)), lo8);
+            const __m256i mn1 = _mm256_and_si256(_mm256_srli_epi32(w[2 + p / 2], 16 * (p & 1) + 8), lo8);
+            for (int t = 0; t < TT; t++) {
+                const int16_t *bs = a[t]->bsums;
+                const __m256i M = _mm256_add_epi32(_mm256_mullo_epi32(mn0, _mm256_set1_epi32(bs[4 * p] + bs[4 * p + 1])),
+                                                   _mm256_mullo_epi32(mn1, _mm256_set1_epi32(bs[4 * p + 2] + bs[4 * p + 3])));
+                if (gemm) {
+                    acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I[t]), ds[t], acc[t]);
+                    accm[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(M), dm[t], accm[t]);
+                } else {
+                    Ib[t] = _mm256_add_epi32(Ib[t], I[t]);
+                    Mb[t] = _mm256_add_epi32(Mb[t], M);
+                }
+            }
+        }
+#undef LOAD256
+        if (!gemm)
+            for (int t = 0; t < TT; t++) {
+                acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(Ib[t]), ds[t], acc[t]);
+                accm[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(Mb[t]), dm[t], accm[t]);
+            }
+    }
+    for (int t = 0; t < TT; t++) _mm256_storeu_ps(y + (t0 + t) * n_out + 8 * hh, _mm256_sub_ps(acc[t], accm[t]));
+}
+
+T256 static void panel_q4k_256(const uint8_t *panel, const acts_k_t *x, int T, float *y, int64_t n_out) {
+    const int n_gemm = T - T % 4;
+    for (int hh = 0; hh < 2; hh++) {
+        int t0 = 0;
+        for (; t0 + Q4_TT2 <= n_gemm; t0 += Q4_TT2) panel_q4k_256_tt(panel, x, t0, Q4_TT2, 1, hh, y, n_out);
+        for (; t0 < T; t0++) panel_q4k_256_tt(panel, x, t0, 1, 0, hh, y, n_out);
+    }
+}
+_Static_assert(4 % Q4_TT2 == 0, "a pass's tokens are all gemm or all gemv");
+#endif
+
 typedef struct {
     int type;
     const uint8_t *packed;
     acts_k_t x;
     int64_t T, n_out;
     float *y;
-    int avx512;
+    int isa;                 /* PACKED_ISA_* */
 } k_job;
 
 static void k_task(const void *ctx, int64_t g0, int64_t g1) {
@@ -395,8 +485,12 @@ static void k_task(const void *ctx, int64_t g0, int64_t g1) {
         const uint8_t *panel = j->packed + g * panel_bytes;
         float *y = j->y + g * PACKED_ROWS;
 #if defined(__x86_64__)
-        if (j->avx512) {
+        if (j->isa == PACKED_ISA_AVX512) {
             (six ? panel_q6_512 : panel_q4k_512)(panel, &j->x, (int)j->T, y, j->n_out);
+            continue;
+        }
+        if (j->isa == PACKED_ISA_AVX2 && !six) {
+            panel_q4k_256(panel, &j->x, (int)j->T, y, j->n_out);
             continue;
         }
 #endif
@@ -413,7 +507,7 @@ int matmul_k_packed(int type, const uint8_t *packed, int64_t n_out, int64_t n_in
     if (!a) return -2;
     for (int64_t t = 0; t < T; t++) quantize_act_q8_k(x + t * n_in, n_in, a + t * nb);
     const int64_t groups = n_out / PACKED_ROWS;
-    const k_job j = {type, packed, {a, nb}, T, n_out, y, isa == PACKED_ISA_AVX512};
+    const k_job j = {type, packed, {a, nb}, T, n_out, y, isa};
     parallel_for(k_task, &j, groups, nthreads);
     const int six = type == MUSER_ID_Q6_K;
     const int64_t row_bytes = nb * (six ? MUSER_Q6_K_BYTES : MUSER_Q4_K_BYTES);
