@@ -14,7 +14,7 @@ from ...formats import scale_byte_table
 from . import GGML_NUMERICS_TYPES, _native_for
 
 __all__ = ["Linear", "Norm", "Block", "ROPE", "ACTIVATIONS", "MUL", "ABSENT", "linear", "norm",
-           "rmsnorm", "block_work"]
+           "rmsnorm", "block_work", "ATTN_ISA_NAMES", "attn_isa", "fa_row", "f16_round_mismatches"]
 
 # decode.c's enums
 ROPE = {"none": 0, "neox": 1, "normal": 2}
@@ -92,3 +92,42 @@ def rmsnorm(lib, x: torch.Tensor, weight: torch.Tensor | None, eps: float,
     norm(x.data_ptr(), None if weight is None else weight.data_ptr(), eps, x.numel() // n, n,
          out.data_ptr())
     return out
+
+
+# ---- the ggml block's f16 flash attention (attn_f16.c) -------------------------------------
+
+ATTN_ISA_NAMES = ("plain C", "AVX2 + F16C", "AVX-512")
+
+
+def attn_isa(lib, force: int | None = None) -> int:
+    """The f16 attention kernels in use (an index into ``ATTN_ISA_NAMES``);
+    ``force`` selects a lower level (the tests run every one the CPU has),
+    ValueError if the CPU lacks it."""
+    if force is not None and force not in range(len(ATTN_ISA_NAMES)):
+        raise ValueError(f"attention kernels: isa must be one of 0..{len(ATTN_ISA_NAMES) - 1}, got {force!r}")
+    got = lib.muser_attn_isa(-1 if force is None else int(force))
+    if got < 0:
+        raise ValueError(f"attention kernels: this CPU cannot run {ATTN_ISA_NAMES[force]}")
+    return got
+
+
+def fa_row(lib, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_scale: float, scale: float,
+           width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """One query row as the ggml block attends: q float32 [D], k and v float32
+    [n, stride >= D] of f16 values; q_scale multiplies q before its f16
+    rounding, scale the scores; ``width`` the emulated f16 dot's lanes (16, 8
+    or 0). Returns (q as f16, the output row), float32 [D] each."""
+    n, D = k.shape[0], q.shape[0]
+    assert k.shape == v.shape and k.stride() == v.stride() and k.stride(1) == 1 and k.shape[1] >= D
+    q, qh, o = q.contiguous(), torch.empty(D), torch.empty(D)
+    lib.muser_fa_row(q.data_ptr(), k.data_ptr(), v.data_ptr(), n, D, k.stride(0),
+                     q_scale, scale, width, qh.data_ptr(), o.data_ptr())
+    return qh, o
+
+
+def f16_round_mismatches(lib, bits: torch.Tensor) -> int:
+    """How many of the float32 bit patterns ``bits`` (int32) the library's software
+    f16 rounding rounds otherwise than F16C; -1 when the CPU has no F16C."""
+    bits = bits.contiguous()
+    assert bits.dtype == torch.int32
+    return lib.muser_f16_round_check(bits.data_ptr(), bits.numel())

@@ -143,6 +143,9 @@ def _build() -> ctypes.CDLL:
     lib.muser_matmul_q8p.argtypes = [i, p, i64, i64, p, i64, p, i]
     lib.muser_packed_isa.argtypes = [i]
     lib.muser_packed_rows.argtypes = []
+    lib.muser_attn_isa.argtypes = [i]
+    lib.muser_fa_row.argtypes = [p, p, p, i64, i64, i64, f, f, i, p, p]
+    lib.muser_f16_round_check.argtypes, lib.muser_f16_round_check.restype = [p, i64], i64
     lib.muser_linear.argtypes = [p, p, i64, p, i, i64]
     lib.muser_rmsnorm.argtypes = [p, p, f, i64, i64, p]
     lib.muser_rmsnorm_ggml.argtypes = [p, p, f, i64, i64, p]

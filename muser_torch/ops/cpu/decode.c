@@ -32,6 +32,7 @@
  * attends before it writes (extend_task says over what).
  */
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 
 #include "kernels.h"
@@ -203,11 +204,23 @@ static float gelu_ggml_f32(float x) {
 }
 
 /* ggml_vec_geglu_f32 with GGML_GELU_FP16: the gate rounded to f16 looks up the
- * f16 table of gelu_ggml_f32 (computed here instead of stored), 0 and x past -10 and 10. */
-static float geglu_ggml(float g, float u) {
+ * f16 table of gelu_ggml_f32, 0 and x past -10 and 10. The table is made once,
+ * as ggml makes its own: entry h is f16(gelu_ggml_f32(the f16 value h)), the
+ * value a tanhf per element gave (about a tenth of a ggml-numerics prefill). */
+static float GELU_F16[1 << 16];
+static pthread_once_t gelu_once = PTHREAD_ONCE_INIT;
+
+static void gelu_table_init(void) {
+    for (uint32_t h = 0; h < (1u << 16); h++) {
+        const uint8_t b[2] = {(uint8_t)h, (uint8_t)(h >> 8)};
+        GELU_F16[h] = f16_round(gelu_ggml_f32(f16(b)));
+    }
+}
+
+static inline float geglu_ggml(float g, float u) {
     if (g <= -10.0f) return 0.0f;
     if (g >= 10.0f) return g * u;
-    return f16_round(gelu_ggml_f32(f16_round(g))) * u;
+    return GELU_F16[f16_bits(g)] * u;
 }
 
 /* ---- projections -------------------------------------------------------------------------- */
@@ -308,72 +321,16 @@ static void softmax_values(float *s, int64_t n, float *o, int64_t D, const float
     for (int64_t d = 0; d < D; d++) o[d] *= inv;
 }
 
-/* ggml_vec_dot_f16 of two rows of f16 values (held as floats), summed as the
- * build's SIMD width sums it: AVX-512 four 16-lane accumulators, AVX2 four of 8,
- * then ggml's tree and horizontal adds; without either, one by one in double. */
-static float dot_f16_ggml(const float *a, const float *b, int64_t n) {
-#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
-#if defined(__AVX512F__)
-    enum { W = 16 };
-#else
-    enum { W = 8 };
-#endif
-    float acc[4][W] = {{0}};
-    const int64_t np = n & ~(int64_t)(4 * W - 1);
-    for (int64_t i = 0; i < np; i += 4 * W)
-        for (int j = 0; j < 4; j++)
-            for (int l = 0; l < W; l++) acc[j][l] = fmaf(a[i + W * j + l], b[i + W * j + l], acc[j][l]);
-    float x[W];
-    for (int l = 0; l < W; l++) x[l] = (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]);
-#if defined(__AVX512F__)
-    float t3[8], t6[4];
-    for (int l = 0; l < 8; l++) t3[l] = x[l + 8] + x[l];
-    for (int l = 0; l < 4; l++) t6[l] = t3[l + 4] + t3[l];
-    double sum = (t6[0] + t6[2]) + (t6[1] + t6[3]);
-#else
-    float t0[4];
-    for (int l = 0; l < 4; l++) t0[l] = x[l] + x[l + 4];
-    double sum = (t0[0] + t0[1]) + (t0[2] + t0[3]);
-#endif
-    for (int64_t i = np; i < n; i++) sum += (double)(a[i] * b[i]);
-#else
-    double sum = 0.0;
-    for (int64_t i = 0; i < n; i++) sum += (double)(a[i] * b[i]);
-#endif
-    return (float)sum;
-}
-
 /* ggml's CPU flash attention for one query row (ggml_compute_forward_flash_attn_ext_f16's
- * one_chunk path: fewer than 64 query rows): q rounded to f16, each visible key in
- * turn scored and folded into an online softmax whose V sum is kept in f16. */
-typedef struct { float M, S; } fa_t;
-
-static void fa_key(fa_t *st, float *acc, const float *qh, const float *k, const float *v, int64_t D,
-                   float scale) {
-    const float s = dot_f16_ggml(qh, k, D) * scale;   /* scale 1 when q was scaled */
-    float ms = 1.0f, vs = 1.0f;
-    if (s > st->M) {
-        ms = expf(st->M - s);
-        st->M = s;
-        for (int64_t d = 0; d < D; d++) acc[d] = f16_round(acc[d] * ms);
-    } else {
-        vs = expf(s - st->M);
-    }
-    for (int64_t d = 0; d < D; d++) acc[d] = f16_round(fmaf(v[d], vs, acc[d]));
-    st->S = fmaf(st->S, ms, vs);
-}
-
-/* Starts a row: qh = q (times the scale when the block scales q) rounded to f16;
- * returns the scale the scores then take. */
+ * one_chunk path: fewer than 64 query rows; attn_f16.c): q rounded to f16, each
+ * visible key in turn scored and folded into an online softmax whose V sum is
+ * kept in f16. Starts a row: qh = q (times the scale when the block scales q)
+ * rounded to f16; returns the scale the scores then take. */
 static float fa_begin(const block_t *b, fa_t *st, float *acc, float *qh, const float *q, int64_t D) {
     st->M = -INFINITY, st->S = 0.0f;
-    for (int64_t d = 0; d < D; d++) acc[d] = 0.0f, qh[d] = f16_round(b->scale_q ? q[d] * b->scale : q[d]);
+    for (int64_t d = 0; d < D; d++) acc[d] = 0.0f;
+    f16_round_scaled(q, b->scale_q ? b->scale : 1.0f, qh, D);   /* x * 1 is x */
     return b->scale_q ? 1.0f : b->scale;
-}
-
-static void fa_end(const fa_t *st, float *acc, int64_t D) {
-    const float inv = st->S == 0.0f ? 0.0f : 1.0f / st->S;
-    for (int64_t d = 0; d < D; d++) acc[d] *= inv;
 }
 
 /* A decode step: row bi's token attends over its ring after its own write. */
@@ -393,7 +350,8 @@ static void attn_task(const void *ctx, int64_t i0, int64_t i1) {
         if (b->ggml) {   /* the scores' row holds q as f16 */
             fa_t st;
             const float scale = fa_begin(b, &st, o, s, q, D);
-            for (int64_t i = 0; i < n; i++) fa_key(&st, o, s, K + i * row, V + i * row, D, scale);
+            for (int64_t i = 0; i < n; i++)
+                fa_key(&st, o, s, K + i * row, V + i * row, D, scale, GGML_F16_WIDTH);
             fa_end(&st, o, D);
             continue;
         }
@@ -427,10 +385,11 @@ static void extend_task(const void *ctx, int64_t i0, int64_t i1) {
             const float scale = fa_begin(b, &st, o, s, q, D);
             for (int64_t e = 0; e < filled; e++)
                 if (e + cap * ((L - 1 - e) / cap) >= lowest)
-                    fa_key(&st, o, s, K + e * row, V + e * row, D, scale);
+                    fa_key(&st, o, s, K + e * row, V + e * row, D, scale, GGML_F16_WIDTH);
             for (int64_t r = 0; r <= i; r++)
                 if (L + r >= lowest)
-                    fa_key(&st, o, s, j->k + r * row + g * D, j->v + r * row + g * D, D, scale);
+                    fa_key(&st, o, s, j->k + r * row + g * D, j->v + r * row + g * D, D, scale,
+                           GGML_F16_WIDTH);
             fa_end(&st, o, D);
             continue;
         }
@@ -496,7 +455,8 @@ static int attention_inputs(const block_t *b, const float *x, int64_t B, const f
         }
         if (b->ggml) {   /* llama.cpp's f16 cache: K and V as f16 from here on */
             float *v = w->v + i * kvd;
-            for (int64_t e = 0; e < kvd; e++) k[e] = f16_round(k[e]), v[e] = f16_round(v[e]);
+            f16_round_scaled(k, 1.0f, k, kvd);
+            f16_round_scaled(v, 1.0f, v, kvd);
         }
     }
     return 0;
@@ -517,10 +477,12 @@ static int attention_out_and_mlp(const block_t *b, float *x, int64_t B, const sc
     rc |= muser_linear(&b->w_gate, w->xn, B, w->g, nthreads, min_bytes);
     rc |= muser_linear(&b->w_up, w->xn, B, w->u, nthreads, min_bytes);
     if (rc) return rc;
-    if (b->ggml && b->act == ACT_GELU_TANH)
+    if (b->ggml && b->act == ACT_GELU_TANH) {
+        pthread_once(&gelu_once, gelu_table_init);
         for (int64_t i = 0; i < B * b->ffn; i++) w->g[i] = geglu_ggml(w->g[i], w->u[i]);
-    else
+    } else {
         for (int64_t i = 0; i < B * b->ffn; i++) w->g[i] = activate(b->act, w->g[i]) * w->u[i];
+    }
     if ((rc = muser_linear(&b->w_down, w->g, B, w->a, nthreads, min_bytes))) return rc;
     if (b->post_ffw_norm.w) norm_rows(b->ggml, w->a, b->post_ffw_norm.w, b->post_ffw_norm.eps, B, hid, w->a);
     for (int64_t i = 0; i < B * hid; i++) x[i] += w->a[i];

@@ -30,7 +30,8 @@ _UNPACK_ROWS = 4096     # rows gathered at a time by unpack (an int64 index per 
 PACKED_TYPES = frozenset({GGMLType.Q8_0, GGMLType.Q4_0, GGMLType.Q5_0, GGMLType.Q4_K, GGMLType.Q6_K})
 # Types whose packed kernel has no AVX2 version: on a CPU without AVX-512 VNNI
 # they stay on the row kernels (the plain C packed kernel is the reference).
-_AVX512_ONLY = frozenset({GGMLType.Q4_K, GGMLType.Q6_K})
+# Q4_K has one (qdot_packed_k.c's panel_q4k_256).
+_AVX512_ONLY = frozenset({GGMLType.Q6_K})
 ISA_NAMES = ("plain C", "AVX2", "AVX-512 VNNI")
 
 

@@ -27,19 +27,20 @@ static inline int nearest_int(float v) {
     return (int)((v + big) - big);
 }
 
-/* f as an IEEE half, rounded to nearest even (F16C's _cvtss_sh(f, 0)), returned as a float. */
-float f16_round(float f) {
-#if defined(__F16C__)
-    return _cvtsh_ss(_cvtss_sh(f, 0));
-#else
+/* f as an IEEE half, rounded to nearest even (its bits; f16_round_soft: returned as
+ * a float): what F16C's
+ * vcvtps2ph (imm 0) and vcvtph2ps give, in software, for every float32 bit
+ * pattern (attn_f16.c's muser_f16_round_check compares the two), NaNs included:
+ * F16C keeps a NaN's sign and the top 10 bits of its payload and sets the quiet bit. */
+uint16_t f16_encode_soft(float f) {
     uint32_t x;
     memcpy(&x, &f, 4);
     const uint32_t sign = x & 0x80000000u, ax = x ^ sign;
     uint32_t h;
-    if (ax >= 0x7F800000u) {
-        h = ax > 0x7F800000u ? 0x7E00 : 0x7C00;              /* NaN, inf */
+    if (ax > 0x7F800000u) {
+        h = 0x7E00 | ((ax >> 13) & 0x3FF);                  /* NaN */
     } else if (ax >= 0x477FF000u) {
-        h = 0x7C00;                                         /* rounds past 65504 */
+        h = 0x7C00;                                         /* inf, and what rounds past 65504 */
     } else if (ax < 0x38800000u) {                          /* below 2^-14: subnormal */
         float v;
         memcpy(&v, &ax, 4);
@@ -47,9 +48,21 @@ float f16_round(float f) {
     } else {
         h = (ax + 0xFFFu + ((ax >> 13) & 1u) - 0x38000000u) >> 13;
     }
-    h |= sign >> 16;
+    return (uint16_t)(h | sign >> 16);
+}
+
+float f16_round_soft(float f) {
+    const uint16_t h = f16_encode_soft(f);
     const uint8_t b[2] = {(uint8_t)h, (uint8_t)(h >> 8)};
     return f16(b);
+}
+
+/* The same through F16C's scalar conversion where the build has it. */
+float f16_round(float f) {
+#if defined(__F16C__)
+    return _cvtsh_ss(_cvtss_sh(f, 0));
+#else
+    return f16_round_soft(f);
 #endif
 }
 

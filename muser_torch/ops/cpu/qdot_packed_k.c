@@ -19,7 +19,8 @@
  * the sum times the row's scale; the offset taken off each lane at the end)
  * and plain C (the reference; also the rows past the last group,
  * in the file's layout). On a CPU without AVX-512 VNNI the op keeps Q6_K on
- * the row kernel (ops/cpu/packed.py serves it only here).
+ * the row kernel (ops/cpu/packed.py serves it only here); Q4_K has an AVX2
+ * kernel too (below), each row's sums in its own lane as on AVX-512.
  */
 #include <stdlib.h>
 
@@ -283,66 +284,188 @@ _Static_assert(Q6_TT == 2, "panel_q6_512's remainder is one token");
 #define Q4_SC (PACKED_ROWS * MUSER_Q4_K_SCALES)
 #define Q4_GROUP_BYTES (PACKED_ROWS * MUSER_Q4_K_BYTES)
 
-/* Each token against a panel: one float accumulator (and one for the mins) per row. */
-T512 static void panel_q4k_512(const uint8_t *panel, const acts_k_t *x, int T, float *y, int64_t n_out) {
+/* The scales and mins of 16 rows' block (each row's 12-byte strip as 3 dwords: qdot.c's
+ * k4_scales, lane-wise): sc_j in byte j % 4 of w[j / 4], m_j in byte j % 4 of w[2 + j / 4]. */
+#define Q4K_SCALES(SI, AND, OR, SRL, SLL, LOAD, SET1, g, w)                                          \
+    do {                                                                                           \
+        const SI u0 = LOAD(g), u1 = LOAD(g + 64), u2 = LOAD(g + 128);                              \
+        const SI k3f = SET1(0x3F3F3F3F), k0f = SET1(0x0F0F0F0F), k03 = SET1(0x03030303);           \
+        w[0] = AND(u0, k3f);                                                                       \
+        w[1] = OR(AND(u2, k0f), SLL(AND(SRL(u0, 6), k03), 4));                                     \
+        w[2] = AND(u1, k3f);                                                                       \
+        w[3] = OR(AND(SRL(u2, 4), k0f), SLL(AND(SRL(u1, 6), k03), 4));                             \
+    } while (0)
+
+#define Q4_TT 4   /* tokens per pass over a panel: each block's codes unpacked once for all */
+
+/* Tokens t0 .. t0 + TT - 1 (all gemm or all gemv: q4k_gemm's boundary is a multiple of 4)
+ * against a panel: per token and row one float accumulator and one for the mins. The
+ * integer sums are exact, so how they are grouped is free; the floats are folded per
+ * pair (gemm) or per block (gemv) as q4k_row_c folds them. */
+T512 static inline __attribute__((always_inline)) void panel_q4k_512_tt(const uint8_t *panel,
+                                                                       const acts_k_t *x, int64_t t0,
+                                                                       const int TT, const int gemm,
+                                                                       float *y, int64_t n_out) {
     const __m512i lo8 = _mm512_set1_epi32(0xFF), m4 = _mm512_set1_epi8(0xF);
-    for (int t = 0; t < T; t++) {
-        const int gemm = q4k_gemm(t, T);
-        __m512 acc = _mm512_setzero_ps(), accm = _mm512_setzero_ps();
-        for (int64_t b = 0; b < x->nb; b++) {
-            const uint8_t *g = panel + b * Q4_GROUP_BYTES;
-            prefetch_block(g + PREFETCH_AHEAD * Q4_GROUP_BYTES, Q4_GROUP_BYTES);
-            const actk_t *a = x->a + t * x->nb + b;
-            const __m512 ad = _mm512_set1_ps(a->d);
-            const __m512 ds = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)g)), ad);
-            const __m512 dm = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256(
-                                                (const __m256i *)(g + PACKED_ROWS * MUSER_Q4_K_DMIN))), ad);
-            /* the 12-byte strip of 16 rows as 3 dwords each: qdot.c's k4_scales, lane-wise */
-            const __m512i u0 = _mm512_loadu_si512(g + Q4_SC), u1 = _mm512_loadu_si512(g + Q4_SC + 64),
-                          u2 = _mm512_loadu_si512(g + Q4_SC + 128);
-            const __m512i k3f = _mm512_set1_epi32(0x3F3F3F3F), k0f = _mm512_set1_epi32(0x0F0F0F0F),
-                          k03 = _mm512_set1_epi32(0x03030303);
-            const __m512i w[4] = {
-                _mm512_and_si512(u0, k3f),
-                _mm512_or_si512(_mm512_and_si512(u2, k0f), _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(u0, 6), k03), 4)),
-                _mm512_and_si512(u1, k3f),
-                _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(u2, 4), k0f),
-                                _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(u1, 6), k03), 4))};
-            /* scales and mins 0..3 in w[0], w[2]; 4..7 in w[1], w[3] */
-            __m512i I[4], M[4];
-            for (int p = 0; p < 4; p++) {      /* pair p: sub-blocks G = 2p, 2p + 1 */
-                I[p] = M[p] = _mm512_setzero_si512();
-                for (int G = 2 * p; G < 2 * p + 2; G++) {
-                    const __m512i sc = _mm512_and_si512(_mm512_srli_epi32(w[G / 4], 8 * (G & 3)), lo8);
-                    for (int m = 0; m < LANES; m++) {
-                        const __m512i raw = _mm512_loadu_si512(g + Q4_QS + 64 * (8 * (G / 2) + m));
-                        const __m512i u = _mm512_and_si512(G & 1 ? _mm512_srli_epi16(raw, 4) : raw, m4);
-                        int32_t yq;
-                        memcpy(&yq, a->qs + 32 * G + 4 * m, 4);
-                        /* sum q * y over 4 elements: |.| <= 4 * 15 * 128 < 2^15, times the 6-bit scale */
-                        const __m512i q = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, _mm512_set1_epi32(yq));
-                        I[p] = _mm512_dpwssd_epi32(I[p], q, sc);
-                    }
-                    const __m512i mn = _mm512_and_si512(_mm512_srli_epi32(w[2 + G / 4], 8 * (G & 3)), lo8);
-                    M[p] = _mm512_add_epi32(M[p], _mm512_mullo_epi32(
-                                                      mn, _mm512_set1_epi32(a->bsums[2 * G] + a->bsums[2 * G + 1])));
+    __m512 acc[Q4_TT], accm[Q4_TT];
+    for (int t = 0; t < TT; t++) acc[t] = accm[t] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < x->nb; b++) {
+        const uint8_t *g = panel + b * Q4_GROUP_BYTES;
+        prefetch_block(g + PREFETCH_AHEAD * Q4_GROUP_BYTES, Q4_GROUP_BYTES);
+        const actk_t *a[Q4_TT];
+        for (int t = 0; t < TT; t++) a[t] = x->a + (t0 + t) * x->nb + b;
+        const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)g));
+        const __m512 mw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(g + PACKED_ROWS * MUSER_Q4_K_DMIN)));
+        __m512 ds[Q4_TT], dm[Q4_TT];
+        for (int t = 0; t < TT; t++) {
+            ds[t] = _mm512_mul_ps(dw, _mm512_set1_ps(a[t]->d));
+            dm[t] = _mm512_mul_ps(mw, _mm512_set1_ps(a[t]->d));
+        }
+        __m512i w[4];
+        Q4K_SCALES(__m512i, _mm512_and_si512, _mm512_or_si512, _mm512_srli_epi32, _mm512_slli_epi32,
+                   _mm512_loadu_si512, _mm512_set1_epi32, g + Q4_SC, w);
+        __m512i Ib[Q4_TT], Mb[Q4_TT];        /* gemv: the block's totals */
+        for (int t = 0; t < TT; t++) Ib[t] = Mb[t] = _mm512_setzero_si512();
+        for (int p = 0; p < 4; p++) {        /* pair p: sub-blocks G = 2p (low nibbles), 2p + 1 (high) */
+            const __m512i sc0 = _mm512_and_si512(_mm512_srli_epi32(w[p / 2], 16 * (p & 1)), lo8);
+            const __m512i sc1 = _mm512_and_si512(_mm512_srli_epi32(w[p / 2], 16 * (p & 1) + 8), lo8);
+            const __m512i mn0 = _mm512_and_si512(_mm512_srli_epi32(w[2 + p / 2], 16 * (p & 1)), lo8);
+            const __m512i mn1 = _mm512_and_si512(_mm512_srli_epi32(w[2 + p / 2], 16 * (p & 1) + 8), lo8);
+            __m512i I[Q4_TT];
+            for (int t = 0; t < TT; t++) I[t] = _mm512_setzero_si512();
+            for (int m = 0; m < LANES; m++) {
+                const __m512i raw = _mm512_loadu_si512(g + Q4_QS + 64 * (8 * p + m));
+                const __m512i u0 = _mm512_and_si512(raw, m4), u1 = _mm512_and_si512(_mm512_srli_epi16(raw, 4), m4);
+                for (int t = 0; t < TT; t++) {
+                    int32_t y0, y1;
+                    memcpy(&y0, a[t]->qs + 64 * p + 4 * m, 4);
+                    memcpy(&y1, a[t]->qs + 64 * p + 32 + 4 * m, 4);
+                    /* sum q * y over 4 elements: |.| <= 4 * 15 * 128 < 2^15, times the 6-bit scale */
+                    const __m512i q0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u0, _mm512_set1_epi32(y0));
+                    const __m512i q1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u1, _mm512_set1_epi32(y1));
+                    I[t] = _mm512_dpwssd_epi32(_mm512_dpwssd_epi32(I[t], q0, sc0), q1, sc1);
                 }
             }
-            if (gemm) {
-                for (int p = 0; p < 4; p++) {
-                    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I[p]), ds, acc);
-                    accm = _mm512_fmadd_ps(_mm512_cvtepi32_ps(M[p]), dm, accm);
+            for (int t = 0; t < TT; t++) {
+                const int16_t *bs = a[t]->bsums;
+                const __m512i M = _mm512_add_epi32(_mm512_mullo_epi32(mn0, _mm512_set1_epi32(bs[4 * p] + bs[4 * p + 1])),
+                                                   _mm512_mullo_epi32(mn1, _mm512_set1_epi32(bs[4 * p + 2] + bs[4 * p + 3])));
+                if (gemm) {
+                    acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I[t]), ds[t], acc[t]);
+                    accm[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(M), dm[t], accm[t]);
+                } else {
+                    Ib[t] = _mm512_add_epi32(Ib[t], I[t]);
+                    Mb[t] = _mm512_add_epi32(Mb[t], M);
                 }
-            } else {
-                const __m512i Is = _mm512_add_epi32(_mm512_add_epi32(I[0], I[1]), _mm512_add_epi32(I[2], I[3]));
-                const __m512i Ms = _mm512_add_epi32(_mm512_add_epi32(M[0], M[1]), _mm512_add_epi32(M[2], M[3]));
-                acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(Is), ds, acc);
-                accm = _mm512_fmadd_ps(_mm512_cvtepi32_ps(Ms), dm, accm);
             }
         }
-        _mm512_storeu_ps(y + t * n_out, _mm512_sub_ps(acc, accm));
+        if (!gemm)
+            for (int t = 0; t < TT; t++) {
+                acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(Ib[t]), ds[t], acc[t]);
+                accm[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(Mb[t]), dm[t], accm[t]);
+            }
+    }
+    for (int t = 0; t < TT; t++) _mm512_storeu_ps(y + (t0 + t) * n_out, _mm512_sub_ps(acc[t], accm[t]));
+}
+
+/* The call's tokens Q4_TT at a time (the gemm ones: T - T % 4 of them), then its gemv
+ * tail one at a time. */
+T512 static void panel_q4k_512(const uint8_t *panel, const acts_k_t *x, int T, float *y, int64_t n_out) {
+    const int n_gemm = T - T % 4;
+    int t0 = 0;
+    for (; t0 + Q4_TT <= n_gemm; t0 += Q4_TT) panel_q4k_512_tt(panel, x, t0, Q4_TT, 1, y, n_out);
+    for (; t0 < T; t0++) panel_q4k_512_tt(panel, x, t0, 1, 0, y, n_out);
+}
+_Static_assert(Q4_TT == 4, "panel_q4k_512 takes the gemm tokens 4 at a time");
+#endif
+
+#if defined(__x86_64__)
+#define T256 __attribute__((target("avx2,fma,f16c")))
+#define Q4_TT2 2   /* AVX2: tokens per pass (16 registers) */
+
+/* AVX2 (llama.cpp's q4_K_8x8 layout is 8 rows; here a panel's 16 rows are two halves
+ * of 8, each row's sums in its own 32-bit lane, no sum across lanes): half hh's bytes
+ * are the second 32 of each 64-byte chunk. The 4-element sums by vpmaddubsw (u4 x s8,
+ * pairs <= 2 * 15 * 128, no saturation), times the scale by vpmaddwd against the scale
+ * in both 16-bit halves of the lane: exact, so the same integers as the AVX-512 kernel. */
+T256 static inline __attribute__((always_inline)) void panel_q4k_256_tt(const uint8_t *panel,
+                                                                       const acts_k_t *x, int64_t t0,
+                                                                       const int TT, const int gemm,
+                                                                       const int hh, float *y, int64_t n_out) {
+    const __m256i lo8 = _mm256_set1_epi32(0xFF), m4 = _mm256_set1_epi8(0xF);
+    __m256 acc[Q4_TT2], accm[Q4_TT2];
+    for (int t = 0; t < TT; t++) acc[t] = accm[t] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < x->nb; b++) {
+        const uint8_t *g = panel + b * Q4_GROUP_BYTES;
+        if (!hh) prefetch_block(g + PREFETCH_AHEAD * Q4_GROUP_BYTES, Q4_GROUP_BYTES);
+        const actk_t *a[Q4_TT2];
+        for (int t = 0; t < TT; t++) a[t] = x->a + (t0 + t) * x->nb + b;
+        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(g + 16 * hh)));
+        const __m256 mw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(g + PACKED_ROWS * MUSER_Q4_K_DMIN + 16 * hh)));
+        __m256 ds[Q4_TT2], dm[Q4_TT2];
+        for (int t = 0; t < TT; t++) {
+            ds[t] = _mm256_mul_ps(dw, _mm256_set1_ps(a[t]->d));
+            dm[t] = _mm256_mul_ps(mw, _mm256_set1_ps(a[t]->d));
+        }
+#define LOAD256(q) _mm256_loadu_si256((const __m256i *)(q))
+        __m256i w[4];
+        Q4K_SCALES(__m256i, _mm256_and_si256, _mm256_or_si256, _mm256_srli_epi32, _mm256_slli_epi32,
+                   LOAD256, _mm256_set1_epi32, g + Q4_SC + 32 * hh, w);
+        __m256i Ib[Q4_TT2], Mb[Q4_TT2];
+        for (int t = 0; t < TT; t++) Ib[t] = Mb[t] = _mm256_setzero_si256();
+        for (int p = 0; p < 4; p++) {
+            const __m256i sc0 = _mm256_and_si256(_mm256_srli_epi32(w[p / 2], 16 * (p & 1)), lo8);
+            const __m256i sc1 = _mm256_and_si256(_mm256_srli_epi32(w[p / 2], 16 * (p & 1) + 8), lo8);
+            const __m256i sw0 = _mm256_or_si256(sc0, _mm256_slli_epi32(sc0, 16));
+            const __m256i sw1 = _mm256_or_si256(sc1, _mm256_slli_epi32(sc1, 16));
+            __m256i I[Q4_TT2];
+            for (int t = 0; t < TT; t++) I[t] = _mm256_setzero_si256();
+            for (int m = 0; m < LANES; m++) {
+                const __m256i raw = LOAD256(g + Q4_QS + 64 * (8 * p + m) + 32 * hh);
+                const __m256i u0 = _mm256_and_si256(raw, m4), u1 = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
+                for (int t = 0; t < TT; t++) {
+                    int32_t y0, y1;
+                    memcpy(&y0, a[t]->qs + 64 * p + 4 * m, 4);
+                    memcpy(&y1, a[t]->qs + 64 * p + 32 + 4 * m, 4);
+                    const __m256i q0 = _mm256_madd_epi16(_mm256_maddubs_epi16(u0, _mm256_set1_epi32(y0)), sw0);
+                    const __m256i q1 = _mm256_madd_epi16(_mm256_maddubs_epi16(u1, _mm256_set1_epi32(y1)), sw1);
+                    I[t] = _mm256_add_epi32(I[t], _mm256_add_epi32(q0, q1));
+                }
+            }
+            const __m256i mn0 = _mm256_and_si256(_mm256_srli_epi32(w[2 + p / 2], 16 * (p & 1)), lo8);
+            const __m256i mn1 = _mm256_and_si256(_mm256_srli_epi32(w[2 + p / 2], 16 * (p & 1) + 8), lo8);
+            for (int t = 0; t < TT; t++) {
+                const int16_t *bs = a[t]->bsums;
+                const __m256i M = _mm256_add_epi32(_mm256_mullo_epi32(mn0, _mm256_set1_epi32(bs[4 * p] + bs[4 * p + 1])),
+                                                   _mm256_mullo_epi32(mn1, _mm256_set1_epi32(bs[4 * p + 2] + bs[4 * p + 3])));
+                if (gemm) {
+                    acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I[t]), ds[t], acc[t]);
+                    accm[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(M), dm[t], accm[t]);
+                } else {
+                    Ib[t] = _mm256_add_epi32(Ib[t], I[t]);
+                    Mb[t] = _mm256_add_epi32(Mb[t], M);
+                }
+            }
+        }
+#undef LOAD256
+        if (!gemm)
+            for (int t = 0; t < TT; t++) {
+                acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(Ib[t]), ds[t], acc[t]);
+                accm[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(Mb[t]), dm[t], accm[t]);
+            }
+    }
+    for (int t = 0; t < TT; t++) _mm256_storeu_ps(y + (t0 + t) * n_out + 8 * hh, _mm256_sub_ps(acc[t], accm[t]));
+}
+
+T256 static void panel_q4k_256(const uint8_t *panel, const acts_k_t *x, int T, float *y, int64_t n_out) {
+    const int n_gemm = T - T % 4;
+    for (int hh = 0; hh < 2; hh++) {
+        int t0 = 0;
+        for (; t0 + Q4_TT2 <= n_gemm; t0 += Q4_TT2) panel_q4k_256_tt(panel, x, t0, Q4_TT2, 1, hh, y, n_out);
+        for (; t0 < T; t0++) panel_q4k_256_tt(panel, x, t0, 1, 0, hh, y, n_out);
     }
 }
+_Static_assert(4 % Q4_TT2 == 0, "a pass's tokens are all gemm or all gemv");
 #endif
 
 typedef struct {
@@ -351,7 +474,7 @@ typedef struct {
     acts_k_t x;
     int64_t T, n_out;
     float *y;
-    int avx512;
+    int isa;                 /* PACKED_ISA_* */
 } k_job;
 
 static void k_task(const void *ctx, int64_t g0, int64_t g1) {
@@ -362,8 +485,12 @@ static void k_task(const void *ctx, int64_t g0, int64_t g1) {
         const uint8_t *panel = j->packed + g * panel_bytes;
         float *y = j->y + g * PACKED_ROWS;
 #if defined(__x86_64__)
-        if (j->avx512) {
+        if (j->isa == PACKED_ISA_AVX512) {
             (six ? panel_q6_512 : panel_q4k_512)(panel, &j->x, (int)j->T, y, j->n_out);
+            continue;
+        }
+        if (j->isa == PACKED_ISA_AVX2 && !six) {
+            panel_q4k_256(panel, &j->x, (int)j->T, y, j->n_out);
             continue;
         }
 #endif
@@ -380,7 +507,7 @@ int matmul_k_packed(int type, const uint8_t *packed, int64_t n_out, int64_t n_in
     if (!a) return -2;
     for (int64_t t = 0; t < T; t++) quantize_act_q8_k(x + t * n_in, n_in, a + t * nb);
     const int64_t groups = n_out / PACKED_ROWS;
-    const k_job j = {type, packed, {a, nb}, T, n_out, y, isa == PACKED_ISA_AVX512};
+    const k_job j = {type, packed, {a, nb}, T, n_out, y, isa};
     parallel_for(k_task, &j, groups, nthreads);
     const int six = type == MUSER_ID_Q6_K;
     const int64_t row_bytes = nb * (six ? MUSER_Q6_K_BYTES : MUSER_Q4_K_BYTES);
