@@ -12,6 +12,8 @@ Where the backend can record a step (``ops.graph_capture``: CUDA graphs), a
 bucket's first call runs eagerly (compiling and warming every kernel), its
 second records the step and every call replays it: one launch for the whole
 step. Elsewhere (CPU, MPS) the engine is the model's own eager forward.
+A step that cannot be recorded says why (a ``RuntimeWarning``) and runs
+eagerly, as every later step does.
 
 What a recorded step holds (the cache tensors, the weights, the numerics each
 projection chose) is fixed when it is recorded, so the engine keeps a key of
@@ -23,6 +25,7 @@ A step's logits are the engine's buffer: read (sample) them before the next step
 """
 from __future__ import annotations
 
+import warnings
 import weakref
 from typing import Callable, Sequence
 
@@ -140,7 +143,17 @@ class DecodeEngine:
             return forward()        # eager: compiles and warms every kernel the step launches
         if self._pool is None:
             self._pool = self.recorder.new_pool()
-        entry.replay = self.recorder.capture(forward, self._pool)
+        try:
+            entry.replay = self.recorder.capture(forward, self._pool)
+        except Exception as err:   # noqa: BLE001 -- any failure to record: said, then unrecorded
+            # as DFlash's rounds and the vision engine do: a recording computes
+            # nothing, so this step runs eagerly and every later one unrecorded
+            warnings.warn(f"decode steps could not be recorded as a CUDA graph "
+                          f"({type(err).__name__}: {err}); they run unrecorded",
+                          RuntimeWarning, stacklevel=3)
+            self.recorder, self._pool = None, None
+            self._buckets.clear()
+            return forward()
         self.captures += 1
         return entry.replay()
 

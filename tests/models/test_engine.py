@@ -85,6 +85,31 @@ def test_engine_gives_the_eager_tokens(which, gemma_file, device):
     assert engine.captures == 2
 
 
+class FailingRecorder(CountingRecorder):
+    """A recorder whose recording fails, as a capture can on a device."""
+
+    def capture(self, fn, pool):
+        super().capture(fn, pool)
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+
+def test_a_failed_recording_is_said_and_runs_eagerly(gemma_file):
+    """The step whose recording fails runs eagerly, with a warning naming the
+    error, and so does every later one: the eager engine's tokens."""
+    model = load("gemma3", gemma_file, "cpu")
+    ids = torch.randint(0, model.config.vocab_size, (3, 9), generator=torch.Generator().manual_seed(SEED))
+    recorder = FailingRecorder()
+    engine = DecodeEngine(model, recorder)
+    with torch.no_grad():
+        model.setup_cache(4, 64)
+        want = model.generate(ids, 12, stop=[], engine="eager")
+        model.setup_cache(4, 64)
+        with pytest.warns(RuntimeWarning, match="could not be recorded.*stream is capturing"):
+            got = model.generate(ids, 12, stop=[], engine=engine)
+    assert torch.equal(got, want), f"the tokens after a failed recording differ (seed {SEED})"
+    assert recorder.recorded == 1 and not engine.records and engine.captures == 0
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_padded_steps_give_each_rows_logits(gemma_file, device):
     """Rows in any slot order, fewer than the bucket: each row's logits are the
