@@ -21,7 +21,6 @@ is not a ``Drafter`` and targets whose sliding rings are shorter than a block
 run the eager round."""
 from __future__ import annotations
 
-import warnings
 import weakref
 from typing import Iterator, Sequence
 
@@ -29,6 +28,7 @@ import torch
 
 from .. import changes
 from .dflash import Drafter, DraftRing
+from .engine import record
 from .host_copy import HostCopy
 from .taps import Taps, caches
 
@@ -134,14 +134,8 @@ class DraftRounds:
             return self._round()   # the first runs eagerly: compiles and warms every kernel
         if self._replay is None:
             self._pool = self.recorder.new_pool()
-            try:
-                self._replay = self.recorder.capture(self._round, self._pool)
-            except Exception as err:   # noqa: BLE001 -- any failure to record: said, then unrecorded
-                # A recording computes nothing, so the state is as the last round left
-                # it and the same round runs unrecorded from here on (slower, same tokens).
-                warnings.warn(f"DFlash rounds could not be recorded as a CUDA graph "
-                              f"({type(err).__name__}: {err}); they run unrecorded",
-                              RuntimeWarning, stacklevel=2)
+            self._replay = record(self.recorder, self._round, self._pool, "DFlash rounds")
+            if self._replay is None:   # this round and every later one unrecorded
                 self.recorder = None
                 return self._round()
             self.captures += 1

@@ -33,7 +33,7 @@ import torch
 
 from .. import changes, ops
 
-__all__ = ["DecodeEngine", "ENGINES", "decode_engine", "engine_recorder", "bucket"]
+__all__ = ["DecodeEngine", "ENGINES", "decode_engine", "engine_recorder", "record", "bucket"]
 
 ENGINES = ("auto", "graph", "eager")
 
@@ -143,19 +143,29 @@ class DecodeEngine:
             return forward()        # eager: compiles and warms every kernel the step launches
         if self._pool is None:
             self._pool = self.recorder.new_pool()
-        try:
-            entry.replay = self.recorder.capture(forward, self._pool)
-        except Exception as err:   # noqa: BLE001 -- any failure to record: said, then unrecorded
-            # as DFlash's rounds and the vision engine do: a recording computes
-            # nothing, so this step runs eagerly and every later one unrecorded
-            warnings.warn(f"decode steps could not be recorded as a CUDA graph "
-                          f"({type(err).__name__}: {err}); they run unrecorded",
-                          RuntimeWarning, stacklevel=3)
+        entry.replay = record(self.recorder, forward, self._pool, "decode steps")
+        if entry.replay is None:    # this step and every later one unrecorded
             self.recorder, self._pool = None, None
             self._buckets.clear()
             return forward()
         self.captures += 1
         return entry.replay()
+
+
+def record(recorder, fn: Callable[[], torch.Tensor], pool, what: str, **how) -> Callable | None:
+    """``recorder.capture(fn, pool, **how)``: the replay of ``fn`` recorded;
+    or None, after a ``RuntimeWarning`` that ``what`` (a plural: "decode
+    steps") could not be recorded and why. A recording computes nothing, so
+    the caller's state is as before: it runs ``fn`` eagerly, and from then on
+    unrecorded (slower, the same results). The one rule for the decode
+    engine, DFlash's rounds and the vision engine."""
+    try:
+        return recorder.capture(fn, pool, **how)
+    except Exception as err:   # noqa: BLE001 -- any failure to record: said, then unrecorded
+        warnings.warn(f"{what} could not be recorded as a CUDA graph "
+                      f"({type(err).__name__}: {err}); they run unrecorded",
+                      RuntimeWarning, stacklevel=4)
+        return None
 
 
 def engine_recorder(engine: str, device: torch.device, what: str):

@@ -35,7 +35,6 @@ request's thread records."""
 from __future__ import annotations
 
 import threading
-import warnings
 import weakref
 from collections import OrderedDict
 from typing import Any, Callable
@@ -44,7 +43,7 @@ import torch
 
 from .. import changes
 from ..vision import Grid, GridPlan, VisionTower
-from .engine import engine_recorder
+from .engine import engine_recorder, record
 
 __all__ = ["VisionEngine", "vision_engine", "MAX_GRIDS", "engine_choice"]
 
@@ -150,14 +149,8 @@ class VisionEngine:
             return forward()        # eager: compiles and warms every kernel the forward launches
         if self._pool is None:
             self._pool = self.recorder.new_pool()
-        try:
-            entry.replay = self.recorder.capture(forward, self._pool, mode="thread_local")
-        except Exception as err:   # noqa: BLE001 -- any failure to record: said, then unrecorded
-            # as DFlash's rounds do: a recording computes nothing, so the same
-            # forward runs eagerly from here on (slower, the same rows)
-            warnings.warn(f"the vision forward could not be recorded as a CUDA graph "
-                          f"({type(err).__name__}: {err}); it runs unrecorded",
-                          RuntimeWarning, stacklevel=3)
+        entry.replay = record(self.recorder, forward, self._pool, "vision forwards", mode="thread_local")
+        if entry.replay is None:    # this forward and every later one unrecorded
             self.recorder, self._pool = None, None
             self._buckets.clear()
             return forward()
