@@ -5,7 +5,7 @@
 # graph and the kernels of one token. Run from the repo root on the device:
 #   bash tools/cuda_bench.sh [kernels] [rungs] [tests] [gemma] [llama8b] [glimmer] [profile]
 #                            [lcpp-build] [suite] [generate] [dflash] [startup] [dtests] [verify] [serve] [transcode]
-#                            [prefix] [vision]
+#                            [prefix] [vision] [batches]
 # Logs go to $OUT (or /tmp/cuda-bench).
 #   lcpp-build  starts, in the background (setsid: it outlives the call on a warm machine),
 #               llama.cpp's CUDA build (sm_90, GGML_NATIVE=ON, as users build it) from the
@@ -19,6 +19,8 @@
 #               process (compiling what Triton's cache lacks), then a second, profiled
 #   dtests      the CUDA tests of the decode engine and of DFlash's recorded rounds
 #   verify      bench model's one-token graph step beside the 16-row verify ($VERIFY_FILES)
+#   batches     bench triton --what batches: each Glimmer / Llama-8B shape at 1-16 rows, the rung the
+#               ladder runs beside its Triton fallback (issue 44's 16-row kernels)
 #   prefix      tools/prefix_bench.py --device cuda on the Gemma layout with its tokenizer (issue 47)
 #   transcode   bench model on the Gemma layout with and without --q5-0-as-q8-0
 #   serve       tools/serve_side_by_side.py --device cuda against llama-server, the Gemma layout
@@ -193,6 +195,8 @@ if want kernels; then     # the CUDA C++ and Triton matmul kernels (compiles mv.
 fi
 want rungs && timeout 300 python3 -m muser_torch.cli bench triton --what rungs 2>&1 \
   | grep -v Warning | tee "$OUT/rungs.log"
+want batches && timeout 300 python3 -m muser_torch.cli bench triton --what batches 2>&1 \
+  | grep -v Warning | tee "$OUT/batches.log"
 if want tests; then
   timeout 240 python3 -m pytest -q -x -p no:cacheprovider tests/ops/cuda/test_layer.py \
     tests/models/test_cuda_models.py tests/glimmer/test_cuda.py 2>&1 | tail -15 | tee "$OUT/tests.log"

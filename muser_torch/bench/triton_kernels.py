@@ -11,6 +11,8 @@ Sections (``--what``):
          Gemma 3 270M's tied Q8_0 lm_head (640 -> 262144), same columns.
   rungs  every one-token rung that serves each shape (Glimmer's and Llama-3-8B's),
          side by side: the CUDA C++ matvec against the Triton rungs.
+  batches  each shape at 1, 2, 4, 8 and 16 activation rows: the rung the ladder
+         runs beside its Triton fallback, and the time over the one-row time.
   sweep  launch parameters (BN, warps, split target) of the one-token K-quant
          rung; the best per shape is then used for that shape's one-token row
          in ``ops``.
@@ -142,6 +144,45 @@ def bench_rungs(bw, gen, shapes=SHAPES + LLAMA8B_SHAPES, dtype=torch.float16):
     return rows
 
 
+SMALL_BATCHES = (1, 2, 4, 8, 16)
+
+
+def bench_small_batches(bw, gen, shapes=SHAPES + LLAMA8B_SHAPES, dtype=torch.float16):
+    """Each shape at 1..16 activation rows: the rung the ladder runs beside the rung
+    it would run without the CUDA C++ kernels (the Triton fallback), each in a CUDA
+    graph; and each rung's 16-row time over the ladder's one-row time (the
+    verify's cost: 1.0 would be rows for free)."""
+    from ..ops import cuda
+    rows = []
+    for shape in shapes:
+        qt = shape.qtype
+        if qt not in cuda.RUNGS["cuda_mm"].types or shape.label in SWEEP_SKIP:
+            continue
+        w, nbytes, args = _weights(shape, gen)
+        line, one = [], None
+        for m in SMALL_BATCHES:
+            x = torch.randn(m, shape.n_in, device=DEVICE, dtype=dtype, generator=gen)
+            rung = cuda.rung_for(qt, m, dtype)
+            runs = [rung] + ([cuda._next_rung(rung.name, qt, m, dtype)] if rung.built else [])
+            mm = cuda.RUNGS["cuda_mm"]
+            if mm not in runs and mm.built():     # one row on the tensor cores, for comparison
+                runs.append(mm)
+            cells = []
+            for r in runs:
+                t = graph_time([lambda a=a, r=r: cuda.run_rung(r, x, a[0], qt, shape.n_out, shape.n_in)
+                                for a in args])
+                one = t if (m == 1 and r is rung) else one
+                rows.append(dict(label=shape.label, qtype=qt.name, tokens=m, rung=r.name, us=t * 1e6,
+                                 of_bw=nbytes / t / bw, over_one=t / one))
+                cells.append(f"{r.name} {t * 1e6:6.1f} us {nbytes / t / bw:4.0%} ({t / one:4.2f}x)")
+            line.append(f"  {m:>2} rows: " + " | ".join(cells))
+        print(f"batches {shape.label:<13} {qt.name:<5} {shape.n_in:>6}->{shape.n_out:<6} "
+              f"(x: the time over the ladder's one-row time)\n" + "\n".join(line), flush=True)
+        del args, w
+        torch.cuda.empty_cache()
+    return rows
+
+
 def bench_sweep(bw, gen, shapes=SHAPES):
     """The one-token K-quant rung: BN x warps x split target per SM."""
     from ..ops import cuda
@@ -192,6 +233,8 @@ def main(args: argparse.Namespace) -> int:
           f"copy {cbw / 1e12:.3f} TB/s (read+write)", flush=True)
     if "rungs" in args.what:
         res["rungs"] = bench_rungs(bw, gen)
+    if "batches" in args.what:
+        res["batches"] = bench_small_batches(bw, gen)
     if "sweep" in args.what:
         res["sweep"] = bench_sweep(bw, gen)
     from . import triton_peer
@@ -218,7 +261,7 @@ def main(args: argparse.Namespace) -> int:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--what", nargs="+", default=["ops", "types"], choices=("ops", "types", "rungs", "sweep", "peer", "i8sweep", "qmmsweep"))
+    p.add_argument("--what", nargs="+", default=["ops", "types"], choices=("ops", "types", "rungs", "batches", "sweep", "peer", "i8sweep", "qmmsweep"))
     p.add_argument("--tokens", nargs="+", type=int, default=[1, 2, 4, 8, 16, 64, 512])
     p.add_argument("--dtype", choices=("float16", "bfloat16", "float32"), default="float16")
     p.add_argument("--no-baselines", action="store_true")

@@ -25,6 +25,10 @@ mv_kquant    1       Q4_K/Q5_K ``_mv_q45k_kernel``,         float32 FFMA, rel. e
                      Q6_K ``_mv_q6k_kernel``                (128 + q, see kquant.py)
 mv_tile      1       ``_mv_tile_kernel``: the other types   float32 FFMA
                      (the IQ4 types and MXFP4 included)
+cuda_mm      <= 16   half x only: Q4_K, Q6_K, hand-written  as i8_dot; int8 mma.sync per
+                     CUDA (``mv.cu``): 16 weight rows a      scale block, exact in int32
+                     warp, up to 16 tokens, each weight
+                     read once; absent without nvcc
 i8_dot_mt    <= 8    half x only: Q4_K, Q5_K, Q5_0, Q4_0    as i8_dot
 token_axis   2       Q4_K/Q5_K ``_mm_q45k_mt_kernel``:      float32 FFMA, as mv_kquant
                      one decode for all tokens
@@ -318,6 +322,29 @@ def _cuda_mv(x2, packed, qt, n_out, n_in, scales, scale_2, launch: Launch,
     return y
 
 
+def _cuda_mm(x2, packed, qt, n_out, n_in, scales, scale_2, launch: Launch,
+             out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """1..16 half-precision rows of Q4_K / Q6_K: mv.cu's int8 tensor-core kernels on
+    int8dot's two-level activation (the quantization of ``_i8_dot``); every weight is
+    read once for all rows. ``out_dtype`` as there."""
+    M = x2.shape[0]
+    if not 1 <= M <= 16:
+        raise ValueError(f"the CUDA C++ tensor-core kernels take 1 to 16 activation rows, got {M}")
+    if packed.data_ptr() % (16 if qt is GGMLType.Q4_K else 4):   # a joined part's view off alignment
+        return run_rung(_next_rung("cuda_mm", qt, M, x2.dtype), x2, packed, qt, n_out, n_in)
+    a1, a2, dxs, _, s32, _ = _quantize_x(x2, n_in)
+    y = torch.empty((M, n_out), dtype=out_dtype or x2.dtype, device=x2.device)
+    mm = compiled.kernels().q6k_mm if qt is GGMLType.Q6_K else compiled.kernels().q4k_mm
+    mm(packed, a1, a2, dxs, s32, y)
+    return y
+
+
+def _next_rung(name: str, qt: GGMLType, tokens: int, dtype: torch.dtype) -> Rung:
+    """The rung the ladder would run for these arguments if rung ``name`` were absent."""
+    after = LADDER[[r.name for r in LADDER].index(name) + 1:]
+    return next(r for r in after if r.serves(qt, tokens, dtype))
+
+
 def _cpp_built() -> bool:
     return compiled.kernels() is not None
 
@@ -366,6 +393,9 @@ LADDER: tuple[Rung, ...] = (
     Rung("mv_kquant", 1, {T.Q4_K: Launch(64, 8, 4), T.Q5_K: Launch(64, 8, 8),
                           T.Q6_K: Launch(32, 4, 8)}, _mv_kquant),
     Rung("mv_tile", 1, _each(SUPPORTED - set(_KQUANT), Launch(16, 4, 4)), _mv_tile),
+    # 2..16 rows of Q4_K / Q6_K on int8 tensor cores (mv.cu), the weights read once for
+    # all rows: DFlash's 16-row verify and batched serving. Its launch is fixed in mv.cu.
+    Rung("cuda_mm", 16, _each((T.Q4_K, T.Q6_K), Launch(16, 8, 0)), _cuda_mm, HALF, _cpp_built),
     Rung("i8_dot_mt", 8, {T.Q4_K: Launch(32, 2, 4), T.Q5_K: Launch(32, 2, 4),
                           T.Q5_0: Launch(16, 2, 4), T.Q4_0: Launch(16, 2, 4)}, _i8_dot, HALF),
     Rung("token_axis", 2, _each((T.Q4_K, T.Q5_K), Launch(64, 8, 4)), _mm_token_axis),

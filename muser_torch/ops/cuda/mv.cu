@@ -234,6 +234,278 @@ q6k_mv_kernel(const uint8_t* __restrict__ w, const int8_t* __restrict__ a1,
     finish_rows<T, R>(acc, ww.row0, n_out, ww.kpart, ksplit, y);
 }
 
+// ---- 1..16 activation rows: int8 tensor cores -------------------------------------
+// A warp owns 16 weight rows (the M of mma.sync) and up to NTILE x 8 tokens (its N);
+// every weight word is decoded once for all of them. One mma covers exactly one
+// weight scale and one activation block: a Q4_K sub-block of 32 columns
+// (m16n8k32) or a Q6_K scale group of 16 (m16n8k16), so each int32 dot is exact
+// and is scaled once in float32, as int8dot.py's kernels scale theirs.
+//
+// Fragments (PTX ISA, mma with .s8 operands), lane = 4 g + t: A's registers hold
+// rows g and g + 8 at k-slots 4t..4t+3 (and 16 + 4t.. for k32), B's hold token g
+// at the same slots, C's four int32 are (row g; tokens 2t, 2t + 1) and (row g + 8;
+// the same tokens). A dot does not care which column sits in which slot as long
+// as A and B agree: a Q4_K lane puts columns 8t..8t+3 of the sub-block in slots
+// 4t.. and 8t+4..8t+7 in slots 16 + 4t.., so its codes and its activation bytes
+// are one 8-byte load each. Q6_K keeps the natural order (4 columns a lane).
+//
+// The block's warps split K (warp w walks super-blocks w, w + ks, ...) and are
+// summed in warp order through shared memory: deterministic, no atomics.
+constexpr int MM_ROWS = 16;      // weight rows per warp (mma's M)
+constexpr int MM_WARPS = 8;      // the most warps a block splits K over
+
+__device__ __forceinline__ void mma_k32(int (&c)[4], const int (&a)[4], int b0, int b1) {
+    asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 "
+                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ void mma_k16(int (&c)[4], int a0, int a1, int b0) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 "
+                 "{%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};\n"
+                 : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+                 : "r"(a0), "r"(a1), "r"(b0));
+}
+
+// The activation of up to 16 tokens in int8dot's two levels (a1, a2: [M, n_pad]),
+// their block scales dxs and integer block sums s32 ([M, n_pad / 32]). A token at
+// or past M reads as zeros (its row is clamped, never read past the end).
+struct MmTokens {
+    const int8_t* __restrict__ a1;
+    const int8_t* __restrict__ a2;
+    const float* __restrict__ dxs;
+    const int* __restrict__ s32;
+    int M, n_pad;
+
+    __device__ __forceinline__ size_t row(int tok) const { return (size_t)min(tok, M - 1) * n_pad; }
+    __device__ __forceinline__ size_t blocks(int tok) const { return (size_t)min(tok, M - 1) * (n_pad / 32); }
+};
+
+// The integer dot of both levels: 254 A.B1 + A.B2 for the k32 and k16 shapes.
+__device__ __forceinline__ void dot2_k32(int (&c)[4], const int (&a)[4], int2 x1, int2 x2) {
+    c[0] = c[1] = c[2] = c[3] = 0;
+    mma_k32(c, a, x1.x, x1.y);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) c[e] *= LEVEL;
+    mma_k32(c, a, x2.x, x2.y);
+}
+
+__device__ __forceinline__ void dot2_k16(int (&c)[4], int a0, int a1, int x1, int x2) {
+    c[0] = c[1] = c[2] = c[3] = 0;
+    mma_k16(c, a0, a1, x1);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) c[e] *= LEVEL;
+    mma_k16(c, a0, a1, x2);
+}
+
+// The block's ks warps' sums, added in warp order; the first warp writes y[tok, row]
+// for the tokens below M and the rows below n_out.
+template <typename T, int NTILE>
+__device__ __forceinline__ void finish_tile(float (&acc)[NTILE][4], int row0, int n_out, int M, int ks,
+                                            T* __restrict__ y) {
+    __shared__ float parts[MM_WARPS][NTILE * 4][32];     // [warp][value][lane]: no bank conflicts
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    if (ks > 1) {
+        if (warp != 0) {
+#pragma unroll
+            for (int nt = 0; nt < NTILE; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) parts[warp][4 * nt + e][lane] = acc[nt][e];
+        }
+        __syncthreads();
+        if (warp != 0) return;
+        for (int k = 1; k < ks; ++k)
+#pragma unroll
+            for (int nt = 0; nt < NTILE; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) acc[nt][e] += parts[k][4 * nt + e][lane];
+    }
+#pragma unroll
+    for (int nt = 0; nt < NTILE; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int row = row0 + g + 8 * (e >> 1), tok = 8 * nt + 2 * t + (e & 1);
+            if (row < n_out && tok < M) y[(size_t)tok * n_out + row] = from_float<T>(acc[nt][e]);
+        }
+}
+
+// Q4_K: sub-block j = 2p + h of a super-block is columns 32 j .. 32 j + 31, codes in
+// the low (h = 0) or high (h = 1) nibbles of qs bytes 32 p .. 32 p + 31. Lane t loads
+// qs bytes 32 p + 8 t .. + 7 of its two rows for each p (4 x 8 bytes a row), and the
+// 16-byte header (d, dmin, scales) of each row.
+template <typename T, int NTILE>
+__global__ void __launch_bounds__(MM_WARPS * 32)
+q4k_mm_kernel(const uint8_t* __restrict__ w, MmTokens x, T* __restrict__ y, int n_out, int nb, int ks) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const int row0 = blockIdx.x * MM_ROWS;
+    const size_t row_bytes = (size_t)nb * Q4_K_BYTES;
+    const uint8_t* rows[2] = {w + (size_t)min(row0 + g, n_out - 1) * row_bytes,        // rows past the end
+                              w + (size_t)min(row0 + g + 8, n_out - 1) * row_bytes};   // read the last one
+    float acc[NTILE][4] = {};
+    int4 hd[2], hd_next[2];
+    uint2 q[2][4], q_next[2][4];
+    auto load = [&](int b, int4 (&h)[2], uint2 (&qq)[2][4]) {
+        const int bb = min(b, nb - 1);
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            const uint8_t* blk = rows[r] + (size_t)bb * Q4_K_BYTES;
+            h[r] = __ldg(reinterpret_cast<const int4*>(blk));
+#pragma unroll
+            for (int p = 0; p < 4; ++p)
+                qq[r][p] = __ldg(reinterpret_cast<const uint2*>(blk + Q4_K_QS + 32 * p + 8 * t));
+        }
+    };
+    load(warp, hd, q);
+    for (int b = warp; b < nb; b += ks) {
+        load(b + ks, hd_next, q_next);      // the next step's weights in flight during this one
+        float d[2], dmin[2];
+        uint32_t sc3[2][3];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            d[r] = half_bits((uint32_t)hd[r].x);
+            dmin[r] = half_bits((uint32_t)hd[r].x >> 16);
+            sc3[r][0] = (uint32_t)hd[r].y; sc3[r][1] = (uint32_t)hd[r].z; sc3[r][2] = (uint32_t)hd[r].w;
+        }
+#pragma unroll
+        for (int p = 0; p < 4; ++p) {
+            // this lane's C tokens' scales and sums for sub-blocks 2p and 2p + 1
+            float2 dx[NTILE][2];
+            int2 sum[NTILE][2];
+#pragma unroll
+            for (int nt = 0; nt < NTILE; ++nt)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const int tok = 8 * nt + 2 * t + e;
+                    const size_t at = x.blocks(tok) + 8 * b + 2 * p;
+                    dx[nt][e] = __ldg(reinterpret_cast<const float2*>(x.dxs + at));
+                    sum[nt][e] = __ldg(reinterpret_cast<const int2*>(x.s32 + at));
+                    if (tok >= x.M) dx[nt][e] = make_float2(0.f, 0.f);
+                }
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int j = 2 * p + h, sh = 4 * h;
+                const int a[4] = {(int)((q[0][p].x >> sh) & 0x0F0F0F0Fu), (int)((q[1][p].x >> sh) & 0x0F0F0F0Fu),
+                                  (int)((q[0][p].y >> sh) & 0x0F0F0F0Fu), (int)((q[1][p].y >> sh) & 0x0F0F0F0Fu)};
+                float ds[2], ms[2];
+#pragma unroll
+                for (int r = 0; r < 2; ++r) {
+                    int sc, m;
+                    scale_min(sc3[r], j, sc, m);
+                    ds[r] = d[r] * (float)sc;
+                    ms[r] = dmin[r] * (float)m;
+                }
+                const int col = b * QK_K + 32 * j + 8 * t;
+#pragma unroll
+                for (int nt = 0; nt < NTILE; ++nt) {
+                    const int tok = 8 * nt + g;
+                    int2 x1 = __ldg(reinterpret_cast<const int2*>(x.a1 + x.row(tok) + col));
+                    int2 x2 = __ldg(reinterpret_cast<const int2*>(x.a2 + x.row(tok) + col));
+                    if (tok >= x.M) x1 = x2 = make_int2(0, 0);
+                    int c[4];
+                    dot2_k32(c, a, x1, x2);
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        const int r = e >> 1, tk = e & 1;
+                        const float dxe = h ? dx[nt][tk].y : dx[nt][tk].x;
+                        const float se = (float)(h ? sum[nt][tk].y : sum[nt][tk].x);
+                        acc[nt][e] += dxe * (ds[r] * (float)c[e] - ms[r] * se);
+                    }
+                }
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            hd[r] = hd_next[r];
+#pragma unroll
+            for (int p = 0; p < 4; ++p) q[r][p] = q_next[r][p];
+        }
+    }
+    finish_tile<T, NTILE>(acc, row0, n_out, x.M, ks, y);
+}
+
+// A 32-bit word of a Q6_K block at a 2-byte aligned address (blocks are 210 bytes).
+__device__ __forceinline__ uint32_t load_word2(const uint8_t* p) {
+    if ((reinterpret_cast<uintptr_t>(p) & 3) == 0) return __ldg(reinterpret_cast<const uint32_t*>(p));
+    const unsigned short* h = reinterpret_cast<const unsigned short*>(p);
+    return (uint32_t)__ldg(h) | ((uint32_t)__ldg(h + 1) << 16);
+}
+
+// Q6_K: group (hf, kq, u) is columns 128 hf + 32 kq + 16 u .. + 15, scale 8 hf + 2 kq + u;
+// lane t's four columns 4t.. of it have their low four bits in ql word 4 hf + 2 (kq & 1) + u
+// (nibble kq >> 1) and their top two in qh word 2 hf + u (bits 2 kq), each word at byte
+// 16 (word) + 4t of its field. A lane reads 8 ql words, 4 qh words and the 16 scales of
+// each of its rows per super-block.
+template <typename T, int NTILE>
+__global__ void __launch_bounds__(MM_WARPS * 32)
+q6k_mm_kernel(const uint8_t* __restrict__ w, MmTokens x, T* __restrict__ y, int n_out, int nb, int ks) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const int row0 = blockIdx.x * MM_ROWS;
+    const size_t row_bytes = (size_t)nb * Q6_K_BYTES;
+    const uint8_t* rows[2] = {w + (size_t)min(row0 + g, n_out - 1) * row_bytes,
+                              w + (size_t)min(row0 + g + 8, n_out - 1) * row_bytes};
+    float acc[NTILE][4] = {};
+    for (int b = warp; b < nb; b += ks) {
+        uint32_t ql[2][8], qh[2][4], scw[2][4];
+        float d[2];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            const uint8_t* blk = rows[r] + (size_t)b * Q6_K_BYTES;
+#pragma unroll
+            for (int i = 0; i < 8; ++i) ql[r][i] = load_word2(blk + Q6_K_QL + 16 * i + 4 * t);
+#pragma unroll
+            for (int i = 0; i < 4; ++i) qh[r][i] = load_word2(blk + Q6_K_QH + 16 * i + 4 * t);
+#pragma unroll
+            for (int i = 0; i < 4; ++i) scw[r][i] = load_word2(blk + Q6_K_SCALES + 4 * i);
+            d[r] = __half2float(__ushort_as_half(__ldg(reinterpret_cast<const unsigned short*>(blk + Q6_K_D))));
+        }
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+            float4 dx[NTILE][2];     // this lane's C tokens' scales of the half's four 32-column blocks
+#pragma unroll
+            for (int nt = 0; nt < NTILE; ++nt)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const int tok = 8 * nt + 2 * t + e;
+                    dx[nt][e] = __ldg(reinterpret_cast<const float4*>(x.dxs + x.blocks(tok) + 8 * b + 4 * hf));
+                    if (tok >= x.M) dx[nt][e] = make_float4(0.f, 0.f, 0.f, 0.f);
+                }
+#pragma unroll
+            for (int kq = 0; kq < 4; ++kq)
+#pragma unroll
+                for (int u = 0; u < 2; ++u) {
+                    const int s = 8 * hf + 2 * kq + u;
+                    int a[2];
+                    float ds[2];
+#pragma unroll
+                    for (int r = 0; r < 2; ++r) {
+                        const uint32_t lo = (ql[r][4 * hf + 2 * (kq & 1) + u] >> (4 * (kq >> 1))) & 0x0F0F0F0Fu;
+                        const uint32_t hi = ((qh[r][2 * hf + u] >> (2 * kq)) & 0x03030303u) << 4;
+                        a[r] = (int)__vsubss4(lo | hi, 0x20202020u);
+                        ds[r] = d[r] * (float)(int8_t)((scw[r][s / 4] >> (8 * (s % 4))) & 0xFF);
+                    }
+                    const int col = b * QK_K + 128 * hf + 32 * kq + 16 * u + 4 * t;
+#pragma unroll
+                    for (int nt = 0; nt < NTILE; ++nt) {
+                        const int tok = 8 * nt + g;
+                        int x1 = __ldg(reinterpret_cast<const int*>(x.a1 + x.row(tok) + col));
+                        int x2 = __ldg(reinterpret_cast<const int*>(x.a2 + x.row(tok) + col));
+                        if (tok >= x.M) x1 = x2 = 0;
+                        int c[4];
+                        dot2_k16(c, a[0], a[1], x1, x2);
+#pragma unroll
+                        for (int e = 0; e < 4; ++e) {
+                            const float4 v = dx[nt][e & 1];
+                            const float dxe = kq == 0 ? v.x : kq == 1 ? v.y : kq == 2 ? v.z : v.w;
+                            acc[nt][e] += dxe * (ds[e >> 1] * (float)c[e]);
+                        }
+                    }
+                }
+        }
+    }
+    finish_tile<T, NTILE>(acc, row0, n_out, x.M, ks, y);
+}
+
 // ---- launchers -------------------------------------------------------------------
 
 static void check_args(const torch::Tensor& packed, const torch::Tensor& a1, const torch::Tensor& y,
@@ -322,7 +594,74 @@ void q6k_mv(torch::Tensor packed, torch::Tensor a1, torch::Tensor a2, torch::Ten
     });
 }
 
+// 1..16 tokens: a1, a2 [M, n_pad] int8, dxs and s32 [M, n_pad / 32]; y [M, n_out].
+static MmTokens mm_tokens(const torch::Tensor& packed, const torch::Tensor& a1, const torch::Tensor& a2,
+                          const torch::Tensor& dxs, const torch::Tensor& s32, const torch::Tensor& y,
+                          int64_t block_bytes, int64_t align) {
+    const int64_t M = a1.size(0), n_pad = a1.size(1), n_out = y.size(-1);
+    TORCH_CHECK(M >= 1 && M <= 16, "the tensor-core kernels take 1 to 16 activation rows, got ", M);
+    TORCH_CHECK(a1.dim() == 2 && n_pad % QK_K == 0 && a1.is_contiguous() && a2.sizes() == a1.sizes() &&
+                a2.is_contiguous(), "activation: two contiguous [M, n_pad] int8 levels, n_pad a multiple of ", QK_K);
+    TORCH_CHECK(dxs.is_contiguous() && s32.is_contiguous() && dxs.numel() == M * (n_pad / 32) &&
+                s32.numel() == M * (n_pad / 32), "activation: ", n_pad / 32, " block scales and sums a row");
+    TORCH_CHECK(y.dim() == 2 && y.size(0) == M && y.is_contiguous(), "y: a contiguous [", M, ", n_out] tensor");
+    TORCH_CHECK(packed.is_cuda() && packed.dtype() == torch::kUInt8 && packed.dim() == 2 && packed.is_contiguous() &&
+                packed.size(0) == n_out && packed.size(1) == block_bytes * (n_pad / QK_K),
+                "packed: ", n_out, " contiguous uint8 rows of ", block_bytes * (n_pad / QK_K), " bytes");
+    TORCH_CHECK(reinterpret_cast<uintptr_t>(packed.data_ptr()) % align == 0, "packed: ", align, "-byte aligned");
+    return MmTokens{a1.data_ptr<int8_t>(), a2.data_ptr<int8_t>(), dxs.data_ptr<float>(), s32.data_ptr<int>(),
+                    (int)M, (int)n_pad};
+}
+
+static int mm_ksplit(int64_t row_groups, int64_t nb) {
+    // warps over K until about 32 warps an SM are in flight, each with two super-blocks or more
+    int k = 1;
+    while (k < MM_WARPS && row_groups * k < 132 * 32 && nb >= 2 * k) k *= 2;
+    return k;
+}
+
+template <typename Launch>
+static void mm_launch(const torch::Tensor& packed, const MmTokens& x, torch::Tensor& y, Launch&& launch) {
+    const int64_t n_out = y.size(-1), nb = x.n_pad / QK_K, groups = (n_out + MM_ROWS - 1) / MM_ROWS;
+    const at::cuda::CUDAGuard guard(packed.device());
+    const int ks = mm_ksplit(groups, nb);
+    auto stream = at::cuda::getCurrentCUDAStream();
+    by_out_type(y, [&](auto* tag) {
+        using T = std::remove_pointer_t<decltype(tag)>;
+        if (x.M <= 8)
+            launch(std::integral_constant<int, 1>{}, (T*)nullptr, dim3((unsigned)groups), dim3(32 * ks), stream,
+                   (int)n_out, (int)nb, ks);
+        else
+            launch(std::integral_constant<int, 2>{}, (T*)nullptr, dim3((unsigned)groups), dim3(32 * ks), stream,
+                   (int)n_out, (int)nb, ks);
+    });
+}
+
+void q4k_mm(torch::Tensor packed, torch::Tensor a1, torch::Tensor a2, torch::Tensor dxs, torch::Tensor s32,
+            torch::Tensor y) {
+    const MmTokens x = mm_tokens(packed, a1, a2, dxs, s32, y, Q4_K_BYTES, 16);
+    mm_launch(packed, x, y, [&](auto NT, auto* tag, dim3 grid, dim3 block, cudaStream_t stream, int n_out, int nb,
+                                int ks) {
+        using T = std::remove_pointer_t<decltype(tag)>;
+        q4k_mm_kernel<T, NT.value><<<grid, block, 0, stream>>>(packed.data_ptr<uint8_t>(), x,
+                                                               reinterpret_cast<T*>(y.data_ptr()), n_out, nb, ks);
+    });
+}
+
+void q6k_mm(torch::Tensor packed, torch::Tensor a1, torch::Tensor a2, torch::Tensor dxs, torch::Tensor s32,
+            torch::Tensor y) {
+    const MmTokens x = mm_tokens(packed, a1, a2, dxs, s32, y, Q6_K_BYTES, 4);
+    mm_launch(packed, x, y, [&](auto NT, auto* tag, dim3 grid, dim3 block, cudaStream_t stream, int n_out, int nb,
+                                int ks) {
+        using T = std::remove_pointer_t<decltype(tag)>;
+        q6k_mm_kernel<T, NT.value><<<grid, block, 0, stream>>>(packed.data_ptr<uint8_t>(), x,
+                                                               reinterpret_cast<T*>(y.data_ptr()), n_out, nb, ks);
+    });
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+    m.def("q4k_mm", &q4k_mm, "1..16-token Q4_K matmul on int8 tensor cores (int8dot's two-level activation)");
+    m.def("q6k_mm", &q6k_mm, "1..16-token Q6_K matmul on int8 tensor cores (int8dot's two-level activation)");
     m.def("q4k_mv", &q4k_mv, "one-token Q4_K matvec on int8dot's two-level activation");
     m.def("q6k_mv", &q6k_mv, "one-token Q6_K matvec on int8dot's two-level activation");
 }
