@@ -145,9 +145,13 @@ def bench_rungs(bw, gen, shapes=SHAPES + LLAMA8B_SHAPES, dtype=torch.float16):
 
 
 SMALL_BATCHES = (1, 2, 4, 8, 16)
+GEMMA_SHAPES = (
+    Shape("g3 ffn_up", GGMLType.Q5_0, 640, 2048),
+    Shape("g3 lm_head", GGMLType.Q8_0, 640, 262144),
+)
 
 
-def bench_small_batches(bw, gen, shapes=SHAPES + LLAMA8B_SHAPES, dtype=torch.float16):
+def bench_small_batches(bw, gen, shapes=SHAPES + LLAMA8B_SHAPES + GEMMA_SHAPES, dtype=torch.float16):
     """Each shape at 1..16 activation rows: the rung the ladder runs beside the rung
     it would run without the CUDA C++ kernels (the Triton fallback), each in a CUDA
     graph; and each rung's 16-row time over the ladder's one-row time (the

@@ -25,10 +25,11 @@ mv_kquant    1       Q4_K/Q5_K ``_mv_q45k_kernel``,         float32 FFMA, rel. e
                      Q6_K ``_mv_q6k_kernel``                (128 + q, see kquant.py)
 mv_tile      1       ``_mv_tile_kernel``: the other types   float32 FFMA
                      (the IQ4 types and MXFP4 included)
-cuda_mm      <= 16   half x only: Q4_K, Q6_K, hand-written  as i8_dot; int8 mma.sync per
-                     CUDA (``mv.cu``): 16 weight rows a      scale block, exact in int32
-                     warp, up to 16 tokens, each weight
-                     read once; absent without nvcc
+cuda_mm      <= 16   half x: the K-quants, Q8_0, Q5_0,    as i8_dot; int8 mma.sync per
+                     Q4_0, hand-written CUDA (``mv.cu``):   scale block, exact in int32
+                     16 weight rows a warp, up to 16
+                     tokens, each weight read once;
+                     absent without nvcc
 i8_dot_mt    <= 8    half x only: Q4_K, Q5_K, Q5_0, Q4_0    as i8_dot
 token_axis   2       Q4_K/Q5_K ``_mm_q45k_mt_kernel``:      float32 FFMA, as mv_kquant
                      one decode for all tokens
@@ -324,19 +325,21 @@ def _cuda_mv(x2, packed, qt, n_out, n_in, scales, scale_2, launch: Launch,
 
 def _cuda_mm(x2, packed, qt, n_out, n_in, scales, scale_2, launch: Launch,
              out_dtype: torch.dtype | None = None) -> torch.Tensor:
-    """1..16 half-precision rows of Q4_K / Q6_K: mv.cu's int8 tensor-core kernels on
+    """1..16 half-precision rows of the K-quants and Q8_0 / Q5_0 / Q4_0: mv.cu's int8 tensor-core kernels on
     int8dot's two-level activation (the quantization of ``_i8_dot``); every weight is
     read once for all rows. ``out_dtype`` as there."""
     M = x2.shape[0]
     if not 1 <= M <= 16:
         raise ValueError(f"the CUDA C++ tensor-core kernels take 1 to 16 activation rows, got {M}")
-    if packed.data_ptr() % (16 if qt is GGMLType.Q4_K else 4):   # a joined part's view off alignment
+    if packed.data_ptr() % _MM_ALIGN[qt]:   # a joined part's view off the kernel's word alignment
         return run_rung(_next_rung("cuda_mm", qt, M, x2.dtype), x2, packed, qt, n_out, n_in)
     a1, a2, dxs, _, s32, _ = _quantize_x(x2, n_in)
     y = torch.empty((M, n_out), dtype=out_dtype or x2.dtype, device=x2.device)
-    mm = compiled.kernels().q6k_mm if qt is GGMLType.Q6_K else compiled.kernels().q4k_mm
-    mm(packed, a1, a2, dxs, s32, y)
+    getattr(compiled.kernels(), f"{qt.name.lower()}_mm")(packed, a1, a2, dxs, s32, y)
     return y
+
+
+_MM_ALIGN = {T.Q4_K: 16, T.Q5_K: 16, T.Q6_K: 4, T.Q8_0: 2, T.Q5_0: 2, T.Q4_0: 2}   # mv.cu's loads
 
 
 def _next_rung(name: str, qt: GGMLType, tokens: int, dtype: torch.dtype) -> Rung:
@@ -393,9 +396,9 @@ LADDER: tuple[Rung, ...] = (
     Rung("mv_kquant", 1, {T.Q4_K: Launch(64, 8, 4), T.Q5_K: Launch(64, 8, 8),
                           T.Q6_K: Launch(32, 4, 8)}, _mv_kquant),
     Rung("mv_tile", 1, _each(SUPPORTED - set(_KQUANT), Launch(16, 4, 4)), _mv_tile),
-    # 2..16 rows of Q4_K / Q6_K on int8 tensor cores (mv.cu), the weights read once for
+    # 2..16 rows of the K-quants and the 32-column int8-dot types on int8 tensor cores (mv.cu), the weights read once for
     # all rows: DFlash's 16-row verify and batched serving. Its launch is fixed in mv.cu.
-    Rung("cuda_mm", 16, _each((T.Q4_K, T.Q6_K), Launch(16, 8, 0)), _cuda_mm, HALF, _cpp_built),
+    Rung("cuda_mm", 16, _each(_MM_ALIGN, Launch(16, 8, 0)), _cuda_mm, HALF, _cpp_built),
     Rung("i8_dot_mt", 8, {T.Q4_K: Launch(32, 2, 4), T.Q5_K: Launch(32, 2, 4),
                           T.Q5_0: Launch(16, 2, 4), T.Q4_0: Launch(16, 2, 4)}, _i8_dot, HALF),
     Rung("token_axis", 2, _each((T.Q4_K, T.Q5_K), Launch(64, 8, 4)), _mm_token_axis),

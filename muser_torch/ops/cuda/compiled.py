@@ -25,7 +25,9 @@ from ...cache import cache_dir
 from ...formats.layout import layout_constants
 
 SOURCE = Path(__file__).with_name("mv.cu")
-_NAMES = ("QK_K", "Q4_K_BYTES", "Q4_K_D", "Q4_K_DMIN", "Q4_K_SCALES", "Q4_K_QS",
+_NAMES = ("QK_K", "Q8_0_BYTES", "Q8_0_D", "Q8_0_QS", "Q5_0_BYTES", "Q5_0_D", "Q5_0_QH", "Q5_0_QS",
+          "Q4_0_BYTES", "Q4_0_D", "Q4_0_QS", "Q4_K_BYTES", "Q4_K_D", "Q4_K_DMIN", "Q4_K_SCALES", "Q4_K_QS",
+          "Q5_K_BYTES", "Q5_K_D", "Q5_K_DMIN", "Q5_K_SCALES", "Q5_K_QH", "Q5_K_QS",
           "Q6_K_BYTES", "Q6_K_QL", "Q6_K_QH", "Q6_K_SCALES", "Q6_K_D")
 _why_not: str | None = None
 

@@ -333,32 +333,40 @@ __device__ __forceinline__ void finish_tile(float (&acc)[NTILE][4], int row0, in
 // Q4_K: sub-block j = 2p + h of a super-block is columns 32 j .. 32 j + 31, codes in
 // the low (h = 0) or high (h = 1) nibbles of qs bytes 32 p .. 32 p + 31. Lane t loads
 // qs bytes 32 p + 8 t .. + 7 of its two rows for each p (4 x 8 bytes a row), and the
-// 16-byte header (d, dmin, scales) of each row.
-template <typename T, int NTILE>
+// 16-byte header (d, dmin, scales) of each row. Q5_K (FIFTH) is the same with a
+// fifth bit per code: bit j of qh byte l (l = column % 32), so lane t also loads qh
+// bytes 8 t .. + 7 of each row.
+static_assert(Q5_K_D == Q4_K_D && Q5_K_DMIN == Q4_K_DMIN && Q5_K_SCALES == Q4_K_SCALES,
+              "Q5_K's header is Q4_K's");
+static_assert(Q5_K_BYTES % 16 == 0 && Q5_K_QS % 8 == 0 && Q5_K_QH % 8 == 0, "Q5_K's qs and qh on 8-byte words");
+
+template <typename T, int NTILE, bool FIFTH>
 __global__ void __launch_bounds__(MM_WARPS * 32)
-q4k_mm_kernel(const uint8_t* __restrict__ w, MmTokens x, T* __restrict__ y, int n_out, int nb, int ks) {
+q45k_mm_kernel(const uint8_t* __restrict__ w, MmTokens x, T* __restrict__ y, int n_out, int nb, int ks) {
+    constexpr int BYTES = FIFTH ? Q5_K_BYTES : Q4_K_BYTES, QS = FIFTH ? Q5_K_QS : Q4_K_QS;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     const int row0 = blockIdx.x * MM_ROWS;
-    const size_t row_bytes = (size_t)nb * Q4_K_BYTES;
+    const size_t row_bytes = (size_t)nb * BYTES;
     const uint8_t* rows[2] = {w + (size_t)min(row0 + g, n_out - 1) * row_bytes,        // rows past the end
                               w + (size_t)min(row0 + g + 8, n_out - 1) * row_bytes};   // read the last one
     float acc[NTILE][4] = {};
     int4 hd[2], hd_next[2];
-    uint2 q[2][4], q_next[2][4];
-    auto load = [&](int b, int4 (&h)[2], uint2 (&qq)[2][4]) {
+    uint2 q[2][4], q_next[2][4], qh[2], qh_next[2];
+    auto load = [&](int b, int4 (&h)[2], uint2 (&qq)[2][4], uint2 (&hh)[2]) {
         const int bb = min(b, nb - 1);
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-            const uint8_t* blk = rows[r] + (size_t)bb * Q4_K_BYTES;
+            const uint8_t* blk = rows[r] + (size_t)bb * BYTES;
             h[r] = __ldg(reinterpret_cast<const int4*>(blk));
 #pragma unroll
             for (int p = 0; p < 4; ++p)
-                qq[r][p] = __ldg(reinterpret_cast<const uint2*>(blk + Q4_K_QS + 32 * p + 8 * t));
+                qq[r][p] = __ldg(reinterpret_cast<const uint2*>(blk + QS + 32 * p + 8 * t));
+            if (FIFTH) hh[r] = __ldg(reinterpret_cast<const uint2*>(blk + Q5_K_QH + 8 * t));
         }
     };
-    load(warp, hd, q);
+    load(warp, hd, q, qh);
     for (int b = warp; b < nb; b += ks) {
-        load(b + ks, hd_next, q_next);      // the next step's weights in flight during this one
+        load(b + ks, hd_next, q_next, qh_next);      // the next step's weights in flight during this one
         float d[2], dmin[2];
         uint32_t sc3[2][3];
 #pragma unroll
@@ -385,8 +393,14 @@ q4k_mm_kernel(const uint8_t* __restrict__ w, MmTokens x, T* __restrict__ y, int 
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
                 const int j = 2 * p + h, sh = 4 * h;
-                const int a[4] = {(int)((q[0][p].x >> sh) & 0x0F0F0F0Fu), (int)((q[1][p].x >> sh) & 0x0F0F0F0Fu),
-                                  (int)((q[0][p].y >> sh) & 0x0F0F0F0Fu), (int)((q[1][p].y >> sh) & 0x0F0F0F0Fu)};
+                int a[4] = {(int)((q[0][p].x >> sh) & 0x0F0F0F0Fu), (int)((q[1][p].x >> sh) & 0x0F0F0F0Fu),
+                            (int)((q[0][p].y >> sh) & 0x0F0F0F0Fu), (int)((q[1][p].y >> sh) & 0x0F0F0F0Fu)};
+                if (FIFTH) {
+                    a[0] |= (int)(((qh[0].x >> j) & 0x01010101u) << 4);
+                    a[1] |= (int)(((qh[1].x >> j) & 0x01010101u) << 4);
+                    a[2] |= (int)(((qh[0].y >> j) & 0x01010101u) << 4);
+                    a[3] |= (int)(((qh[1].y >> j) & 0x01010101u) << 4);
+                }
                 float ds[2], ms[2];
 #pragma unroll
                 for (int r = 0; r < 2; ++r) {
@@ -417,6 +431,7 @@ q4k_mm_kernel(const uint8_t* __restrict__ w, MmTokens x, T* __restrict__ y, int 
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
             hd[r] = hd_next[r];
+            qh[r] = qh_next[r];
 #pragma unroll
             for (int p = 0; p < 4; ++p) q[r][p] = q_next[r][p];
         }
@@ -501,6 +516,88 @@ q6k_mm_kernel(const uint8_t* __restrict__ w, MmTokens x, T* __restrict__ y, int 
                         }
                     }
                 }
+        }
+    }
+    finish_tile<T, NTILE>(acc, row0, n_out, x.M, ks, y);
+}
+
+// Legacy 32-column blocks (Q8_0, Q5_0, Q4_0): one block, one scale, one k32 mma. The
+// natural slot order: lane t's codes are columns 4t..4t+3 and 16 + 4t..16 + 4t + 3 of the
+// block, which for Q4_0 / Q5_0 are the low and high nibbles of qs bytes 4t..4t+3. The
+// codes are recentred (-8, -16) per byte, so no activation sums are needed. Blocks are
+// 2-byte aligned; a warp takes LEGACY_STEP blocks of each row per step.
+enum LegacyKind { LEGACY_Q8_0, LEGACY_Q5_0, LEGACY_Q4_0 };
+constexpr int LEGACY_STEP = 4;
+
+template <int KIND>
+struct Legacy {
+    static constexpr int BYTES = KIND == LEGACY_Q8_0 ? Q8_0_BYTES : KIND == LEGACY_Q5_0 ? Q5_0_BYTES : Q4_0_BYTES;
+
+    // lane t's codes (as signed bytes: columns 4t.. in lo, 16 + 4t.. in hi) and the block's scale
+    __device__ __forceinline__ static void codes(const uint8_t* blk, int t, int& lo, int& hi, float& d) {
+        if (KIND == LEGACY_Q8_0) {
+            d = __half2float(__ushort_as_half(__ldg(reinterpret_cast<const unsigned short*>(blk + Q8_0_D))));
+            lo = (int)load_word2(blk + Q8_0_QS + 4 * t);
+            hi = (int)load_word2(blk + Q8_0_QS + 16 + 4 * t);
+        } else if (KIND == LEGACY_Q4_0) {
+            d = __half2float(__ushort_as_half(__ldg(reinterpret_cast<const unsigned short*>(blk + Q4_0_D))));
+            const uint32_t w = load_word2(blk + Q4_0_QS + 4 * t);
+            lo = (int)__vsubss4(w & 0x0F0F0F0Fu, 0x08080808u);
+            hi = (int)__vsubss4((w >> 4) & 0x0F0F0F0Fu, 0x08080808u);
+        } else {
+            d = __half2float(__ushort_as_half(__ldg(reinterpret_cast<const unsigned short*>(blk + Q5_0_D))));
+            const uint32_t w = load_word2(blk + Q5_0_QS + 4 * t), h = load_word2(blk + Q5_0_QH);
+            lo = (int)__vsubss4((w & 0x0F0F0F0Fu) | spread4(h >> (4 * t)), 0x10101010u);
+            hi = (int)__vsubss4(((w >> 4) & 0x0F0F0F0Fu) | spread4(h >> (16 + 4 * t)), 0x10101010u);
+        }
+    }
+
+    // bits 0..3 of v to bit 4 of bytes 0..3
+    __device__ __forceinline__ static uint32_t spread4(uint32_t v) {
+        return ((v & 1u) | ((v & 2u) << 7) | ((v & 4u) << 14) | ((v & 8u) << 21)) << 4;
+    }
+};
+
+template <typename T, int NTILE, int KIND>
+__global__ void __launch_bounds__(MM_WARPS * 32)
+legacy_mm_kernel(const uint8_t* __restrict__ w, MmTokens x, T* __restrict__ y, int n_out, int n_blocks, int ks) {
+    using L = Legacy<KIND>;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const int row0 = blockIdx.x * MM_ROWS;
+    const size_t row_bytes = (size_t)n_blocks * L::BYTES;
+    const uint8_t* rows[2] = {w + (size_t)min(row0 + g, n_out - 1) * row_bytes,
+                              w + (size_t)min(row0 + g + 8, n_out - 1) * row_bytes};
+    float acc[NTILE][4] = {};
+    for (int b0 = warp * LEGACY_STEP; b0 < n_blocks; b0 += ks * LEGACY_STEP) {
+        int lo[LEGACY_STEP][2], hi[LEGACY_STEP][2];
+        float d[LEGACY_STEP][2];
+#pragma unroll
+        for (int i = 0; i < LEGACY_STEP; ++i)
+#pragma unroll
+            for (int r = 0; r < 2; ++r)     // blocks past the row's end read its last, scaled by 0
+                L::codes(rows[r] + (size_t)min(b0 + i, n_blocks - 1) * L::BYTES, t, lo[i][r], hi[i][r], d[i][r]);
+#pragma unroll
+        for (int i = 0; i < LEGACY_STEP; ++i) {
+            const int b = b0 + i;
+            if (b >= n_blocks) break;
+            const int a[4] = {lo[i][0], lo[i][1], hi[i][0], hi[i][1]};
+#pragma unroll
+            for (int nt = 0; nt < NTILE; ++nt) {
+                const int tok = 8 * nt + g;
+                const int8_t* p1 = x.a1 + x.row(tok) + 32 * b + 4 * t;
+                const int8_t* p2 = x.a2 + x.row(tok) + 32 * b + 4 * t;
+                int2 x1 = make_int2(__ldg(reinterpret_cast<const int*>(p1)), __ldg(reinterpret_cast<const int*>(p1 + 16)));
+                int2 x2 = make_int2(__ldg(reinterpret_cast<const int*>(p2)), __ldg(reinterpret_cast<const int*>(p2 + 16)));
+                if (tok >= x.M) x1 = x2 = make_int2(0, 0);
+                int c[4];
+                dot2_k32(c, a, x1, x2);
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int tk = 8 * nt + 2 * t + (e & 1);
+                    const float dx = tk < x.M ? __ldg(x.dxs + x.blocks(tk) + b) : 0.f;
+                    acc[nt][e] += dx * (d[i][e >> 1] * (float)c[e]);
+                }
+            }
         }
     }
     finish_tile<T, NTILE>(acc, row0, n_out, x.M, ks, y);
@@ -597,7 +694,7 @@ void q6k_mv(torch::Tensor packed, torch::Tensor a1, torch::Tensor a2, torch::Ten
 // 1..16 tokens: a1, a2 [M, n_pad] int8, dxs and s32 [M, n_pad / 32]; y [M, n_out].
 static MmTokens mm_tokens(const torch::Tensor& packed, const torch::Tensor& a1, const torch::Tensor& a2,
                           const torch::Tensor& dxs, const torch::Tensor& s32, const torch::Tensor& y,
-                          int64_t block_bytes, int64_t align) {
+                          int64_t block_bytes, int64_t block_cols, int64_t align) {
     const int64_t M = a1.size(0), n_pad = a1.size(1), n_out = y.size(-1);
     TORCH_CHECK(M >= 1 && M <= 16, "the tensor-core kernels take 1 to 16 activation rows, got ", M);
     TORCH_CHECK(a1.dim() == 2 && n_pad % QK_K == 0 && a1.is_contiguous() && a2.sizes() == a1.sizes() &&
@@ -606,8 +703,11 @@ static MmTokens mm_tokens(const torch::Tensor& packed, const torch::Tensor& a1, 
                 s32.numel() == M * (n_pad / 32), "activation: ", n_pad / 32, " block scales and sums a row");
     TORCH_CHECK(y.dim() == 2 && y.size(0) == M && y.is_contiguous(), "y: a contiguous [", M, ", n_out] tensor");
     TORCH_CHECK(packed.is_cuda() && packed.dtype() == torch::kUInt8 && packed.dim() == 2 && packed.is_contiguous() &&
-                packed.size(0) == n_out && packed.size(1) == block_bytes * (n_pad / QK_K),
-                "packed: ", n_out, " contiguous uint8 rows of ", block_bytes * (n_pad / QK_K), " bytes");
+                packed.size(0) == n_out && packed.size(1) % block_bytes == 0 &&
+                packed.size(1) / block_bytes * block_cols > n_pad - QK_K &&
+                packed.size(1) / block_bytes * block_cols <= n_pad,
+                "packed: ", n_out, " contiguous uint8 rows of whole ", block_bytes, "-byte blocks, ", n_pad - QK_K + 1,
+                " to ", n_pad, " columns");
     TORCH_CHECK(reinterpret_cast<uintptr_t>(packed.data_ptr()) % align == 0, "packed: ", align, "-byte aligned");
     return MmTokens{a1.data_ptr<int8_t>(), a2.data_ptr<int8_t>(), dxs.data_ptr<float>(), s32.data_ptr<int>(),
                     (int)M, (int)n_pad};
@@ -620,11 +720,13 @@ static int mm_ksplit(int64_t row_groups, int64_t nb) {
     return k;
 }
 
+// nb: the blocks a row has; per_step: how many of them one warp takes a step
 template <typename Launch>
-static void mm_launch(const torch::Tensor& packed, const MmTokens& x, torch::Tensor& y, Launch&& launch) {
-    const int64_t n_out = y.size(-1), nb = x.n_pad / QK_K, groups = (n_out + MM_ROWS - 1) / MM_ROWS;
+static void mm_launch(const torch::Tensor& packed, const MmTokens& x, torch::Tensor& y, int64_t nb, int per_step,
+                      Launch&& launch) {
+    const int64_t n_out = y.size(-1), groups = (n_out + MM_ROWS - 1) / MM_ROWS;
     const at::cuda::CUDAGuard guard(packed.device());
-    const int ks = mm_ksplit(groups, nb);
+    const int ks = mm_ksplit(groups, (nb + per_step - 1) / per_step);
     auto stream = at::cuda::getCurrentCUDAStream();
     by_out_type(y, [&](auto* tag) {
         using T = std::remove_pointer_t<decltype(tag)>;
@@ -637,21 +739,22 @@ static void mm_launch(const torch::Tensor& packed, const MmTokens& x, torch::Ten
     });
 }
 
-void q4k_mm(torch::Tensor packed, torch::Tensor a1, torch::Tensor a2, torch::Tensor dxs, torch::Tensor s32,
-            torch::Tensor y) {
-    const MmTokens x = mm_tokens(packed, a1, a2, dxs, s32, y, Q4_K_BYTES, 16);
-    mm_launch(packed, x, y, [&](auto NT, auto* tag, dim3 grid, dim3 block, cudaStream_t stream, int n_out, int nb,
+template <bool FIFTH>
+static void q45k_mm(torch::Tensor packed, torch::Tensor a1, torch::Tensor a2, torch::Tensor dxs, torch::Tensor s32,
+                    torch::Tensor y) {
+    const MmTokens x = mm_tokens(packed, a1, a2, dxs, s32, y, FIFTH ? Q5_K_BYTES : Q4_K_BYTES, QK_K, 16);
+    mm_launch(packed, x, y, x.n_pad / QK_K, 1, [&](auto NT, auto* tag, dim3 grid, dim3 block, cudaStream_t stream, int n_out, int nb,
                                 int ks) {
         using T = std::remove_pointer_t<decltype(tag)>;
-        q4k_mm_kernel<T, NT.value><<<grid, block, 0, stream>>>(packed.data_ptr<uint8_t>(), x,
-                                                               reinterpret_cast<T*>(y.data_ptr()), n_out, nb, ks);
+        q45k_mm_kernel<T, NT.value, FIFTH><<<grid, block, 0, stream>>>(
+            packed.data_ptr<uint8_t>(), x, reinterpret_cast<T*>(y.data_ptr()), n_out, nb, ks);
     });
 }
 
 void q6k_mm(torch::Tensor packed, torch::Tensor a1, torch::Tensor a2, torch::Tensor dxs, torch::Tensor s32,
             torch::Tensor y) {
-    const MmTokens x = mm_tokens(packed, a1, a2, dxs, s32, y, Q6_K_BYTES, 4);
-    mm_launch(packed, x, y, [&](auto NT, auto* tag, dim3 grid, dim3 block, cudaStream_t stream, int n_out, int nb,
+    const MmTokens x = mm_tokens(packed, a1, a2, dxs, s32, y, Q6_K_BYTES, QK_K, 4);
+    mm_launch(packed, x, y, x.n_pad / QK_K, 1, [&](auto NT, auto* tag, dim3 grid, dim3 block, cudaStream_t stream, int n_out, int nb,
                                 int ks) {
         using T = std::remove_pointer_t<decltype(tag)>;
         q6k_mm_kernel<T, NT.value><<<grid, block, 0, stream>>>(packed.data_ptr<uint8_t>(), x,
@@ -659,8 +762,25 @@ void q6k_mm(torch::Tensor packed, torch::Tensor a1, torch::Tensor a2, torch::Ten
     });
 }
 
+template <int KIND>
+static void legacy_mm(torch::Tensor packed, torch::Tensor a1, torch::Tensor a2, torch::Tensor dxs, torch::Tensor s32,
+                      torch::Tensor y) {
+    const MmTokens x = mm_tokens(packed, a1, a2, dxs, s32, y, Legacy<KIND>::BYTES, 32, 2);
+    const int64_t n_blocks = packed.size(1) / Legacy<KIND>::BYTES;
+    mm_launch(packed, x, y, n_blocks, LEGACY_STEP, [&](auto NT, auto* tag, dim3 grid, dim3 block,
+                                                       cudaStream_t stream, int n_out, int nb, int ks) {
+        using T = std::remove_pointer_t<decltype(tag)>;
+        legacy_mm_kernel<T, NT.value, KIND><<<grid, block, 0, stream>>>(
+            packed.data_ptr<uint8_t>(), x, reinterpret_cast<T*>(y.data_ptr()), n_out, nb, ks);
+    });
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-    m.def("q4k_mm", &q4k_mm, "1..16-token Q4_K matmul on int8 tensor cores (int8dot's two-level activation)");
+    m.def("q8_0_mm", &legacy_mm<LEGACY_Q8_0>, "1..16-token Q8_0 matmul on int8 tensor cores");
+    m.def("q5_0_mm", &legacy_mm<LEGACY_Q5_0>, "1..16-token Q5_0 matmul on int8 tensor cores");
+    m.def("q4_0_mm", &legacy_mm<LEGACY_Q4_0>, "1..16-token Q4_0 matmul on int8 tensor cores");
+    m.def("q4k_mm", &q45k_mm<false>, "1..16-token Q4_K matmul on int8 tensor cores (int8dot's two-level activation)");
+    m.def("q5k_mm", &q45k_mm<true>, "1..16-token Q5_K matmul on int8 tensor cores (int8dot's two-level activation)");
     m.def("q6k_mm", &q6k_mm, "1..16-token Q6_K matmul on int8 tensor cores (int8dot's two-level activation)");
     m.def("q4k_mv", &q4k_mv, "one-token Q4_K matvec on int8dot's two-level activation");
     m.def("q6k_mv", &q6k_mv, "one-token Q6_K matvec on int8dot's two-level activation");

@@ -257,12 +257,14 @@ def test_cuda_cpp_tensor_core_matmul(qt, dtype):
     1e-4 of float64 of the half x as given, and within 1e-5 of ``_i8_dot`` on the
     same quantized activation (run 8 rows at a time). Token counts on both sides
     of the 8-token tile, row counts that leave a warp's 16 rows partly idle, K
-    split across a block's warps (and warps with no super-block), and a zero
-    activation block are included."""
+    split across a block's warps (and warps with no super-block), Q6_K rows of an
+    odd number of 210-byte blocks (2-byte aligned words), 32-column rows that end
+    inside a 256-column tile, and a zero activation block are included."""
     if not cuda.RUNGS["cuda_mm"].built():
         pytest.skip(f"the CUDA C++ kernels are not built: {cuda.compiled.reason()}")
     launch = cuda.RUNGS["cuda_mm"].launch[qt]
-    for n_out, n_in in [(37, 512), (300, 2816), (4101, 1280), (513, 6656)]:
+    shapes = [(37, 512), (300, 2816), (4101, 1280), (513, 6656)]
+    for n_out, n_in in shapes + ([(29, 544), (70, 96)] if qt.block_elems == 32 else []):
         c = Case(qt, n_out, n_in)
         for tokens in (1, 2, 7, 8, 9, 16):
             x = c.randn(tokens, n_in, dtype=dtype)
