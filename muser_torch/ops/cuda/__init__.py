@@ -335,11 +335,13 @@ def _cuda_mm(x2, packed, qt, n_out, n_in, scales, scale_2, launch: Launch,
         return run_rung(_next_rung("cuda_mm", qt, M, x2.dtype), x2, packed, qt, n_out, n_in)
     a1, a2, dxs, _, s32, _ = _quantize_x(x2, n_in)
     y = torch.empty((M, n_out), dtype=out_dtype or x2.dtype, device=x2.device)
-    getattr(compiled.kernels(), f"{qt.name.lower()}_mm")(packed, a1, a2, dxs, s32, y)
+    getattr(compiled.kernels(), _MM_KERNEL[qt])(packed, a1, a2, dxs, s32, y)
     return y
 
 
 _MM_ALIGN = {T.Q4_K: 16, T.Q5_K: 16, T.Q6_K: 4, T.Q8_0: 2, T.Q5_0: 2, T.Q4_0: 2}   # mv.cu's loads
+_MM_KERNEL = {T.Q4_K: "q4k_mm", T.Q5_K: "q5k_mm", T.Q6_K: "q6k_mm", T.Q8_0: "q8_0_mm",
+              T.Q5_0: "q5_0_mm", T.Q4_0: "q4_0_mm"}
 
 
 def _next_rung(name: str, qt: GGMLType, tokens: int, dtype: torch.dtype) -> Rung:
