@@ -5,7 +5,7 @@
 # graph and the kernels of one token. Run from the repo root on the device:
 #   bash tools/cuda_bench.sh [kernels] [rungs] [tests] [gemma] [llama8b] [glimmer] [profile]
 #                            [lcpp-build] [suite] [generate] [dflash] [startup] [dtests] [verify] [serve] [transcode]
-#                            [prefix] [vision] [batches]
+#                            [prefix] [vision] [batches] [mmprofile]
 # Logs go to $OUT (or /tmp/cuda-bench).
 #   lcpp-build  starts, in the background (setsid: it outlives the call on a warm machine),
 #               llama.cpp's CUDA build (sm_90, GGML_NATIVE=ON, as users build it) from the
@@ -20,7 +20,8 @@
 #   dtests      the CUDA tests of the decode engine and of DFlash's recorded rounds
 #   verify      bench model's one-token graph step beside the 16-row verify ($VERIFY_FILES)
 #   batches     bench triton --what batches: each Glimmer / Llama-8B shape at 1-16 rows, the rung the
-#               ladder runs beside its Triton fallback (issue 44's 16-row kernels)
+#               ladder runs beside its Triton fallback (issue 44's 16-row kernels), and cuda_mm's K split
+#   mmprofile   Nsight Compute (ncu, where installed) on cuda_mm at 8 and 16 rows (tools/mm_profile.py)
 #   prefix      tools/prefix_bench.py --device cuda on the Gemma layout with its tokenizer (issue 47)
 #   transcode   bench model on the Gemma layout with and without --q5-0-as-q8-0
 #   serve       tools/serve_side_by_side.py --device cuda against llama-server, the Gemma layout
@@ -197,6 +198,17 @@ want rungs && timeout 300 python3 -m muser_torch.cli bench triton --what rungs 2
   | grep -v Warning | tee "$OUT/rungs.log"
 want batches && timeout 300 python3 -m muser_torch.cli bench triton --what batches 2>&1 \
   | grep -v Warning | tee "$OUT/batches.log"
+if want mmprofile; then   # Nsight Compute on cuda_mm at 8 and 16 rows: where its warps stall
+  NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  if [ -n "$NCU" ]; then
+    timeout 200 $NCU --kernel-name regex:_mm_kernel --launch-skip 1 --launch-count 3 --section SpeedOfLight \
+      --section Occupancy --section LaunchStats --section WarpStateStats --section SchedulerStats \
+      --section MemoryWorkloadAnalysis python3 tools/mm_profile.py 2>&1 | grep -v Warning > "$OUT/mmprofile.log"
+    grep -E "q45k_mm|Duration|Memory Throughput|DRAM Throughput|Achieved Occupancy|Registers Per|Issued Warp|No Eligible|Stall|Warp Cycles Per Issued|Theoretical Occ" "$OUT/mmprofile.log" | head -60
+  else
+    echo "mmprofile: no ncu on this machine"
+  fi
+fi
 if want tests; then
   timeout 240 python3 -m pytest -q -x -p no:cacheprovider tests/ops/cuda/test_layer.py \
     tests/models/test_cuda_models.py tests/glimmer/test_cuda.py 2>&1 | tail -15 | tee "$OUT/tests.log"

@@ -145,6 +145,7 @@ def bench_rungs(bw, gen, shapes=SHAPES + LLAMA8B_SHAPES, dtype=torch.float16):
 
 
 SMALL_BATCHES = (1, 2, 4, 8, 16)
+MM_SWEEP_ROWS, MM_SWEEP_PER_SM = (8, 16), (16, 64, 128)     # cuda_mm's per_sm at 8 and 16 rows
 GEMMA_SHAPES = (
     Shape("g3 ffn_up", GGMLType.Q5_0, 640, 2048),
     Shape("g3 lm_head", GGMLType.Q8_0, 640, 262144),
@@ -179,6 +180,14 @@ def bench_small_batches(bw, gen, shapes=SHAPES + LLAMA8B_SHAPES + GEMMA_SHAPES, 
                 rows.append(dict(label=shape.label, qtype=qt.name, tokens=m, rung=r.name, us=t * 1e6,
                                  of_bw=nbytes / t / bw, over_one=t / one))
                 cells.append(f"{r.name} {t * 1e6:6.1f} us {nbytes / t / bw:4.0%} ({t / one:4.2f}x)")
+            if m in MM_SWEEP_ROWS and mm.built():    # cuda_mm's K split: warps per SM aimed at
+                for per_sm in MM_SWEEP_PER_SM:
+                    t = graph_time([lambda a=a, p=per_sm: cuda.run_rung(mm, x, a[0], qt, shape.n_out,
+                                                                        shape.n_in, per_sm=p)
+                                    for a in args])
+                    rows.append(dict(label=shape.label, qtype=qt.name, tokens=m, rung=f"cuda_mm/{per_sm}",
+                                     us=t * 1e6, of_bw=nbytes / t / bw, over_one=t / one))
+                    cells.append(f"/{per_sm} {t * 1e6:6.1f}")
             line.append(f"  {m:>2} rows: " + " | ".join(cells))
         print(f"batches {shape.label:<13} {qt.name:<5} {shape.n_in:>6}->{shape.n_out:<6} "
               f"(x: the time over the ladder's one-row time)\n" + "\n".join(line), flush=True)

@@ -335,7 +335,7 @@ def _cuda_mm(x2, packed, qt, n_out, n_in, scales, scale_2, launch: Launch,
         return run_rung(_next_rung("cuda_mm", qt, M, x2.dtype), x2, packed, qt, n_out, n_in)
     a1, a2, dxs, _, s32, _ = _quantize_x(x2, n_in)
     y = torch.empty((M, n_out), dtype=out_dtype or x2.dtype, device=x2.device)
-    getattr(compiled.kernels(), _MM_KERNEL[qt])(packed, a1, a2, dxs, s32, y)
+    getattr(compiled.kernels(), _MM_KERNEL[qt])(packed, a1, a2, dxs, s32, y, launch.per_sm)
     return y
 
 
@@ -398,8 +398,9 @@ LADDER: tuple[Rung, ...] = (
     Rung("mv_kquant", 1, {T.Q4_K: Launch(64, 8, 4), T.Q5_K: Launch(64, 8, 8),
                           T.Q6_K: Launch(32, 4, 8)}, _mv_kquant),
     Rung("mv_tile", 1, _each(SUPPORTED - set(_KQUANT), Launch(16, 4, 4)), _mv_tile),
-    # 2..16 rows of the K-quants and the 32-column int8-dot types on int8 tensor cores (mv.cu), the weights read once for
-    # all rows: DFlash's 16-row verify and batched serving. Its launch is fixed in mv.cu.
+    # 2..16 rows of the K-quants and the 32-column int8-dot types on int8 tensor cores
+    # (mv.cu), the weights read once for all rows: DFlash's 16-row verify and batched
+    # serving. Its ``per_sm``: how many warps per SM the K split aims at (0: mv.cu's 32).
     Rung("cuda_mm", 16, _each(_MM_ALIGN, Launch(16, 8, 0)), _cuda_mm, HALF, _cpp_built),
     Rung("i8_dot_mt", 8, {T.Q4_K: Launch(32, 2, 4), T.Q5_K: Launch(32, 2, 4),
                           T.Q5_0: Launch(16, 2, 4), T.Q4_0: Launch(16, 2, 4)}, _i8_dot, HALF),

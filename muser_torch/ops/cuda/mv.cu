@@ -713,20 +713,23 @@ static MmTokens mm_tokens(const torch::Tensor& packed, const torch::Tensor& a1, 
                     (int)M, (int)n_pad};
 }
 
-static int mm_ksplit(int64_t row_groups, int64_t nb) {
-    // warps over K until about 32 warps an SM are in flight, each with two super-blocks or more
+// Warps over K until about warps_per_sm warps an SM are in flight (0: 32), each with
+// two steps of K or more.
+static int mm_ksplit(int64_t row_groups, int64_t steps, int64_t warps_per_sm) {
+    const int64_t want = (warps_per_sm > 0 ? warps_per_sm : 32) *
+                         at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
     int k = 1;
-    while (k < MM_WARPS && row_groups * k < 132 * 32 && nb >= 2 * k) k *= 2;
+    while (k < MM_WARPS && row_groups * k < want && steps >= 2 * k) k *= 2;
     return k;
 }
 
 // nb: the blocks a row has; per_step: how many of them one warp takes a step
 template <typename Launch>
 static void mm_launch(const torch::Tensor& packed, const MmTokens& x, torch::Tensor& y, int64_t nb, int per_step,
-                      Launch&& launch) {
+                      int64_t warps_per_sm, Launch&& launch) {
     const int64_t n_out = y.size(-1), groups = (n_out + MM_ROWS - 1) / MM_ROWS;
     const at::cuda::CUDAGuard guard(packed.device());
-    const int ks = mm_ksplit(groups, (nb + per_step - 1) / per_step);
+    const int ks = mm_ksplit(groups, (nb + per_step - 1) / per_step, warps_per_sm);
     auto stream = at::cuda::getCurrentCUDAStream();
     by_out_type(y, [&](auto* tag) {
         using T = std::remove_pointer_t<decltype(tag)>;
@@ -741,9 +744,9 @@ static void mm_launch(const torch::Tensor& packed, const MmTokens& x, torch::Ten
 
 template <bool FIFTH>
 static void q45k_mm(torch::Tensor packed, torch::Tensor a1, torch::Tensor a2, torch::Tensor dxs, torch::Tensor s32,
-                    torch::Tensor y) {
+                    torch::Tensor y, int64_t warps_per_sm) {
     const MmTokens x = mm_tokens(packed, a1, a2, dxs, s32, y, FIFTH ? Q5_K_BYTES : Q4_K_BYTES, QK_K, 16);
-    mm_launch(packed, x, y, x.n_pad / QK_K, 1, [&](auto NT, auto* tag, dim3 grid, dim3 block, cudaStream_t stream, int n_out, int nb,
+    mm_launch(packed, x, y, x.n_pad / QK_K, 1, warps_per_sm, [&](auto NT, auto* tag, dim3 grid, dim3 block, cudaStream_t stream, int n_out, int nb,
                                 int ks) {
         using T = std::remove_pointer_t<decltype(tag)>;
         q45k_mm_kernel<T, NT.value, FIFTH><<<grid, block, 0, stream>>>(
@@ -752,9 +755,9 @@ static void q45k_mm(torch::Tensor packed, torch::Tensor a1, torch::Tensor a2, to
 }
 
 void q6k_mm(torch::Tensor packed, torch::Tensor a1, torch::Tensor a2, torch::Tensor dxs, torch::Tensor s32,
-            torch::Tensor y) {
+            torch::Tensor y, int64_t warps_per_sm) {
     const MmTokens x = mm_tokens(packed, a1, a2, dxs, s32, y, Q6_K_BYTES, QK_K, 4);
-    mm_launch(packed, x, y, x.n_pad / QK_K, 1, [&](auto NT, auto* tag, dim3 grid, dim3 block, cudaStream_t stream, int n_out, int nb,
+    mm_launch(packed, x, y, x.n_pad / QK_K, 1, warps_per_sm, [&](auto NT, auto* tag, dim3 grid, dim3 block, cudaStream_t stream, int n_out, int nb,
                                 int ks) {
         using T = std::remove_pointer_t<decltype(tag)>;
         q6k_mm_kernel<T, NT.value><<<grid, block, 0, stream>>>(packed.data_ptr<uint8_t>(), x,
@@ -764,10 +767,10 @@ void q6k_mm(torch::Tensor packed, torch::Tensor a1, torch::Tensor a2, torch::Ten
 
 template <int KIND>
 static void legacy_mm(torch::Tensor packed, torch::Tensor a1, torch::Tensor a2, torch::Tensor dxs, torch::Tensor s32,
-                      torch::Tensor y) {
+                      torch::Tensor y, int64_t warps_per_sm) {
     const MmTokens x = mm_tokens(packed, a1, a2, dxs, s32, y, Legacy<KIND>::BYTES, 32, 2);
     const int64_t n_blocks = packed.size(1) / Legacy<KIND>::BYTES;
-    mm_launch(packed, x, y, n_blocks, LEGACY_STEP, [&](auto NT, auto* tag, dim3 grid, dim3 block,
+    mm_launch(packed, x, y, n_blocks, LEGACY_STEP, warps_per_sm, [&](auto NT, auto* tag, dim3 grid, dim3 block,
                                                        cudaStream_t stream, int n_out, int nb, int ks) {
         using T = std::remove_pointer_t<decltype(tag)>;
         legacy_mm_kernel<T, NT.value, KIND><<<grid, block, 0, stream>>>(
