@@ -5,7 +5,7 @@
 # graph and the kernels of one token. Run from the repo root on the device:
 #   bash tools/cuda_bench.sh [kernels] [rungs] [tests] [gemma] [llama8b] [glimmer] [profile]
 #                            [lcpp-build] [suite] [generate] [dflash] [startup] [dtests] [verify] [serve] [transcode]
-#                            [prefix] [vision] [batches] [mmprofile]
+#                            [prefix] [vision] [batches] [mmprofile] [peer]
 # Logs go to $OUT (or /tmp/cuda-bench).
 #   lcpp-build  starts, in the background (setsid: it outlives the call on a warm machine),
 #               llama.cpp's CUDA build (sm_90, GGML_NATIVE=ON, as users build it) from the
@@ -21,6 +21,9 @@
 #   verify      bench model's one-token graph step beside the 16-row verify ($VERIFY_FILES)
 #   batches     bench triton --what batches: each Glimmer / Llama-8B shape at 1-16 rows, the rung the
 #               ladder runs beside its Triton fallback (issue 44's 16-row kernels), and cuda_mm's K split
+#   peer        bench triton --what peer: every type at test-backend-ops' shape (m=4096, k=14336) at 1-512
+#               rows beside llama.cpp's own test-backend-ops, run in the same call (lcpp-build builds it
+#               from .lcpp, which must carry llama.cpp's tests/ folder)
 #   mmprofile   Nsight Compute (ncu, where installed) on cuda_mm at 8 and 16 rows (tools/mm_profile.py)
 #   prefix      tools/prefix_bench.py --device cuda on the Gemma layout with its tokenizer (issue 47)
 #   transcode   bench model on the Gemma layout with and without --q5-0-as-q8-0
@@ -65,10 +68,11 @@ if want lcpp-build && [ ! -f $LCPP_BUILD/done ]; then
   rm -rf /root/lcpp-src && cp -r $LCPP_SRC /root/lcpp-src
   setsid bash -c "
     cmake -S /root/lcpp-src -B $LCPP_BUILD -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON -DGGML_NATIVE=ON \
-      -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+      -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_BUILD_TESTS=ON -DLLAMA_BUILD_EXAMPLES=OFF \
       -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_APP=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_USE_PREBUILT_UI=OFF \
       -DLLAMA_BUILD_UI=OFF > $LCPP_BUILD/build.log 2>&1 \
-    && cmake --build $LCPP_BUILD --target llama-bench llama-server llama-mtmd-cli -j16 >> $LCPP_BUILD/build.log 2>&1 \
+    && cmake --build $LCPP_BUILD --target llama-bench llama-server llama-mtmd-cli test-backend-ops -j16 \
+      >> $LCPP_BUILD/build.log 2>&1 \
     && touch $LCPP_BUILD/done || touch $LCPP_BUILD/failed" < /dev/null > /dev/null 2>&1 &
   setsid bash -c "cd $PWD; export PYTHONPATH=$PYTHONPATH; for f in gemma llama8b glimmer; do
       [ -f /tmp/shaped/\$f.gguf ] || { python3 -m muser_torch.bench.shaped write tools/layouts/\$f.lcpp.json \
@@ -198,6 +202,14 @@ want rungs && timeout 300 python3 -m muser_torch.cli bench triton --what rungs 2
   | grep -v Warning | tee "$OUT/rungs.log"
 want batches && timeout 300 python3 -m muser_torch.cli bench triton --what batches 2>&1 \
   | grep -v Warning | tee "$OUT/batches.log"
+if want peer; then   # issue 44's kernel table: every type at test-backend-ops' shape beside its own figures
+  if lcpp_wait ${PEER_LCPP_WAIT:-400} && [ -x $LCPP_BUILD/bin/test-backend-ops ]; then
+    timeout 500 python3 -m muser_torch.cli bench triton --what peer --test-backend-ops \
+      $LCPP_BUILD/bin/test-backend-ops --json "$OUT/peer.json" 2>&1 | grep -v Warning | tee "$OUT/peer.log"
+  else
+    echo "peer: test-backend-ops not built (needs .lcpp/tests: ../shared/tools/peers/fetch_llamacpp.sh keeps it)"
+  fi
+fi
 if want mmprofile; then   # Nsight Compute on cuda_mm at 8 and 16 rows: where its warps stall
   NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
   if [ -n "$NCU" ]; then

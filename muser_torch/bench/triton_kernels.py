@@ -16,8 +16,9 @@ Sections (``--what``):
   sweep  launch parameters (BN, warps, split target) of the one-token K-quant
          rung; the best per shape is then used for that shape's one-token row
          in ``ops``.
-  peer, i8sweep, qmmsweep   test-backend-ops' shape beside llama.cpp's figures,
-         and the sweeps of the int8-dot and tensor-core rungs (``triton_peer``).
+  peer, i8sweep, qmmsweep   test-backend-ops' shape beside llama.cpp's own
+         test-backend-ops, run in the same call (``--test-backend-ops BINARY``), and
+         the sweeps of the int8-dot and tensor-core rungs (``triton_peer``).
 
 Whole-model decode on CUDA is ``muser-torch bench model seed --device cuda``.
 Numbers are measured in this run and printed, never asserted.
@@ -25,6 +26,7 @@ Numbers are measured in this run and printed, never asserted.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 from dataclasses import replace
@@ -252,7 +254,8 @@ def main(args: argparse.Namespace) -> int:
         res["sweep"] = bench_sweep(bw, gen)
     from . import triton_peer
     for what, fn in (("i8sweep", triton_peer.bench_i8_sweep), ("qmmsweep", triton_peer.bench_qmm_sweep),
-                     ("peer", triton_peer.bench_peer)):
+                     ("peer", functools.partial(triton_peer.bench_peer,
+                                                test_backend_ops=args.test_backend_ops))):
         if what in args.what:
             res[what] = fn(_weights, bw, gen)
             if args.json:      # after each section: a later failure keeps what ran
@@ -280,6 +283,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-baselines", action="store_true")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", help="write all results here")
+    p.add_argument("--test-backend-ops", metavar="BINARY",
+                   help="llama.cpp's test-backend-ops, which --what peer runs for its side of the table")
 
 
 def register(subparsers) -> None:

