@@ -325,23 +325,24 @@ def _cuda_mv(x2, packed, qt, n_out, n_in, scales, scale_2, launch: Launch,
 
 def _cuda_mm(x2, packed, qt, n_out, n_in, scales, scale_2, launch: Launch,
              out_dtype: torch.dtype | None = None) -> torch.Tensor:
-    """1..16 half-precision rows of the K-quants and Q8_0 / Q5_0 / Q4_0: mv.cu's int8 tensor-core kernels on
-    int8dot's two-level activation (the quantization of ``_i8_dot``); every weight is
-    read once for all rows. ``out_dtype`` as there."""
+    """1..16 half-precision rows of the K-quants and Q8_0 / Q5_0 / Q4_0: mv.cu's int8
+    tensor-core kernels on int8dot's two-level activation (the quantization of
+    ``_i8_dot``); every weight is read once for all rows. ``out_dtype`` as there."""
     M = x2.shape[0]
     if not 1 <= M <= 16:
         raise ValueError(f"the CUDA C++ tensor-core kernels take 1 to 16 activation rows, got {M}")
-    if packed.data_ptr() % _MM_ALIGN[qt]:   # a joined part's view off the kernel's word alignment
+    kernel, align = _MM_KERNELS[qt]
+    if packed.data_ptr() % align:   # a joined part's view off the kernel's word alignment
         return run_rung(_next_rung("cuda_mm", qt, M, x2.dtype), x2, packed, qt, n_out, n_in)
     a1, a2, dxs, _, s32, _ = _quantize_x(x2, n_in)
     y = torch.empty((M, n_out), dtype=out_dtype or x2.dtype, device=x2.device)
-    getattr(compiled.kernels(), _MM_KERNEL[qt])(packed, a1, a2, dxs, s32, y, launch.per_sm)
+    getattr(compiled.kernels(), kernel)(packed, a1, a2, dxs, s32, y, launch.per_sm)
     return y
 
 
-_MM_ALIGN = {T.Q4_K: 16, T.Q5_K: 16, T.Q6_K: 4, T.Q8_0: 2, T.Q5_0: 2, T.Q4_0: 2}   # mv.cu's loads
-_MM_KERNEL = {T.Q4_K: "q4k_mm", T.Q5_K: "q5k_mm", T.Q6_K: "q6k_mm", T.Q8_0: "q8_0_mm",
-              T.Q5_0: "q5_0_mm", T.Q4_0: "q4_0_mm"}
+# mv.cu's tensor-core kernel of each type, and the alignment its word loads need
+_MM_KERNELS = {T.Q4_K: ("q4k_mm", 16), T.Q5_K: ("q5k_mm", 16), T.Q6_K: ("q6k_mm", 4),
+               T.Q8_0: ("q8_0_mm", 2), T.Q5_0: ("q5_0_mm", 2), T.Q4_0: ("q4_0_mm", 2)}
 
 
 def _next_rung(name: str, qt: GGMLType, tokens: int, dtype: torch.dtype) -> Rung:
@@ -400,8 +401,9 @@ LADDER: tuple[Rung, ...] = (
     Rung("mv_tile", 1, _each(SUPPORTED - set(_KQUANT), Launch(16, 4, 4)), _mv_tile),
     # 2..16 rows of the K-quants and the 32-column int8-dot types on int8 tensor cores
     # (mv.cu), the weights read once for all rows: DFlash's 16-row verify and batched
-    # serving. Its ``per_sm``: how many warps per SM the K split aims at (0: mv.cu's 32).
-    Rung("cuda_mm", 16, _each(_MM_ALIGN, Launch(16, 8, 0)), _cuda_mm, HALF, _cpp_built),
+    # serving. Its ``per_sm``: how many warps per SM the K split aims at (0: mv.cu's 32);
+    # ``bn`` and ``warps`` only say what mv.cu does (16 rows a warp, at most 8 warps a block).
+    Rung("cuda_mm", 16, _each(_MM_KERNELS, Launch(16, 8, 0)), _cuda_mm, HALF, _cpp_built),
     Rung("i8_dot_mt", 8, {T.Q4_K: Launch(32, 2, 4), T.Q5_K: Launch(32, 2, 4),
                           T.Q5_0: Launch(16, 2, 4), T.Q4_0: Launch(16, 2, 4)}, _i8_dot, HALF),
     Rung("token_axis", 2, _each((T.Q4_K, T.Q5_K), Launch(64, 8, 4)), _mm_token_axis),
