@@ -101,7 +101,10 @@ def animation_video(path: Path, fps: float = FRAME_RATE) -> Video:
             rate = fps if min(durations) <= 0 else 1000.0 / durations[0]
             keep, times = sampled_times(n, rate)
         else:
-            starts = [0.0, *itertools.accumulate(d / 1000.0 for d in durations[:-1])]
+            # sums of whole milliseconds, then one division: the start nearest each true
+            # time (adding d / 1000 frame by frame drifts, and a prompt that prints the
+            # time to 0.1 s then rounds a start such as 0.45 s the wrong way)
+            starts = [ms / 1000.0 for ms in itertools.accumulate([0, *durations[:-1]])]
             keep = sample_indices(n, n / (sum(durations) / 1000.0))
             times = [starts[i] for i in keep]
         return Video(_frames(img, keep), timestamps=times)
