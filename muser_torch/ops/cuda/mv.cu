@@ -44,6 +44,11 @@ __device__ __forceinline__ float half_bits(uint32_t h) {
     return __half2float(__ushort_as_half((unsigned short)(h & 0xFFFF)));
 }
 
+// A float16 field of a block (2-byte aligned)
+__device__ __forceinline__ float load_f16(const uint8_t* p) {
+    return half_bits(__ldg(reinterpret_cast<const unsigned short*>(p)));
+}
+
 template <typename T> __device__ __forceinline__ T from_float(float v);
 template <> __device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
 template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
@@ -213,8 +218,7 @@ q6k_mv_kernel(const uint8_t* __restrict__ w, const int8_t* __restrict__ a1,
             const int2 lw = run8(blk + Q6_K_QL + 64 * hf + 8 * r4);
             const int2 uw = run8(blk + Q6_K_QL + 64 * hf + 32 + 8 * r4);
             const int2 gw = run8(blk + Q6_K_QH + 32 * hf + 8 * r4);
-            const float d = __half2float(__ushort_as_half(
-                __ldg(reinterpret_cast<const unsigned short*>(blk + Q6_K_D))));
+            const float d = load_f16(blk + Q6_K_D);
             const int8_t* scales = reinterpret_cast<const int8_t*>(blk + Q6_K_SCALES) + 8 * hf + r4 / 2;
 #pragma unroll
             for (int k = 0; k < 4; ++k) {
@@ -472,7 +476,7 @@ q6k_mm_kernel(const uint8_t* __restrict__ w, MmTokens x, T* __restrict__ y, int 
             for (int i = 0; i < 4; ++i) qh[r][i] = load_word2(blk + Q6_K_QH + 16 * i + 4 * t);
 #pragma unroll
             for (int i = 0; i < 4; ++i) scw[r][i] = load_word2(blk + Q6_K_SCALES + 4 * i);
-            d[r] = __half2float(__ushort_as_half(__ldg(reinterpret_cast<const unsigned short*>(blk + Q6_K_D))));
+            d[r] = load_f16(blk + Q6_K_D);
         }
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf) {
@@ -536,16 +540,16 @@ struct Legacy {
     // lane t's codes (as signed bytes: columns 4t.. in lo, 16 + 4t.. in hi) and the block's scale
     __device__ __forceinline__ static void codes(const uint8_t* blk, int t, int& lo, int& hi, float& d) {
         if (KIND == LEGACY_Q8_0) {
-            d = __half2float(__ushort_as_half(__ldg(reinterpret_cast<const unsigned short*>(blk + Q8_0_D))));
+            d = load_f16(blk + Q8_0_D);
             lo = (int)load_word2(blk + Q8_0_QS + 4 * t);
             hi = (int)load_word2(blk + Q8_0_QS + 16 + 4 * t);
         } else if (KIND == LEGACY_Q4_0) {
-            d = __half2float(__ushort_as_half(__ldg(reinterpret_cast<const unsigned short*>(blk + Q4_0_D))));
+            d = load_f16(blk + Q4_0_D);
             const uint32_t w = load_word2(blk + Q4_0_QS + 4 * t);
             lo = (int)__vsubss4(w & 0x0F0F0F0Fu, 0x08080808u);
             hi = (int)__vsubss4((w >> 4) & 0x0F0F0F0Fu, 0x08080808u);
         } else {
-            d = __half2float(__ushort_as_half(__ldg(reinterpret_cast<const unsigned short*>(blk + Q5_0_D))));
+            d = load_f16(blk + Q5_0_D);
             const uint32_t w = load_word2(blk + Q5_0_QS + 4 * t), h = load_word2(blk + Q5_0_QH);
             lo = (int)__vsubss4((w & 0x0F0F0F0Fu) | spread4(h >> (4 * t)), 0x10101010u);
             hi = (int)__vsubss4(((w >> 4) & 0x0F0F0F0Fu) | spread4(h >> (16 + 4 * t)), 0x10101010u);
