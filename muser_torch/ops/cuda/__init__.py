@@ -336,7 +336,7 @@ def _cuda_mm(x2, packed, qt, n_out, n_in, scales, scale_2, launch: Launch,
         return run_rung(_next_rung("cuda_mm", qt, M, x2.dtype), x2, packed, qt, n_out, n_in)
     a1, a2, dxs, _, s32, _ = _quantize_x(x2, n_in)
     y = torch.empty((M, n_out), dtype=out_dtype or x2.dtype, device=x2.device)
-    getattr(compiled.kernels(), kernel)(packed, a1, a2, dxs, s32, y, launch.per_sm)
+    getattr(compiled.kernels(), kernel)(packed, a1, a2, dxs, s32, y, launch.per_sm, launch.bn)
     return y
 
 

@@ -304,34 +304,47 @@ __device__ __forceinline__ void dot2_k16(int (&c)[4], int a0, int a1, int x1, in
 }
 
 // The block's ks warps' sums, added in warp order; the first warp writes y[tok, row]
-// for the tokens below M and the rows below n_out.
-template <typename T, int NTILE>
-__device__ __forceinline__ void finish_tile(float (&acc)[NTILE][4], int row0, int n_out, int M, int ks,
-                                            T* __restrict__ y) {
-    __shared__ float parts[MM_WARPS][NTILE * 4][32];     // [warp][value][lane]: no bank conflicts
+// for the tokens below M and the rows below n_out. acc[mt][nt][e] is C element e of
+// row tile mt (rows row0 + 16 mt ..) and token tile nt.
+template <typename T, int MT, int NTILE>
+__device__ __forceinline__ void finish_tiles(float (&acc)[MT][NTILE][4], int row0, int n_out, int M, int ks,
+                                             T* __restrict__ y) {
+    __shared__ float parts[MM_WARPS][MT * NTILE * 4][32];     // [warp][value][lane]: no bank conflicts
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     if (ks > 1) {
         if (warp != 0) {
 #pragma unroll
-            for (int nt = 0; nt < NTILE; ++nt)
+            for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-                for (int e = 0; e < 4; ++e) parts[warp][4 * nt + e][lane] = acc[nt][e];
+                for (int nt = 0; nt < NTILE; ++nt)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) parts[warp][(mt * NTILE + nt) * 4 + e][lane] = acc[mt][nt][e];
         }
         __syncthreads();
         if (warp != 0) return;
         for (int k = 1; k < ks; ++k)
 #pragma unroll
-            for (int nt = 0; nt < NTILE; ++nt)
+            for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-                for (int e = 0; e < 4; ++e) acc[nt][e] += parts[k][4 * nt + e][lane];
+                for (int nt = 0; nt < NTILE; ++nt)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) acc[mt][nt][e] += parts[k][(mt * NTILE + nt) * 4 + e][lane];
     }
 #pragma unroll
-    for (int nt = 0; nt < NTILE; ++nt)
+    for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const int row = row0 + g + 8 * (e >> 1), tok = 8 * nt + 2 * t + (e & 1);
-            if (row < n_out && tok < M) y[(size_t)tok * n_out + row] = from_float<T>(acc[nt][e]);
-        }
+        for (int nt = 0; nt < NTILE; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int row = row0 + 16 * mt + g + 8 * (e >> 1), tok = 8 * nt + 2 * t + (e & 1);
+                if (row < n_out && tok < M) y[(size_t)tok * n_out + row] = from_float<T>(acc[mt][nt][e]);
+            }
+}
+
+template <typename T, int NTILE>
+__device__ __forceinline__ void finish_tile(float (&acc)[NTILE][4], int row0, int n_out, int M, int ks,
+                                            T* __restrict__ y) {
+    finish_tiles<T, 1, NTILE>(reinterpret_cast<float (&)[1][NTILE][4]>(acc), row0, n_out, M, ks, y);
 }
 
 // Q4_K: sub-block j = 2p + h of a super-block is columns 32 j .. 32 j + 31, codes in
@@ -344,22 +357,28 @@ static_assert(Q5_K_D == Q4_K_D && Q5_K_DMIN == Q4_K_DMIN && Q5_K_SCALES == Q4_K_
               "Q5_K's header is Q4_K's");
 static_assert(Q5_K_BYTES % 16 == 0 && Q5_K_QS % 8 == 0 && Q5_K_QH % 8 == 0, "Q5_K's qs and qh on 8-byte words");
 
-template <typename T, int NTILE, bool FIFTH>
+template <typename T, int NTILE, bool FIFTH, int MT>
 __global__ void __launch_bounds__(MM_WARPS * 32)
 q45k_mm_kernel(const uint8_t* __restrict__ w, MmTokens x, T* __restrict__ y, int n_out, int nb, int ks) {
-    constexpr int BYTES = FIFTH ? Q5_K_BYTES : Q4_K_BYTES, QS = FIFTH ? Q5_K_QS : Q4_K_QS;
+    // MT row tiles of 16 a warp share each activation fragment: 2 MT rows a lane, row r at
+    // row0 + 16 (r / 2) + g + 8 (r % 2). One tile keeps the next super-block's weights in
+    // flight while it works; two hold twice the registers already and load as they go.
+    constexpr int BYTES = FIFTH ? Q5_K_BYTES : Q4_K_BYTES, QS = FIFTH ? Q5_K_QS : Q4_K_QS, R = 2 * MT;
+    constexpr bool PREFETCH = MT == 1;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-    const int row0 = blockIdx.x * MM_ROWS;
+    const int row0 = blockIdx.x * MM_ROWS * MT;
     const size_t row_bytes = (size_t)nb * BYTES;
-    const uint8_t* rows[2] = {w + (size_t)min(row0 + g, n_out - 1) * row_bytes,        // rows past the end
-                              w + (size_t)min(row0 + g + 8, n_out - 1) * row_bytes};   // read the last one
-    float acc[NTILE][4] = {};
-    int4 hd[2], hd_next[2];
-    uint2 q[2][4], q_next[2][4], qh[2], qh_next[2];
-    auto load = [&](int b, int4 (&h)[2], uint2 (&qq)[2][4], uint2 (&hh)[2]) {
+    const uint8_t* rows[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r)     // rows past the end read the last one; never written
+        rows[r] = w + (size_t)min(row0 + 16 * (r / 2) + g + 8 * (r % 2), n_out - 1) * row_bytes;
+    float acc[MT][NTILE][4] = {};
+    int4 hd[R], hd_next[R];
+    uint2 q[R][4], q_next[R][4], qh[R], qh_next[R];
+    auto load = [&](int b, int4 (&h)[R], uint2 (&qq)[R][4], uint2 (&hh)[R]) {
         const int bb = min(b, nb - 1);
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
+        for (int r = 0; r < R; ++r) {
             const uint8_t* blk = rows[r] + (size_t)bb * BYTES;
             h[r] = __ldg(reinterpret_cast<const int4*>(blk));
 #pragma unroll
@@ -368,13 +387,16 @@ q45k_mm_kernel(const uint8_t* __restrict__ w, MmTokens x, T* __restrict__ y, int
             if (FIFTH) hh[r] = __ldg(reinterpret_cast<const uint2*>(blk + Q5_K_QH + 8 * t));
         }
     };
-    load(warp, hd, q, qh);
+    if (PREFETCH) load(warp, hd, q, qh);
     for (int b = warp; b < nb; b += ks) {
-        load(b + ks, hd_next, q_next, qh_next);      // the next step's weights in flight during this one
-        float d[2], dmin[2];
-        uint32_t sc3[2][3];
+        if (PREFETCH)
+            load(b + ks, hd_next, q_next, qh_next);      // the next step's weights in flight during this one
+        else
+            load(b, hd, q, qh);
+        float d[R], dmin[R];
+        uint32_t sc3[R][3];
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
+        for (int r = 0; r < R; ++r) {
             d[r] = half_bits((uint32_t)hd[r].x);
             dmin[r] = half_bits((uint32_t)hd[r].x >> 16);
             sc3[r][0] = (uint32_t)hd[r].y; sc3[r][1] = (uint32_t)hd[r].z; sc3[r][2] = (uint32_t)hd[r].w;
@@ -397,17 +419,24 @@ q45k_mm_kernel(const uint8_t* __restrict__ w, MmTokens x, T* __restrict__ y, int
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
                 const int j = 2 * p + h, sh = 4 * h;
-                int a[4] = {(int)((q[0][p].x >> sh) & 0x0F0F0F0Fu), (int)((q[1][p].x >> sh) & 0x0F0F0F0Fu),
-                            (int)((q[0][p].y >> sh) & 0x0F0F0F0Fu), (int)((q[1][p].y >> sh) & 0x0F0F0F0Fu)};
-                if (FIFTH) {
-                    a[0] |= (int)(((qh[0].x >> j) & 0x01010101u) << 4);
-                    a[1] |= (int)(((qh[1].x >> j) & 0x01010101u) << 4);
-                    a[2] |= (int)(((qh[0].y >> j) & 0x01010101u) << 4);
-                    a[3] |= (int)(((qh[1].y >> j) & 0x01010101u) << 4);
-                }
-                float ds[2], ms[2];
+                int a[MT][4];
 #pragma unroll
-                for (int r = 0; r < 2; ++r) {
+                for (int mt = 0; mt < MT; ++mt) {
+                    const int r0 = 2 * mt, r1 = 2 * mt + 1;
+                    a[mt][0] = (int)((q[r0][p].x >> sh) & 0x0F0F0F0Fu);
+                    a[mt][1] = (int)((q[r1][p].x >> sh) & 0x0F0F0F0Fu);
+                    a[mt][2] = (int)((q[r0][p].y >> sh) & 0x0F0F0F0Fu);
+                    a[mt][3] = (int)((q[r1][p].y >> sh) & 0x0F0F0F0Fu);
+                    if (FIFTH) {
+                        a[mt][0] |= (int)(((qh[r0].x >> j) & 0x01010101u) << 4);
+                        a[mt][1] |= (int)(((qh[r1].x >> j) & 0x01010101u) << 4);
+                        a[mt][2] |= (int)(((qh[r0].y >> j) & 0x01010101u) << 4);
+                        a[mt][3] |= (int)(((qh[r1].y >> j) & 0x01010101u) << 4);
+                    }
+                }
+                float ds[R], ms[R];
+#pragma unroll
+                for (int r = 0; r < R; ++r) {
                     int sc, m;
                     scale_min(sc3[r], j, sc, m);
                     ds[r] = d[r] * (float)sc;
@@ -420,27 +449,32 @@ q45k_mm_kernel(const uint8_t* __restrict__ w, MmTokens x, T* __restrict__ y, int
                     int2 x1 = __ldg(reinterpret_cast<const int2*>(x.a1 + x.row(tok) + col));
                     int2 x2 = __ldg(reinterpret_cast<const int2*>(x.a2 + x.row(tok) + col));
                     if (tok >= x.M) x1 = x2 = make_int2(0, 0);
-                    int c[4];
-                    dot2_k32(c, a, x1, x2);
 #pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        const int r = e >> 1, tk = e & 1;
-                        const float dxe = h ? dx[nt][tk].y : dx[nt][tk].x;
-                        const float se = (float)(h ? sum[nt][tk].y : sum[nt][tk].x);
-                        acc[nt][e] += dxe * (ds[r] * (float)c[e] - ms[r] * se);
+                    for (int mt = 0; mt < MT; ++mt) {      // one activation fragment, MT weight tiles
+                        int c[4];
+                        dot2_k32(c, a[mt], x1, x2);
+#pragma unroll
+                        for (int e = 0; e < 4; ++e) {
+                            const int r = 2 * mt + (e >> 1), tk = e & 1;
+                            const float dxe = h ? dx[nt][tk].y : dx[nt][tk].x;
+                            const float se = (float)(h ? sum[nt][tk].y : sum[nt][tk].x);
+                            acc[mt][nt][e] += dxe * (ds[r] * (float)c[e] - ms[r] * se);
+                        }
                     }
                 }
             }
         }
+        if (PREFETCH) {
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            hd[r] = hd_next[r];
-            qh[r] = qh_next[r];
+            for (int r = 0; r < R; ++r) {
+                hd[r] = hd_next[r];
+                qh[r] = qh_next[r];
 #pragma unroll
-            for (int p = 0; p < 4; ++p) q[r][p] = q_next[r][p];
+                for (int p = 0; p < 4; ++p) q[r][p] = q_next[r][p];
+            }
         }
     }
-    finish_tile<T, NTILE>(acc, row0, n_out, x.M, ks, y);
+    finish_tiles<T, MT, NTILE>(acc, row0, n_out, x.M, ks, y);
 }
 
 // A 32-bit word of a Q6_K block at a 2-byte aligned address (blocks are 210 bytes).
@@ -727,11 +761,14 @@ static int mm_ksplit(int64_t row_groups, int64_t steps, int64_t warps_per_sm) {
     return k;
 }
 
-// nb: the blocks a row has; per_step: how many of them one warp takes a step
+// nb: the blocks a row has; per_step: how many of them one warp takes a step; a warp's
+// rows: rows_per_warp (16 or 32)
 template <typename Launch>
 static void mm_launch(const torch::Tensor& packed, const MmTokens& x, torch::Tensor& y, int64_t nb, int per_step,
-                      int64_t warps_per_sm, Launch&& launch) {
-    const int64_t n_out = y.size(-1), groups = (n_out + MM_ROWS - 1) / MM_ROWS;
+                      int64_t warps_per_sm, int64_t rows_per_warp, Launch&& launch) {
+    TORCH_CHECK(rows_per_warp == MM_ROWS || rows_per_warp == 2 * MM_ROWS, "rows per warp: ", MM_ROWS, " or ",
+                2 * MM_ROWS, ", got ", rows_per_warp);
+    const int64_t n_out = y.size(-1), groups = (n_out + rows_per_warp - 1) / rows_per_warp;
     const at::cuda::CUDAGuard guard(packed.device());
     const int ks = mm_ksplit(groups, (nb + per_step - 1) / per_step, warps_per_sm);
     auto stream = at::cuda::getCurrentCUDAStream();
@@ -748,20 +785,26 @@ static void mm_launch(const torch::Tensor& packed, const MmTokens& x, torch::Ten
 
 template <bool FIFTH>
 static void q45k_mm(torch::Tensor packed, torch::Tensor a1, torch::Tensor a2, torch::Tensor dxs, torch::Tensor s32,
-                    torch::Tensor y, int64_t warps_per_sm) {
+                    torch::Tensor y, int64_t warps_per_sm, int64_t rows_per_warp) {
     const MmTokens x = mm_tokens(packed, a1, a2, dxs, s32, y, FIFTH ? Q5_K_BYTES : Q4_K_BYTES, QK_K, 16);
-    mm_launch(packed, x, y, x.n_pad / QK_K, 1, warps_per_sm, [&](auto NT, auto* tag, dim3 grid, dim3 block, cudaStream_t stream, int n_out, int nb,
-                                int ks) {
+    mm_launch(packed, x, y, x.n_pad / QK_K, 1, warps_per_sm, rows_per_warp,
+              [&](auto NT, auto* tag, dim3 grid, dim3 block, cudaStream_t stream, int n_out, int nb, int ks) {
         using T = std::remove_pointer_t<decltype(tag)>;
-        q45k_mm_kernel<T, NT.value, FIFTH><<<grid, block, 0, stream>>>(
-            packed.data_ptr<uint8_t>(), x, reinterpret_cast<T*>(y.data_ptr()), n_out, nb, ks);
+        T* out = reinterpret_cast<T*>(y.data_ptr());
+        if (rows_per_warp == MM_ROWS)
+            q45k_mm_kernel<T, NT.value, FIFTH, 1><<<grid, block, 0, stream>>>(packed.data_ptr<uint8_t>(), x, out,
+                                                                              n_out, nb, ks);
+        else
+            q45k_mm_kernel<T, NT.value, FIFTH, 2><<<grid, block, 0, stream>>>(packed.data_ptr<uint8_t>(), x, out,
+                                                                              n_out, nb, ks);
     });
 }
 
 void q6k_mm(torch::Tensor packed, torch::Tensor a1, torch::Tensor a2, torch::Tensor dxs, torch::Tensor s32,
-            torch::Tensor y, int64_t warps_per_sm) {
+            torch::Tensor y, int64_t warps_per_sm, int64_t rows_per_warp) {
+    TORCH_CHECK(rows_per_warp == MM_ROWS, "Q6_K: ", MM_ROWS, " rows per warp, got ", rows_per_warp);
     const MmTokens x = mm_tokens(packed, a1, a2, dxs, s32, y, Q6_K_BYTES, QK_K, 4);
-    mm_launch(packed, x, y, x.n_pad / QK_K, 1, warps_per_sm, [&](auto NT, auto* tag, dim3 grid, dim3 block, cudaStream_t stream, int n_out, int nb,
+    mm_launch(packed, x, y, x.n_pad / QK_K, 1, warps_per_sm, MM_ROWS, [&](auto NT, auto* tag, dim3 grid, dim3 block, cudaStream_t stream, int n_out, int nb,
                                 int ks) {
         using T = std::remove_pointer_t<decltype(tag)>;
         q6k_mm_kernel<T, NT.value><<<grid, block, 0, stream>>>(packed.data_ptr<uint8_t>(), x,
@@ -771,10 +814,11 @@ void q6k_mm(torch::Tensor packed, torch::Tensor a1, torch::Tensor a2, torch::Ten
 
 template <int KIND>
 static void legacy_mm(torch::Tensor packed, torch::Tensor a1, torch::Tensor a2, torch::Tensor dxs, torch::Tensor s32,
-                      torch::Tensor y, int64_t warps_per_sm) {
+                      torch::Tensor y, int64_t warps_per_sm, int64_t rows_per_warp) {
+    TORCH_CHECK(rows_per_warp == MM_ROWS, "32-column blocks: ", MM_ROWS, " rows per warp, got ", rows_per_warp);
     const MmTokens x = mm_tokens(packed, a1, a2, dxs, s32, y, Legacy<KIND>::BYTES, 32, 2);
     const int64_t n_blocks = packed.size(1) / Legacy<KIND>::BYTES;
-    mm_launch(packed, x, y, n_blocks, LEGACY_STEP, warps_per_sm, [&](auto NT, auto* tag, dim3 grid, dim3 block,
+    mm_launch(packed, x, y, n_blocks, LEGACY_STEP, warps_per_sm, MM_ROWS, [&](auto NT, auto* tag, dim3 grid, dim3 block,
                                                        cudaStream_t stream, int n_out, int nb, int ks) {
         using T = std::remove_pointer_t<decltype(tag)>;
         legacy_mm_kernel<T, NT.value, KIND><<<grid, block, 0, stream>>>(

@@ -273,6 +273,10 @@ def test_cuda_cpp_tensor_core_matmul(qt, dtype):
                               out_dtype=torch.float32)
             assert y.shape == (tokens, n_out) and y.dtype == torch.float32
             assert _rel(y, x.double() @ c.w64.T) < 1e-4, f"{c} tokens={tokens}"
+            if qt in (GGMLType.Q4_K, GGMLType.Q5_K):        # 32 rows a warp: the same dots (its K
+                y32 = cuda._cuda_mm(x.to(DEVICE), c.packed, qt, n_out, n_in, None, None,   # split may differ)
+                                    cuda.Launch(32, 8, 0), out_dtype=torch.float32)
+                assert _rel(y32, y.double().cpu()) < 1e-6, f"{c} tokens={tokens} rows a warp 32"
             i8 = torch.cat([cuda._i8_dot(x[i:i + 8].to(DEVICE), c.packed, qt, n_out, n_in, None,
                                          None, cuda.Launch(32, 4, 1), out_dtype=torch.float32)
                             for i in range(0, tokens, 8)])
