@@ -14,15 +14,13 @@ from dataclasses import replace
 import pytest
 import torch
 
-import muser_torch
 from muser_torch.gguf_io import save_gguf
 from muser_torch.models.engine import engine_recorder
 from muser_torch.models.prefill import MIN_BUCKET, PrefillEngine, prefill_bucket, prefill_engine
 from muser_torch.models.taps import caches
-from muser_torch.run import model_path
 
 from .conftest import SEED, rel_err
-from .test_engine import CountingRecorder
+from .test_engine import CountingRecorder, load
 from .test_gemma3_admission import SMALL, metadata, tensors
 from ..bounds import check_bound, check_floor
 
@@ -38,11 +36,6 @@ def gemma_file(tmp_path_factory):
     path = tmp_path_factory.mktemp("prefill") / "gemma3-window16.gguf"
     save_gguf(path, metadata(cfg), tensors(cfg), progress=False)
     return path
-
-
-def load(which: str, gemma_file, device: str):
-    path = gemma_file if which == "gemma3" else model_path(None, "q4_k_xl")
-    return muser_torch.from_gguf(path, device=device, dtype=torch.float32)
 
 
 def engine_for(model) -> PrefillEngine:
