@@ -154,7 +154,10 @@ class PrefillEngine:
         logits = model(entry.tokens, entry.slot, checked=False, logits_at=entry.last)
         for cache in caches(model):
             cache.rewind_on_device(entry.keep)
-        model.lengths.index_put_((entry.slot,), entry.keep - entry.size, accumulate=True)
+        # the forward grew the length by the whole bucket (index ops only: no accumulate,
+        # whose CUDA path sorts)
+        grown = model.lengths.index_select(0, entry.slot)
+        model.lengths.index_copy_(0, entry.slot, grown + entry.keep - entry.size)
         return logits
 
 
