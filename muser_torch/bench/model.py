@@ -177,7 +177,7 @@ def main(args: argparse.Namespace) -> int:
         cold_s, prefill_s, decode_s = timing
         if args.profile:
             _profile(lambda: step(tok, slots), device)
-        graph_ms = verify_ms = None
+        graph_ms = verify_ms = recorded_s = None
         if device.type == "cuda":
             from .cuda_timing import graph_time
             graph_ms = graph_time([lambda: step(tok, slots)], reps=GRAPH_REPS) * 1e3
@@ -188,6 +188,7 @@ def main(args: argparse.Namespace) -> int:
                 model.lengths.copy_(at)
                 return step(block, slots)
             verify_ms = graph_time([verify], reps=GRAPH_REPS) * 1e3
+            recorded_s = _recorded_prefill(model, prompt, slots, device) if args.batch == 1 else None
 
     per_token = model.weight_bytes_per_token()
     prefill_tps = args.batch * args.prompt_len / prefill_s
@@ -204,6 +205,9 @@ def main(args: argparse.Namespace) -> int:
               f"({graph_ms:.2f} ms/step, {per_token / graph_ms / 1e6:.1f} GB/s of weights)")
         print(f"  verify, {VERIFY_ROWS} rows per sequence in a CUDA graph: {verify_ms:.2f} ms/step "
               f"= {verify_ms / graph_ms:.2f}x the one-token step")
+        if recorded_s is not None:
+            print(f"  prefill  {args.prompt_len:>5} tokens recorded per length bucket (models/prefill.py): "
+                  f"{args.prompt_len / recorded_s:10.1f} tok/s = {prefill_s / recorded_s:.2f}x the eager prefill")
     kv = model.kv_bytes_per_token() * args.batch
     print(f"  weights read per decode step: {per_token / 1e6:.3g} MB "
           f"-> {per_token * steps_per_s / 1e9:.3g} GB/s implied; "
@@ -214,6 +218,26 @@ def main(args: argparse.Namespace) -> int:
     if args.draft is not None:
         _drafted(model, args, prompt[0], device)
     return 0
+
+
+def _recorded_prefill(model, prompt: torch.Tensor, slots: torch.Tensor, device: torch.device,
+                      reps: int = PREFILL_REPS) -> float:
+    """The best warm time of ``prompt``'s prefill on the recording prefill engine (the
+    first two calls eager and recording, untimed); the cache is left reset."""
+    from ..models.engine import engine_recorder
+    from ..models.prefill import prefill_engine
+    engine = prefill_engine(model, engine_recorder("graph", device, "prompt prefills"))
+    best = float("inf")
+    for i in range(2 + reps):
+        model.reset()
+        synchronize(device)
+        t0 = time.perf_counter()
+        engine.prefill(prompt, slots)
+        synchronize(device)
+        if i >= 2:
+            best = min(best, time.perf_counter() - t0)
+    model.reset()
+    return best
 
 
 def stream_rate(model, prompt: torch.Tensor, n: int, engine: str) -> tuple[float, float]:

@@ -144,9 +144,12 @@ class Decoder(nn.Module, Generation):
 
     def forward(self, tokens: torch.Tensor, slots: torch.Tensor | None = None,
                 last_only: bool = False, *, checked: bool = True,
-                embeds: "tuple[torch.Tensor, torch.Tensor] | None" = None) -> torch.Tensor:
+                embeds: "tuple[torch.Tensor, torch.Tensor] | None" = None,
+                logits_at: torch.Tensor | None = None) -> torch.Tensor:
         """Logits ``[B, T, vocab]`` for token ids ``[B, T]`` (``[B, 1, vocab]``,
-        the last position's, with ``last_only``: a prefill needs no more).
+        the last position's, with ``last_only``: a prefill needs no more; or
+        position ``logits_at``'s, a ``[1]`` long device tensor, for a prefill
+        padded past its prompt, ``models/prefill.py``).
 
         Without ``slots`` the tokens are one self-contained sequence per row
         (positions 0..T-1, no cache). With ``slots`` (``[B]`` long, distinct),
@@ -204,7 +207,9 @@ class Decoder(nn.Module, Generation):
                 x = layer(x, positions, rots[att.rope_slot], masks[att.window], slots)
         if slots is not None:
             self.lengths.index_put_((slots,), lengths + T)
-        if last_only:
+        if logits_at is not None:
+            x = x.index_select(1, logits_at)
+        elif last_only:
             x = x[:, -1:]
         if order is not None:  # back to the caller's row order
             x = x.index_select(0, order)

@@ -8,6 +8,7 @@ from typing import Callable, Iterator, Sequence
 import torch
 
 from .engine import decode_engine
+from .prefill import prefill_engine
 from .host_copy import HostCopy
 from .sampling import sample
 from .vision_engine import engine_choice
@@ -101,8 +102,8 @@ class Generation:
         if seed is not None:
             gen = torch.Generator(device=ids.device).manual_seed(seed)
         picker = _Picker(ids.shape[0], stop, ids.device, (temperature, top_k, top_p, gen))
-        logits = (self(ids, slots, last_only=True) if embeds is None else
-                  self(ids, slots, last_only=True, embeds=embeds))[:, -1]
+        # the prompt: recorded per length bucket where the steps are (models/prefill.py)
+        logits = prefill_engine(self, runner.recorder).prefill(ids, slots, embeds)[:, -1]
         if ids.device.type == "cpu":
             for i in range(max_new_tokens):
                 tok = picker.pick(logits)
