@@ -25,6 +25,27 @@ def quant_x(x):  # int8dot's two levels (same as _quantize_x_kernel)
     s32 = (q1 * LEVEL + q2).sum(-1).astype(np.int32)
     return q1.reshape(M, n).astype(np.int8), q2.reshape(M, n).astype(np.int8), dxs, s32
 
+def frag(x, run8):  # the same in _quantize_frag's fragment order (int8dot._quantize_frag_kernel)
+    M, n = x.shape
+    tiles = -(-M // 8)
+    xp = np.zeros((8 * tiles, n), np.float32); xp[:M] = x
+    q1, q2, dxs, s32 = quant_x(xp)
+    q1 = q1.reshape(8 * tiles, n // 32, 32); q2 = q2.reshape(8 * tiles, n // 32, 32)
+    a12 = np.zeros((tiles, n // 32, 32, 16), np.int8); sc = np.zeros((tiles, n // 64, 4, 2, 4), np.float32)
+    for tok in range(8 * tiles):
+        tile, g = divmod(tok, 8)
+        for k in range(32):
+            u, at = (k // 8, k % 8) if run8 else ((k % 16) // 4, (k // 16) * 4 + k % 4)
+            a12[tile, :, 4 * g + u, at] = q1[tok, :, k]; a12[tile, :, 4 * g + u, at + 8] = q2[tok, :, k]
+        for b in range(n // 32):
+            sc[tile, b // 2, g // 2, g % 2, b % 2] = dxs[tok, b]
+            sc[tile, b // 2, g // 2, g % 2, 2 + b % 2] = dxs[tok, b] * np.float32(s32[tok, b])
+    return a12, sc
+
+def fwords(a12, tile, blk, lane):  # a lane's 16-byte fragment load as four words (x1.x, x1.y, x2.x, x2.y)
+    v = a12[tile, blk, lane].view(np.uint8)
+    return [words(v, 4 * i) for i in range(4)]
+
 def words(b, off):  # little-endian uint32 at byte offset off of uint8 array b
     return int.from_bytes(bytes(b[off:off + 4]), "little")
 
@@ -56,11 +77,9 @@ def scale_min(s3, j):
 
 def f16(h): return float(np.array([h & 0xFFFF], np.uint16).view(np.float16)[0])
 
-def q4k_mm(w, n_out, nb, a1, a2, dxs, s32, M, FIFTH=False, MT=1):
+def q4k_mm(w, n_out, nb, a12, sc, M, FIFTH=False, MT=1):
     BY = 176 if FIFTH else 144; QS = 48 if FIFTH else 16; NT = 1 if M <= 8 else 2
     y = np.zeros((M, n_out))
-    a1w = lambda tok, col: words(a1[min(tok, M-1)].view(np.uint8), col)
-    a2w = lambda tok, col: words(a2[min(tok, M-1)].view(np.uint8), col)
     for wrow0 in range(0, n_out, 16 * MT):
       for mt in range(MT):
         row0 = wrow0 + 16 * mt
@@ -87,27 +106,23 @@ def q4k_mm(w, n_out, nb, a1, a2, dxs, s32, M, FIFTH=False, MT=1):
                         ds = []; ms = []
                         for bk in ln['blk']:
                             hx = words(bk, 0); s3 = [words(bk, 4), words(bk, 8), words(bk, 12)]
-                            sc, mm = scale_min(s3, j)
-                            ds.append(np.float32(f16(hx)) * np.float32(sc)); ms.append(np.float32(f16(hx >> 16)) * np.float32(mm))
+                            scl, mm = scale_min(s3, j)
+                            ds.append(np.float32(f16(hx)) * np.float32(scl)); ms.append(np.float32(f16(hx >> 16)) * np.float32(mm))
                         dsms.append((ds, ms))
                     for nt in range(NT):
                         B1 = []; B2 = []
-                        for ln in L:
-                            tok = 8*nt + ln['g']; col = b*256 + 32*j + 8*ln['t']
-                            x1 = [a1w(tok, col), a1w(tok, col+4)]; x2 = [a2w(tok, col), a2w(tok, col+4)]
-                            if tok >= M: x1 = x2 = [0, 0]
-                            B1.append(x1); B2.append(x2)
+                        for lane, ln in enumerate(L):
+                            v = fwords(a12, nt, 8*b + j, lane)
+                            B1.append(v[:2]); B2.append(v[2:])
                         C1 = mma(A, B1); C2 = mma(A, B2)
                         for lane, ln in enumerate(L):
                             for e in range(4):
                                 r, tk = e >> 1, e & 1
-                                tok = 8*nt + 2*ln['t'] + tk
-                                blk = 8*b + j
-                                dx = dxs[min(tok, M-1), blk] if tok < M else 0.0
-                                se = s32[min(tok, M-1), blk]
+                                s4 = sc[nt, 4*b + p, ln['t'], tk]
+                                dx, dse = (s4[1], s4[3]) if h else (s4[0], s4[2])
                                 c = i32(C1[lane][e] * LEVEL + C2[lane][e])
                                 ds, ms = dsms[lane]
-                                acc[lane, nt, e] += dx * (ds[r] * c - ms[r] * se)
+                                acc[lane, nt, e] += dx * (ds[r] * np.float32(c)) - ms[r] * dse
         for lane in range(32):
             g, t = lane // 4, lane % 4
             for nt in range(NT):
@@ -116,10 +131,9 @@ def q4k_mm(w, n_out, nb, a1, a2, dxs, s32, M, FIFTH=False, MT=1):
                     if row < n_out and tok < M: y[tok, row] = acc[lane, nt, e]
     return y
 
-def q6k_mm(w, n_out, nb, a1, a2, dxs, M):
+def q6k_mm(w, n_out, nb, a12, sc, M):
     BY = 210; NT = 1 if M <= 8 else 2
     y = np.zeros((M, n_out))
-    aw = lambda a, tok, col: words(a[min(tok, M-1)].view(np.uint8), col)
     for row0 in range(0, n_out, 16):
         acc = np.zeros((32, NT, 4))
         for b in range(nb):
@@ -145,21 +159,19 @@ def q6k_mm(w, n_out, nb, a1, a2, dxs, M):
                                 hi = ((ln['qh'][r][2*hf + u] >> (2*kq)) & 0x03030303) << 4
                                 v = lo | hi
                                 a.append(sum((((v >> (8*i)) & 0xFF) - 32 & 0xFF) << (8*i) for i in range(4)))
-                                sc = np.array([(ln['scw'][r][s // 4] >> (8*(s % 4))) & 0xFF], np.uint8).view(np.int8)[0]
-                                ds.append(ln['d'][r] * np.float32(sc))
+                                scv = np.array([(ln['scw'][r][s // 4] >> (8*(s % 4))) & 0xFF], np.uint8).view(np.int8)[0]
+                                ds.append(ln['d'][r] * np.float32(scv))
                             A.append(a); DS.append(ds)
                         for nt in range(NT):
                             B1 = []; B2 = []
-                            for ln in L:
-                                tok = 8*nt + ln['g']; col = b*256 + 128*hf + 32*kq + 16*u + 4*ln['t']
-                                x1, x2 = aw(a1, tok, col), aw(a2, tok, col)
-                                if tok >= M: x1 = x2 = 0
-                                B1.append([x1]); B2.append([x2])
+                            for lane, ln in enumerate(L):
+                                v = fwords(a12, nt, 8*b + 4*hf + kq, lane)
+                                B1.append([v[u]]); B2.append([v[2 + u]])
                             C1 = mma(A, B1); C2 = mma(A, B2)
                             for lane, ln in enumerate(L):
                                 for e in range(4):
-                                    tok = 8*nt + 2*ln['t'] + (e & 1)
-                                    dx = dxs[min(tok, M-1), 8*b + 4*hf + kq] if tok < M else 0.0
+                                    d2 = sc[nt, 4*b + 2*hf + (kq >> 1), ln['t'], e & 1]
+                                    dx = d2[kq & 1]
                                     c = C1[lane][e] * LEVEL + C2[lane][e]
                                     acc[lane, nt, e] += dx * (DS[lane][e >> 1] * c)
         for lane in range(32):
@@ -179,16 +191,15 @@ for qt, fn in ((gguf.GGMLQuantizationType.Q4_K, q4k_mm), (gguf.GGMLQuantizationT
         w = rw.packed.numpy()
         wd = dequantize(w, qt).astype(np.float64)
         x = rng.standard_normal((M, n_in)).astype(np.float32)
-        a1, a2, dxs, s32 = quant_x(x)
+        a12, sc = frag(x, run8=fn is not q6k_mm)
         nb = n_in // 256
-        y = fn(w, n_out, nb, a1, a2, dxs, s32, M) if fn is not q6k_mm else fn(w, n_out, nb, a1, a2, dxs, M)
+        y = fn(w, n_out, nb, a12, sc, M)
         ref = x.astype(np.float64) @ wd.T
         print(qt.name, n_out, n_in, M, "rel err", np.abs(y - ref).max() / np.abs(ref).max())
 
-def legacy_mm(w, n_out, nblk, a1, a2, dxs, M, kind):
+def legacy_mm(w, n_out, nblk, a12, sc, M, kind):
     BY = {'Q8_0': 34, 'Q5_0': 22, 'Q4_0': 18}[kind]; NT = 1 if M <= 8 else 2
     y = np.zeros((M, n_out))
-    aw = lambda a, tok, col: words(a[min(tok, M-1)].view(np.uint8), col)
     def vsub(wd, k): return sum(((((wd >> (8*i)) & 0xFF) - k) & 0xFF) << (8*i) for i in range(4))
     def spread4(v): return ((v & 1) | ((v & 2) << 7) | ((v & 4) << 14) | ((v & 8) << 21)) << 4
     def codes(blk, t):
@@ -210,17 +221,13 @@ def legacy_mm(w, n_out, nblk, a1, a2, dxs, M, kind):
             for nt in range(NT):
                 B1 = []; B2 = []
                 for lane in range(32):
-                    g, t = lane // 4, lane % 4
-                    tok = 8*nt + g; col = 32*b + 4*t
-                    x1 = [aw(a1, tok, col), aw(a1, tok, col + 16)]; x2 = [aw(a2, tok, col), aw(a2, tok, col + 16)]
-                    if tok >= M: x1 = x2 = [0, 0]
-                    B1.append(x1); B2.append(x2)
+                    v = fwords(a12, nt, b, lane)
+                    B1.append(v[:2]); B2.append(v[2:])
                 C1 = mma(A, B1); C2 = mma(A, B2)
                 for lane in range(32):
                     g, t = lane // 4, lane % 4
                     for e in range(4):
-                        tk = 8*nt + 2*t + (e & 1)
-                        dx = dxs[tk, b] if tk < M else 0.0
+                        dx = sc[nt, b // 2, t, e & 1][b % 2]
                         acc[lane, nt, e] += dx * (D[lane][e >> 1] * (C1[lane][e] * LEVEL + C2[lane][e]))
         for lane in range(32):
             g, t = lane // 4, lane % 4
@@ -238,7 +245,8 @@ for kind in ('Q8_0', 'Q5_0', 'Q4_0'):
         w = rw.packed.numpy()
         wd = dequantize(w, gguf.GGMLQuantizationType[kind]).astype(np.float64)
         x = rng.standard_normal((M, n_in)).astype(np.float32)
-        a1, a2, dxs, s32 = quant_x(x)
-        y = legacy_mm(w, n_out, n_in // 32, a1, a2, dxs, M, kind)
+        xp = np.zeros((M, -(-n_in // 256) * 256), np.float32); xp[:, :n_in] = x
+        a12, sc = frag(xp, run8=False)
+        y = legacy_mm(w, n_out, n_in // 32, a12, sc, M, kind)
         ref = x.astype(np.float64) @ wd.T
         print(kind, n_out, n_in, M, "rel err", np.abs(y - ref).max() / np.abs(ref).max())

@@ -274,6 +274,21 @@ def _quantize_x(x2: torch.Tensor, n_in: int):
     return a1, a2, dxs, s16, s32, n_pad // _COLS
 
 
+def _quantize_frag(x2: torch.Tensor, n_in: int, run8: bool):
+    """x2's rows (at most 16) in int8dot's two levels, in the order of mv.cu's
+    tensor-core fragments (``int8dot._quantize_frag_kernel``): ``a12[tiles, n_pad / 32,
+    32, 16]`` int8 and ``sc[tiles, n_pad / 64, 4, 2, 4]`` float32, tiles of 8 tokens."""
+    M = x2.shape[0]
+    n_pad = triton.cdiv(n_in, _COLS) * _COLS
+    tiles = triton.cdiv(M, 8)
+    a12 = torch.empty((tiles, n_pad // 32, 32, 16), dtype=torch.int8, device=x2.device)
+    sc = torch.empty((tiles, n_pad // 64, 4, 2, 4), dtype=torch.float32, device=x2.device)
+    blocks = 32
+    i8._quantize_frag_kernel[(triton.cdiv(n_pad // 32, blocks), 8 * tiles)](
+        x2, a12, sc, M, n_in, x2.stride(0), n_pad, BLOCKS=blocks, RUN8=run8)
+    return a12, sc
+
+
 def _i8_dot(x2, packed, qt, n_out, n_in, scales, scale_2, launch: Launch,
             out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """1..8 half-precision activation rows: integer dots on the packed codes
@@ -334,13 +349,14 @@ def _cuda_mm(x2, packed, qt, n_out, n_in, scales, scale_2, launch: Launch,
     kernel, align = _MM_KERNELS[qt]
     if packed.data_ptr() % align:   # a joined part's view off the kernel's word alignment
         return run_rung(_next_rung("cuda_mm", qt, M, x2.dtype), x2, packed, qt, n_out, n_in)
-    a1, a2, dxs, _, s32, _ = _quantize_x(x2, n_in)
+    a12, sc = _quantize_frag(x2, n_in, run8=qt in (T.Q4_K, T.Q5_K))
     y = torch.empty((M, n_out), dtype=out_dtype or x2.dtype, device=x2.device)
-    getattr(compiled.kernels(), kernel)(packed, a1, a2, dxs, s32, y, launch.per_sm, launch.bn)
+    getattr(compiled.kernels(), kernel)(packed, a12, sc, y, launch.per_sm, launch.bn)
     return y
 
 
-# mv.cu's tensor-core kernel of each type, and the alignment its word loads need
+# mv.cu's tensor-core kernel of each type, and the alignment its word loads need. Q4_K and
+# Q5_K take their activation's k-slots in runs of 8 columns (``_quantize_frag``'s run8).
 _MM_KERNELS = {T.Q4_K: ("q4k_mm", 16), T.Q5_K: ("q5k_mm", 16), T.Q6_K: ("q6k_mm", 4),
                T.Q8_0: ("q8_0_mm", 2), T.Q5_0: ("q5_0_mm", 2), T.Q4_0: ("q4_0_mm", 2)}
 

@@ -57,6 +57,20 @@ _RUNTIME = ("split", "M", "nb_row", "kb_per", "n_blk")
 # ---- the activation: two int8 levels per 32-column block -----------------------
 
 @triton.jit
+def _two_levels(x):
+    """Blocks of 32 (``x[BLOCKS, 32]``, float32) as two int8 levels: (a1, a2, the
+    block scales dxs, the integer sums 254 a1 + a2 per block)."""
+    amax = tl.max(tl.abs(x), axis=1)
+    inv = tl.where(amax > 0, 127.0 / tl.maximum(amax, 1e-30), 0.0)
+    v = x * inv[:, None]
+    q1 = tl.floor(v + 0.5)
+    q2 = tl.floor((v - q1) * LEVEL + 0.5)
+    q1 = tl.minimum(tl.maximum(q1, -127.0), 127.0).to(tl.int32)
+    q2 = tl.minimum(tl.maximum(q2, -127.0), 127.0).to(tl.int32)
+    return q1, q2, amax / (127.0 * LEVEL), q1 * LEVEL + q2
+
+
+@triton.jit
 def _quantize_x_kernel(x_ptr, a1_ptr, a2_ptr, dxs_ptr, s16_ptr, s32_ptr, n_in, stride_x,
                        n_pad, BLOCKS: tl.constexpr):
     """Row ``program_id(1)``, 32-column blocks ``BLOCKS * program_id(0) ..``; columns
@@ -66,21 +80,50 @@ def _quantize_x_kernel(x_ptr, a1_ptr, a2_ptr, dxs_ptr, s16_ptr, s32_ptr, n_in, s
     col = b * 32 + tl.arange(0, 32)[None, :]
     inside = col < n_pad
     x = tl.load(x_ptr + t * stride_x + col, mask=col < n_in, other=0.0).to(tl.float32)
-    amax = tl.max(tl.abs(x), axis=1)
-    inv = tl.where(amax > 0, 127.0 / tl.maximum(amax, 1e-30), 0.0)
-    v = x * inv[:, None]
-    q1 = tl.floor(v + 0.5)
-    q2 = tl.floor((v - q1) * LEVEL + 0.5)
-    q1 = tl.minimum(tl.maximum(q1, -127.0), 127.0).to(tl.int32)
-    q2 = tl.minimum(tl.maximum(q2, -127.0), 127.0).to(tl.int32)
+    q1, q2, dx, s = _two_levels(x)
     tl.store(a1_ptr + t * n_pad + col, q1.to(tl.int8), mask=inside)
     tl.store(a2_ptr + t * n_pad + col, q2.to(tl.int8), mask=inside)
-    s = q1 * LEVEL + q2
     s16 = tl.sum(tl.reshape(s, (BLOCKS, 2, 16)), axis=2)
     bm = b < n_pad // 32
     tl.store(s16_ptr + t * (n_pad // 16) + 2 * b + tl.arange(0, 2)[None, :], s16, mask=bm)
     tl.store(s32_ptr + t * (n_pad // 32) + b, tl.sum(s16, axis=1)[:, None], mask=bm)
-    tl.store(dxs_ptr + t * (n_pad // 32) + b, (amax / (127.0 * LEVEL))[:, None], mask=bm)
+    tl.store(dxs_ptr + t * (n_pad // 32) + b, dx[:, None], mask=bm)
+
+
+@triton.jit
+def _quantize_frag_kernel(x_ptr, a12_ptr, sc_ptr, M, n_in, stride_x, n_pad,
+                          BLOCKS: tl.constexpr, RUN8: tl.constexpr):
+    """The same two levels, stored in the order of mv.cu's tensor-core fragments
+    (``compiled.py``'s ``cuda_mm``): token ``program_id(1)`` (tokens at or past ``M``,
+    up to a whole tile of 8, become zeros), 32-column blocks ``BLOCKS * program_id(0) ..``.
+
+    ``a12[tile, block, lane, 16]``: lane 4 g + u of a tile holds token g's a1 bytes of
+    its k-slots, then its a2 bytes: columns 8u .. 8u + 7 of the block (``RUN8``: the
+    K-quants' order) or 4u .. 4u + 3 and 16 + 4u .. 16 + 4u + 3 (the natural order).
+    ``sc[tile, block pair, u, e, 4]``: token 8 tile + 2u + e's dx of the pair's two blocks,
+    then their dx * s, s a block's integer sum (what a C fragment's lane u needs)."""
+    t = tl.program_id(1)
+    b = tl.program_id(0) * BLOCKS + tl.arange(0, BLOCKS)[:, None]
+    k = tl.arange(0, 32)[None, :]
+    col = b * 32 + k
+    x = tl.load(x_ptr + t.to(tl.int64) * stride_x + col, mask=(col < n_in) & (t < M),
+                other=0.0).to(tl.float32)
+    q1, q2, dx, s = _two_levels(x)
+    n_blk = n_pad // 32
+    tile, g = t // 8, t % 8
+    if RUN8:
+        u, at = k // 8, k % 8
+    else:
+        u, at = (k % 16) // 4, (k // 16) * 4 + k % 4
+    inside = b < n_blk
+    to = ((tile * n_blk + b) * 32 + 4 * g + u).to(tl.int64) * 16 + at
+    tl.store(a12_ptr + to, q1.to(tl.int8), mask=inside)
+    tl.store(a12_ptr + to + 8, q2.to(tl.int8), mask=inside)
+    bs = tl.program_id(0) * BLOCKS + tl.arange(0, BLOCKS)
+    at = ((((tile * (n_blk // 2) + bs // 2) * 4 + g // 2) * 2 + g % 2) * 4 + bs % 2).to(tl.int64)
+    ok = bs < n_blk
+    tl.store(sc_ptr + at, dx, mask=ok)
+    tl.store(sc_ptr + at + 2, dx * tl.sum(s, axis=1).to(tl.float32), mask=ok)
 
 
 # ---- shared pieces ---------------------------------------------------------------

@@ -272,18 +272,26 @@ __device__ __forceinline__ void mma_k16(int (&c)[4], int a0, int a1, int b0) {
                  : "r"(a0), "r"(a1), "r"(b0));
 }
 
-// The activation of up to 16 tokens in int8dot's two levels (a1, a2: [M, n_pad]),
-// their block scales dxs and integer block sums s32 ([M, n_pad / 32]). A token at
-// or past M reads as zeros (its row is clamped, never read past the end).
+// The activation of up to 16 tokens in int8dot's two levels, stored in the fragments'
+// order (ops/cuda/__init__.py's _quantize_frag), so that a warp's loads are whole
+// contiguous runs: a12[tile][block][lane] holds lane 4 g + t's 16 bytes of a 32-column
+// block, its k-slots' a1 bytes of token 8 tile + g then their a2 bytes; sc[tile][pair][t][e]
+// holds token 8 tile + 2 t + e's (dx, dx, dx s, dx s) of a pair of blocks (the block
+// scales, and the scales times the blocks' integer sums). Tokens past M are zeros there.
 struct MmTokens {
-    const int8_t* __restrict__ a1;
-    const int8_t* __restrict__ a2;
-    const float* __restrict__ dxs;
-    const int* __restrict__ s32;
-    int M, n_pad;
+    const int4* __restrict__ a12;
+    const float4* __restrict__ sc;
+    int M, n_blk;
 
-    __device__ __forceinline__ size_t row(int tok) const { return (size_t)min(tok, M - 1) * n_pad; }
-    __device__ __forceinline__ size_t blocks(int tok) const { return (size_t)min(tok, M - 1) * (n_pad / 32); }
+    __device__ __forceinline__ int4 frag(int tile, int blk, int lane) const {
+        return __ldg(a12 + ((size_t)tile * n_blk + blk) * 32 + lane);
+    }
+    __device__ __forceinline__ float4 scales(int tile, int pair, int t, int e) const {
+        return __ldg(sc + (((size_t)tile * (n_blk / 2) + pair) * 4 + t) * 2 + e);
+    }
+    __device__ __forceinline__ float2 dx(int tile, int pair, int t, int e) const {   // the scales alone
+        return __ldg(reinterpret_cast<const float2*>(sc + (((size_t)tile * (n_blk / 2) + pair) * 4 + t) * 2 + e));
+    }
 };
 
 // The integer dot of both levels: 254 A.B1 + A.B2 for the k32 and k16 shapes.
@@ -403,19 +411,12 @@ q45k_mm_kernel(const uint8_t* __restrict__ w, MmTokens x, T* __restrict__ y, int
         }
 #pragma unroll
         for (int p = 0; p < 4; ++p) {
-            // this lane's C tokens' scales and sums for sub-blocks 2p and 2p + 1
-            float2 dx[NTILE][2];
-            int2 sum[NTILE][2];
+            // this lane's C tokens' scales (and scales times sums) of sub-blocks 2p, 2p + 1
+            float4 sc[NTILE][2];
 #pragma unroll
             for (int nt = 0; nt < NTILE; ++nt)
 #pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    const int tok = 8 * nt + 2 * t + e;
-                    const size_t at = x.blocks(tok) + 8 * b + 2 * p;
-                    dx[nt][e] = __ldg(reinterpret_cast<const float2*>(x.dxs + at));
-                    sum[nt][e] = __ldg(reinterpret_cast<const int2*>(x.s32 + at));
-                    if (tok >= x.M) dx[nt][e] = make_float2(0.f, 0.f);
-                }
+                for (int e = 0; e < 2; ++e) sc[nt][e] = x.scales(nt, 4 * b + p, t, e);
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
                 const int j = 2 * p + h, sh = 4 * h;
@@ -442,13 +443,10 @@ q45k_mm_kernel(const uint8_t* __restrict__ w, MmTokens x, T* __restrict__ y, int
                     ds[r] = d[r] * (float)sc;
                     ms[r] = dmin[r] * (float)m;
                 }
-                const int col = b * QK_K + 32 * j + 8 * t;
 #pragma unroll
                 for (int nt = 0; nt < NTILE; ++nt) {
-                    const int tok = 8 * nt + g;
-                    int2 x1 = __ldg(reinterpret_cast<const int2*>(x.a1 + x.row(tok) + col));
-                    int2 x2 = __ldg(reinterpret_cast<const int2*>(x.a2 + x.row(tok) + col));
-                    if (tok >= x.M) x1 = x2 = make_int2(0, 0);
+                    const int4 v = x.frag(nt, 8 * b + j, lane);     // columns 8t.. of token 8 nt + g
+                    const int2 x1 = make_int2(v.x, v.y), x2 = make_int2(v.z, v.w);
 #pragma unroll
                     for (int mt = 0; mt < MT; ++mt) {      // one activation fragment, MT weight tiles
                         int c[4];
@@ -456,9 +454,9 @@ q45k_mm_kernel(const uint8_t* __restrict__ w, MmTokens x, T* __restrict__ y, int
 #pragma unroll
                         for (int e = 0; e < 4; ++e) {
                             const int r = 2 * mt + (e >> 1), tk = e & 1;
-                            const float dxe = h ? dx[nt][tk].y : dx[nt][tk].x;
-                            const float se = (float)(h ? sum[nt][tk].y : sum[nt][tk].x);
-                            acc[mt][nt][e] += dxe * (ds[r] * (float)c[e] - ms[r] * se);
+                            const float dxe = h ? sc[nt][tk].y : sc[nt][tk].x;
+                            const float dse = h ? sc[nt][tk].w : sc[nt][tk].z;
+                            acc[mt][nt][e] += dxe * (ds[r] * (float)c[e]) - ms[r] * dse;
                         }
                     }
                 }
@@ -514,17 +512,18 @@ q6k_mm_kernel(const uint8_t* __restrict__ w, MmTokens x, T* __restrict__ y, int 
         }
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf) {
-            float4 dx[NTILE][2];     // this lane's C tokens' scales of the half's four 32-column blocks
+            float2 dx[NTILE][2][2];  // this lane's C tokens' scales of the half's two block pairs
 #pragma unroll
             for (int nt = 0; nt < NTILE; ++nt)
 #pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    const int tok = 8 * nt + 2 * t + e;
-                    dx[nt][e] = __ldg(reinterpret_cast<const float4*>(x.dxs + x.blocks(tok) + 8 * b + 4 * hf));
-                    if (tok >= x.M) dx[nt][e] = make_float4(0.f, 0.f, 0.f, 0.f);
-                }
+                for (int e = 0; e < 2; ++e)
 #pragma unroll
-            for (int kq = 0; kq < 4; ++kq)
+                    for (int q = 0; q < 2; ++q) dx[nt][e][q] = x.dx(nt, 4 * b + 2 * hf + q, t, e);
+#pragma unroll
+            for (int kq = 0; kq < 4; ++kq) {
+                int4 v[NTILE];      // columns 4t.. (v.x, v.z) and 16 + 4t.. (v.y, v.w) of block 4 hf + kq
+#pragma unroll
+                for (int nt = 0; nt < NTILE; ++nt) v[nt] = x.frag(nt, 8 * b + 4 * hf + kq, lane);
 #pragma unroll
                 for (int u = 0; u < 2; ++u) {
                     const int s = 8 * hf + 2 * kq + u;
@@ -537,23 +536,18 @@ q6k_mm_kernel(const uint8_t* __restrict__ w, MmTokens x, T* __restrict__ y, int 
                         a[r] = (int)__vsubss4(lo | hi, 0x20202020u);
                         ds[r] = d[r] * (float)(int8_t)((scw[r][s / 4] >> (8 * (s % 4))) & 0xFF);
                     }
-                    const int col = b * QK_K + 128 * hf + 32 * kq + 16 * u + 4 * t;
 #pragma unroll
                     for (int nt = 0; nt < NTILE; ++nt) {
-                        const int tok = 8 * nt + g;
-                        int x1 = __ldg(reinterpret_cast<const int*>(x.a1 + x.row(tok) + col));
-                        int x2 = __ldg(reinterpret_cast<const int*>(x.a2 + x.row(tok) + col));
-                        if (tok >= x.M) x1 = x2 = 0;
                         int c[4];
-                        dot2_k16(c, a[0], a[1], x1, x2);
+                        dot2_k16(c, a[0], a[1], u ? v[nt].y : v[nt].x, u ? v[nt].w : v[nt].z);
 #pragma unroll
                         for (int e = 0; e < 4; ++e) {
-                            const float4 v = dx[nt][e & 1];
-                            const float dxe = kq == 0 ? v.x : kq == 1 ? v.y : kq == 2 ? v.z : v.w;
-                            acc[nt][e] += dxe * (ds[e >> 1] * (float)c[e]);
+                            const float2 d2 = dx[nt][e & 1][kq >> 1];
+                            acc[nt][e] += ((kq & 1) ? d2.y : d2.x) * (ds[e >> 1] * (float)c[e]);
                         }
                     }
                 }
+            }
         }
     }
     finish_tile<T, NTILE>(acc, row0, n_out, x.M, ks, y);
@@ -566,6 +560,7 @@ q6k_mm_kernel(const uint8_t* __restrict__ w, MmTokens x, T* __restrict__ y, int 
 // 2-byte aligned; a warp takes LEGACY_STEP blocks of each row per step.
 enum LegacyKind { LEGACY_Q8_0, LEGACY_Q5_0, LEGACY_Q4_0 };
 constexpr int LEGACY_STEP = 4;
+static_assert(LEGACY_STEP % 2 == 0 && 8 % LEGACY_STEP == 0, "a step takes whole block pairs of a super-block");
 
 template <int KIND>
 struct Legacy {
@@ -614,6 +609,15 @@ legacy_mm_kernel(const uint8_t* __restrict__ w, MmTokens x, T* __restrict__ y, i
 #pragma unroll
             for (int r = 0; r < 2; ++r)     // blocks past the row's end read its last, scaled by 0
                 L::codes(rows[r] + (size_t)min(b0 + i, n_blocks - 1) * L::BYTES, t, lo[i][r], hi[i][r], d[i][r]);
+        // this lane's C tokens' scales of the step's two block pairs (b0 is a multiple of 4
+        // and the activation has whole super-blocks, so all four blocks are there)
+        float2 dx[NTILE][2][LEGACY_STEP / 2];
+#pragma unroll
+        for (int nt = 0; nt < NTILE; ++nt)
+#pragma unroll
+            for (int e = 0; e < 2; ++e)
+#pragma unroll
+                for (int q = 0; q < LEGACY_STEP / 2; ++q) dx[nt][e][q] = x.dx(nt, b0 / 2 + q, t, e);
 #pragma unroll
         for (int i = 0; i < LEGACY_STEP; ++i) {
             const int b = b0 + i;
@@ -621,19 +625,13 @@ legacy_mm_kernel(const uint8_t* __restrict__ w, MmTokens x, T* __restrict__ y, i
             const int a[4] = {lo[i][0], lo[i][1], hi[i][0], hi[i][1]};
 #pragma unroll
             for (int nt = 0; nt < NTILE; ++nt) {
-                const int tok = 8 * nt + g;
-                const int8_t* p1 = x.a1 + x.row(tok) + 32 * b + 4 * t;
-                const int8_t* p2 = x.a2 + x.row(tok) + 32 * b + 4 * t;
-                int2 x1 = make_int2(__ldg(reinterpret_cast<const int*>(p1)), __ldg(reinterpret_cast<const int*>(p1 + 16)));
-                int2 x2 = make_int2(__ldg(reinterpret_cast<const int*>(p2)), __ldg(reinterpret_cast<const int*>(p2 + 16)));
-                if (tok >= x.M) x1 = x2 = make_int2(0, 0);
+                const int4 v = x.frag(nt, b, lane);   // columns 4t.. (v.x, v.z) and 16 + 4t.. (v.y, v.w)
                 int c[4];
-                dot2_k32(c, a, x1, x2);
+                dot2_k32(c, a, make_int2(v.x, v.y), make_int2(v.z, v.w));
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
-                    const int tk = 8 * nt + 2 * t + (e & 1);
-                    const float dx = tk < x.M ? __ldg(x.dxs + x.blocks(tk) + b) : 0.f;
-                    acc[nt][e] += dx * (d[i][e >> 1] * (float)c[e]);
+                    const float2 d2 = dx[nt][e & 1][i / 2];
+                    acc[nt][e] += ((i & 1) ? d2.y : d2.x) * (d[i][e >> 1] * (float)c[e]);
                 }
             }
         }
@@ -729,17 +727,22 @@ void q6k_mv(torch::Tensor packed, torch::Tensor a1, torch::Tensor a2, torch::Ten
     });
 }
 
-// 1..16 tokens: a1, a2 [M, n_pad] int8, dxs and s32 [M, n_pad / 32]; y [M, n_out].
-static MmTokens mm_tokens(const torch::Tensor& packed, const torch::Tensor& a1, const torch::Tensor& a2,
-                          const torch::Tensor& dxs, const torch::Tensor& s32, const torch::Tensor& y,
-                          int64_t block_bytes, int64_t block_cols, int64_t align) {
-    const int64_t M = a1.size(0), n_pad = a1.size(1), n_out = y.size(-1);
+// 1..16 tokens (y [M, n_out]) in fragment order: a12 [tiles, n_pad / 32, 32, 16] int8 and
+// sc [tiles, n_pad / 64, 4, 2, 4] float32, tiles of 8 tokens (MmTokens).
+static MmTokens mm_tokens(const torch::Tensor& packed, const torch::Tensor& a12, const torch::Tensor& sc,
+                          const torch::Tensor& y, int64_t block_bytes, int64_t block_cols, int64_t align) {
+    TORCH_CHECK(y.dim() == 2 && y.is_contiguous(), "y: a contiguous [M, n_out] tensor");
+    const int64_t M = y.size(0), n_out = y.size(-1), tiles = (M + 7) / 8;
     TORCH_CHECK(M >= 1 && M <= 16, "the tensor-core kernels take 1 to 16 activation rows, got ", M);
-    TORCH_CHECK(a1.dim() == 2 && n_pad % QK_K == 0 && a1.is_contiguous() && a2.sizes() == a1.sizes() &&
-                a2.is_contiguous(), "activation: two contiguous [M, n_pad] int8 levels, n_pad a multiple of ", QK_K);
-    TORCH_CHECK(dxs.is_contiguous() && s32.is_contiguous() && dxs.numel() == M * (n_pad / 32) &&
-                s32.numel() == M * (n_pad / 32), "activation: ", n_pad / 32, " block scales and sums a row");
-    TORCH_CHECK(y.dim() == 2 && y.size(0) == M && y.is_contiguous(), "y: a contiguous [", M, ", n_out] tensor");
+    TORCH_CHECK(a12.dtype() == torch::kInt8 && a12.dim() == 4 && a12.size(0) == tiles && a12.size(1) % 8 == 0 &&
+                a12.size(2) == 32 && a12.size(3) == 16 && a12.is_contiguous() && a12.is_cuda() &&
+                reinterpret_cast<uintptr_t>(a12.data_ptr()) % 16 == 0,
+                "activation: 16-byte aligned int8 fragments [", tiles, ", n_pad / 32, 32, 16], n_pad a multiple of ",
+                QK_K);
+    const int64_t n_pad = a12.size(1) * 32;
+    TORCH_CHECK(sc.dtype() == torch::kFloat && sc.is_contiguous() && sc.is_cuda() &&
+                sc.numel() == tiles * (n_pad / 64) * 32 && reinterpret_cast<uintptr_t>(sc.data_ptr()) % 16 == 0,
+                "activation scales: 16-byte aligned float32 [", tiles, ", ", n_pad / 64, ", 4, 2, 4]");
     TORCH_CHECK(packed.is_cuda() && packed.dtype() == torch::kUInt8 && packed.dim() == 2 && packed.is_contiguous() &&
                 packed.size(0) == n_out && packed.size(1) % block_bytes == 0 &&
                 packed.size(1) / block_bytes * block_cols > n_pad - QK_K &&
@@ -747,8 +750,8 @@ static MmTokens mm_tokens(const torch::Tensor& packed, const torch::Tensor& a1, 
                 "packed: ", n_out, " contiguous uint8 rows of whole ", block_bytes, "-byte blocks, ", n_pad - QK_K + 1,
                 " to ", n_pad, " columns");
     TORCH_CHECK(reinterpret_cast<uintptr_t>(packed.data_ptr()) % align == 0, "packed: ", align, "-byte aligned");
-    return MmTokens{a1.data_ptr<int8_t>(), a2.data_ptr<int8_t>(), dxs.data_ptr<float>(), s32.data_ptr<int>(),
-                    (int)M, (int)n_pad};
+    return MmTokens{reinterpret_cast<const int4*>(a12.data_ptr()), reinterpret_cast<const float4*>(sc.data_ptr()),
+                    (int)M, (int)(n_pad / 32)};
 }
 
 // Warps over K until about warps_per_sm warps an SM are in flight (0: 32), each with
@@ -784,10 +787,10 @@ static void mm_launch(const torch::Tensor& packed, const MmTokens& x, torch::Ten
 }
 
 template <bool FIFTH>
-static void q45k_mm(torch::Tensor packed, torch::Tensor a1, torch::Tensor a2, torch::Tensor dxs, torch::Tensor s32,
-                    torch::Tensor y, int64_t warps_per_sm, int64_t rows_per_warp) {
-    const MmTokens x = mm_tokens(packed, a1, a2, dxs, s32, y, FIFTH ? Q5_K_BYTES : Q4_K_BYTES, QK_K, 16);
-    mm_launch(packed, x, y, x.n_pad / QK_K, 1, warps_per_sm, rows_per_warp,
+static void q45k_mm(torch::Tensor packed, torch::Tensor a12, torch::Tensor sc, torch::Tensor y,
+                    int64_t warps_per_sm, int64_t rows_per_warp) {
+    const MmTokens x = mm_tokens(packed, a12, sc, y, FIFTH ? Q5_K_BYTES : Q4_K_BYTES, QK_K, 16);
+    mm_launch(packed, x, y, x.n_blk / 8, 1, warps_per_sm, rows_per_warp,
               [&](auto NT, auto* tag, dim3 grid, dim3 block, cudaStream_t stream, int n_out, int nb, int ks) {
         using T = std::remove_pointer_t<decltype(tag)>;
         T* out = reinterpret_cast<T*>(y.data_ptr());
@@ -800,11 +803,11 @@ static void q45k_mm(torch::Tensor packed, torch::Tensor a1, torch::Tensor a2, to
     });
 }
 
-void q6k_mm(torch::Tensor packed, torch::Tensor a1, torch::Tensor a2, torch::Tensor dxs, torch::Tensor s32,
-            torch::Tensor y, int64_t warps_per_sm, int64_t rows_per_warp) {
+void q6k_mm(torch::Tensor packed, torch::Tensor a12, torch::Tensor sc, torch::Tensor y, int64_t warps_per_sm,
+            int64_t rows_per_warp) {
     TORCH_CHECK(rows_per_warp == MM_ROWS, "Q6_K: ", MM_ROWS, " rows per warp, got ", rows_per_warp);
-    const MmTokens x = mm_tokens(packed, a1, a2, dxs, s32, y, Q6_K_BYTES, QK_K, 4);
-    mm_launch(packed, x, y, x.n_pad / QK_K, 1, warps_per_sm, MM_ROWS, [&](auto NT, auto* tag, dim3 grid, dim3 block, cudaStream_t stream, int n_out, int nb,
+    const MmTokens x = mm_tokens(packed, a12, sc, y, Q6_K_BYTES, QK_K, 4);
+    mm_launch(packed, x, y, x.n_blk / 8, 1, warps_per_sm, MM_ROWS, [&](auto NT, auto* tag, dim3 grid, dim3 block, cudaStream_t stream, int n_out, int nb,
                                 int ks) {
         using T = std::remove_pointer_t<decltype(tag)>;
         q6k_mm_kernel<T, NT.value><<<grid, block, 0, stream>>>(packed.data_ptr<uint8_t>(), x,
@@ -813,10 +816,10 @@ void q6k_mm(torch::Tensor packed, torch::Tensor a1, torch::Tensor a2, torch::Ten
 }
 
 template <int KIND>
-static void legacy_mm(torch::Tensor packed, torch::Tensor a1, torch::Tensor a2, torch::Tensor dxs, torch::Tensor s32,
-                      torch::Tensor y, int64_t warps_per_sm, int64_t rows_per_warp) {
+static void legacy_mm(torch::Tensor packed, torch::Tensor a12, torch::Tensor sc, torch::Tensor y,
+                      int64_t warps_per_sm, int64_t rows_per_warp) {
     TORCH_CHECK(rows_per_warp == MM_ROWS, "32-column blocks: ", MM_ROWS, " rows per warp, got ", rows_per_warp);
-    const MmTokens x = mm_tokens(packed, a1, a2, dxs, s32, y, Legacy<KIND>::BYTES, 32, 2);
+    const MmTokens x = mm_tokens(packed, a12, sc, y, Legacy<KIND>::BYTES, 32, 2);
     const int64_t n_blocks = packed.size(1) / Legacy<KIND>::BYTES;
     mm_launch(packed, x, y, n_blocks, LEGACY_STEP, warps_per_sm, MM_ROWS, [&](auto NT, auto* tag, dim3 grid, dim3 block,
                                                        cudaStream_t stream, int n_out, int nb, int ks) {

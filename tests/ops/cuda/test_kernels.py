@@ -249,6 +249,34 @@ def test_cuda_cpp_matvec(qt, dtype):
         assert torch.equal(half.cpu(), dflt.cpu().to(dtype)), f"{c}"
 
 
+@pytest.mark.parametrize("run8", [True, False], ids=["runs-of-8", "natural"])
+def test_fragment_order_activation(run8):
+    """``_quantize_frag`` holds ``_quantize_x``'s values, each where the fragment
+    layout puts it: a lane 4 g + u of a tile holds token g's a1 then a2 bytes of its
+    k-slots (columns 8u.. in runs of 8, else 4u.. and 16 + 4u..); the scales of a block
+    pair sit per (u, e) as (dx, dx, dx s, dx s) of token 2u + e; tokens past M are 0."""
+    g = torch.Generator().manual_seed(5)
+    for M, n_in in ((1, 300), (7, 512), (9, 256), (16, 544)):
+        x = (torch.randn(M, n_in, generator=g) * torch.rand(M, 1, generator=g) * 4).half()
+        a12, sc = (t.cpu() for t in cuda._quantize_frag(x.to(DEVICE), n_in, run8))
+        a1, a2, dxs, _, s32, _ = (t.cpu() if torch.is_tensor(t) else t
+                                   for t in cuda._quantize_x(x.to(DEVICE), n_in))
+        tiles, n_blk = -(-M // 8), a1.shape[1] // 32
+        assert a12.shape == (tiles, n_blk, 32, 16) and sc.shape == (tiles, n_blk // 2, 4, 2, 4)
+        pad = lambda t: torch.cat([t, t.new_zeros(8 * tiles - M, *t.shape[1:])])
+        k = torch.arange(32)
+        lane, at = (k // 8, k % 8) if run8 else ((k % 16) // 4, (k // 16) * 4 + k % 4)
+        for tok in range(8 * tiles):
+            tile, gg = divmod(tok, 8)
+            for level, a in ((0, pad(a1)), (8, pad(a2))):
+                got = a12[tile, :, 4 * gg + lane, level + at]           # [n_blk, 32]
+                assert torch.equal(got, a[tok].view(n_blk, 32)), f"M={M} token {tok}"
+            pair = sc[tile, :, gg // 2, gg % 2]                        # [n_blk / 2, 4]
+            dx, s = pad(dxs)[tok].view(-1, 2), pad(s32)[tok].view(-1, 2).float()
+            assert torch.equal(pair[:, :2], dx), f"M={M} token {tok}"
+            assert torch.equal(pair[:, 2:], dx * s), f"M={M} token {tok}"
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("qt", sorted(cuda.RUNGS["cuda_mm"].types) if cuda else [],
                          ids=lambda v: v.name)
