@@ -13,6 +13,8 @@ Sections (``--what``):
          side by side: the CUDA C++ matvec against the Triton rungs.
   batches  each shape at 1, 2, 4, 8 and 16 activation rows: the rung the ladder
          runs beside its Triton fallback, and the time over the one-row time.
+  prefill  each shape at 64-512 rows: the tensor-core tiles beside ``dense`` (the
+         weight decoded to x's dtype, then cuBLAS) and a dense float16 F.linear.
   sweep  launch parameters (BN, warps, split target) of the one-token K-quant
          rung; the best per shape is then used for that shape's one-token row
          in ``ops``.
@@ -204,6 +206,53 @@ def bench_small_batches(bw, gen, shapes=SHAPES + LLAMA8B_SHAPES + GEMMA_SHAPES, 
     return rows
 
 
+PREFILL_TOKENS = (64, 128, 256, 512)
+
+
+def bench_prefill(bw, gen, shapes=SHAPES + LLAMA8B_SHAPES + GEMMA_SHAPES, dtype=torch.float16):
+    """Each shape at prompt-sized row counts: the ladder's rung, the tensor-core
+    tile rungs and ``dense`` (the weight decoded to x's dtype, then cuBLAS) side by
+    side, with a dense float16 ``F.linear`` of the shape (cuBLAS alone) for scale.
+    TFLOP/s are 2 M n_in n_out over the time."""
+    from ..ops import cuda
+    rows = []
+    for shape in shapes:
+        qt = shape.qtype
+        if shape.label in SWEEP_SKIP:
+            continue
+        w, nbytes, args = _weights(shape, gen)
+        wd = [torch.randn(shape.n_out, shape.n_in, device=DEVICE, dtype=dtype, generator=gen)
+              for _ in range(copies_for(2 * shape.n_out * shape.n_in, at_most=4))]
+        line = []
+        for m in PREFILL_TOKENS:
+            x = torch.randn(m, shape.n_in, device=DEVICE, dtype=dtype, generator=gen)
+            flop = 2 * m * shape.n_in * shape.n_out
+            rung = cuda.rung_for(qt, m, dtype)
+            names = [rung.name] + [n for n in ("qmm_tiled", "qmm_wide", "dense")
+                                   if n != rung.name and (n != "qmm_tiled" or m <= 64)]
+            cells = []
+            for name in names:
+                try:
+                    t = graph_time([lambda a=a, n=name: cuda.run_rung(n, x, a[0], qt, shape.n_out,
+                                                                      shape.n_in) for a in args])
+                except Exception as e:  # noqa: BLE001 (report and go on)
+                    cells.append(f"{name} failed: {e!r}"[:120])
+                    continue
+                rows.append(dict(label=shape.label, qtype=qt.name, tokens=m, rung=name, us=t * 1e6,
+                                 tflops=flop / t / 1e12))
+                cells.append(f"{name} {t * 1e6:7.1f} us {flop / t / 1e12:5.0f} TF")
+            t = graph_time([lambda d=d: F.linear(x, d) for d in wd])
+            rows.append(dict(label=shape.label, qtype=qt.name, tokens=m, rung="fp16 F.linear",
+                             us=t * 1e6, tflops=flop / t / 1e12))
+            cells.append(f"F.linear {t * 1e6:7.1f} us")
+            line.append(f"  {m:>3} rows: " + " | ".join(cells))
+        print(f"prefill {shape.label:<13} {qt.name:<5} {shape.n_in:>6}->{shape.n_out:<6} "
+              f"(first: the ladder's rung)\n" + "\n".join(line), flush=True)
+        del args, w, wd
+        torch.cuda.empty_cache()
+    return rows
+
+
 def bench_sweep(bw, gen, shapes=SHAPES):
     """The one-token K-quant rung: BN x warps x split target per SM."""
     from ..ops import cuda
@@ -256,6 +305,8 @@ def main(args: argparse.Namespace) -> int:
         res["rungs"] = bench_rungs(bw, gen)
     if "batches" in args.what:
         res["batches"] = bench_small_batches(bw, gen)
+    if "prefill" in args.what:
+        res["prefill"] = bench_prefill(bw, gen)
     if "sweep" in args.what:
         res["sweep"] = bench_sweep(bw, gen)
     from . import triton_peer
@@ -283,7 +334,8 @@ def main(args: argparse.Namespace) -> int:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--what", nargs="+", default=["ops", "types"], choices=("ops", "types", "rungs", "batches", "sweep", "peer", "i8sweep", "qmmsweep"))
+    p.add_argument("--what", nargs="+", default=["ops", "types"], choices=("ops", "types", "rungs", "batches", "prefill", "sweep", "peer", "i8sweep",
+                            "qmmsweep"))
     p.add_argument("--tokens", nargs="+", type=int, default=[1, 2, 4, 8, 16, 64, 512])
     p.add_argument("--dtype", choices=("float16", "bfloat16", "float32"), default="float16")
     p.add_argument("--no-baselines", action="store_true")

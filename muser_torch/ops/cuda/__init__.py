@@ -38,7 +38,10 @@ qmm_small    <= 16   ``_qmm_kernel`` BM=16: one decode per  tensor cores: tiles 
                                                             error ~1e-3 (float32 x: IEEE
                                                             float32 products, ~3e-7)
 qmm_tiled    <= 64   ``_qmm_kernel`` BM=64 tiles            as qmm_small
-qmm_wide     any     half x: ``_qmm_kernel`` 128 x 128      as qmm_small
+qmm_wide     < 128   half x: ``_qmm_kernel`` 128 x 128      as qmm_small
+dense        any     half x: the weight decoded to x's      the weight rounded to x's dtype
+                     dtype, then cuBLAS (``torch.mm``)      (as the tiles), cuBLAS's float32
+                                                            accumulation
 qmm_tall     any     float32 x: BM=64 tiles                 as qmm_small
 ===========  ======  =====================================  ================================
 
@@ -319,6 +322,17 @@ def _i8_dot(x2, packed, qt, n_out, n_in, scales, scale_2, launch: Launch,
     return y
 
 
+def _dense(x2, packed, qt, n_out, n_in, scales, scale_2, launch: Launch,
+           out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Many half-precision rows: the weight decoded once into x's dtype (the
+    dequantize kernel, exact in float32 before that rounding; the weight a
+    tensor-core rung's tiles hold), then cuBLAS's GEMM with float32 accumulation.
+    The decoded copy lives for the call: one weight at a time."""
+    w = _decode_rows(packed, qt, n_out, n_in, scales, scale_2, dtype=x2.dtype)
+    y = torch.mm(x2, w.t())
+    return y if out_dtype is None else y.to(out_dtype)
+
+
 def _cuda_mv(x2, packed, qt, n_out, n_in, scales, scale_2, launch: Launch,
              out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """One half-precision row of Q4_K / Q6_K: mv.cu's kernels on int8dot's
@@ -406,6 +420,7 @@ _KQUANT = (T.Q4_K, T.Q5_K, T.Q6_K)
 # word), Q6_K also at 8.
 I8_TYPES = (T.Q4_K, T.Q5_K, T.Q6_K, T.Q8_0, T.Q4_0, T.Q5_0)     # what int8dot.py decodes
 HALF = frozenset({torch.float16, torch.bfloat16})
+DENSE_FROM = 128
 LADDER: tuple[Rung, ...] = (
     # Hand-written CUDA (mv.cu) where nvcc is present: the Triton rungs below are its fallback.
     # Its ``bn`` is the rows each warp walks (1, 2 or 4).
@@ -430,7 +445,10 @@ LADDER: tuple[Rung, ...] = (
     # 1060 -> 566 (``bench triton --what qmmsweep``, docs/performance.md). Half x only:
     # float32 tiles that size do not fit in shared memory. Its split K is chosen for a
     # nominal 4 row tiles whatever M, so a prompt length never compiles a new variant.
-    Rung("qmm_wide", None, _each(SUPPORTED, Launch(128, 8, 2, bm=128)), _qmm, HALF),
+    Rung("qmm_wide", DENSE_FROM - 1, _each(SUPPORTED, Launch(128, 8, 2, bm=128)), _qmm, HALF),
+    # From DENSE_FROM half rows (a prompt), the weight decoded once into x's dtype and
+    # cuBLAS's GEMM: the decode is paid once, not once per 128-row tile.
+    Rung("dense", None, _each(SUPPORTED, Launch(0, 0, 0)), _dense, HALF),
     Rung("qmm_tall", None, _each(SUPPORTED, Launch(64, 8, 2, bm=64)), _qmm),
 )
 RUNGS: dict[str, Rung] = {r.name: r for r in LADDER}
@@ -488,10 +506,13 @@ def qmatmul(x: torch.Tensor, packed: torch.Tensor, qtype: int, n_out: int, n_in:
     return y.reshape(*lead, n_out)
 
 
-def _decode_rows(packed, qt, n_out, n_in, scales, scale_2, ids=None) -> torch.Tensor:
+def _decode_rows(packed, qt, n_out, n_in, scales, scale_2, ids=None,
+                 dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The rows (all, or ``ids``) decoded in float32, stored as ``dtype`` (rounded
+    to nearest even: a half tile as the tensor-core rungs round theirs)."""
     s, s2 = _companions(qt, packed, scales, scale_2)
     n_rows = n_out if ids is None else ids.numel()
-    out = torch.empty((n_rows, n_in), dtype=torch.float32, device=packed.device)
+    out = torch.empty((n_rows, n_in), dtype=dtype, device=packed.device)
     if n_rows == 0:
         return out
     bn = 8

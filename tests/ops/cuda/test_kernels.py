@@ -319,7 +319,7 @@ def test_cuda_cpp_tensor_core_matmul(qt, dtype):
 @pytest.mark.parametrize("qt", TYPES, ids=lambda v: v.name)
 def test_qmatmul_half_activations(qt, dtype):
     c = Case(qt, 96, 768)
-    for lead in [(1,), (1, 1), (2,), (2, 3), (40,)]:
+    for lead in [(1,), (1, 1), (2,), (2, 3), (40,), (2, 100)]:
         m = int(np.prod(lead))
         if INTERPRET and dtype == torch.bfloat16 and cuda.rung_for(qt, m).name.startswith("qmm"):
             # Triton 3.9's interpreter multiplies bfloat16 tl.dot operands as their
