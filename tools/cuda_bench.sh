@@ -5,7 +5,7 @@
 # graph and the kernels of one token. Run from the repo root on the device:
 #   bash tools/cuda_bench.sh [kernels] [rungs] [tests] [gemma] [llama8b] [glimmer] [profile]
 #                            [lcpp-build] [suite] [generate] [dflash] [startup] [dtests] [verify] [serve] [transcode]
-#                            [prefix] [vision] [batches] [mmprofile] [peer]
+#                            [prefix] [vision] [batches] [gemm] [mmprofile] [peer]
 # Logs go to $OUT (or /tmp/cuda-bench).
 #   lcpp-build  starts, in the background (setsid: it outlives the call on a warm machine),
 #               llama.cpp's CUDA build (sm_90, GGML_NATIVE=ON, as users build it) from the
@@ -21,6 +21,8 @@
 #   verify      bench model's one-token graph step beside the 16-row verify ($VERIFY_FILES)
 #   batches     bench triton --what batches: each Glimmer / Llama-8B shape at 1-16 rows, the rung the
 #               ladder runs beside its Triton fallback (issue 44's 16-row kernels), and cuda_mm's K split
+#   gemm        bench triton --what prefill: each shape at 64-512 rows, the tensor-core tile rungs
+#               beside the dense rung (decoded to half, then cuBLAS) and a dense F.linear
 #   peer        bench triton --what peer: every type at test-backend-ops' shape (m=4096, k=14336) at 1-512
 #               rows beside llama.cpp's own test-backend-ops, run in the same call (lcpp-build builds it
 #               from .lcpp, which must carry llama.cpp's tests/ folder)
@@ -202,6 +204,8 @@ want rungs && timeout 300 python3 -m muser_torch.cli bench triton --what rungs 2
   | grep -v Warning | tee "$OUT/rungs.log"
 want batches && timeout 300 python3 -m muser_torch.cli bench triton --what batches 2>&1 \
   | grep -v Warning | tee "$OUT/batches.log"
+want gemm && timeout 300 python3 -m muser_torch.cli bench triton --what prefill 2>&1 \
+  | grep -v Warning | tee "$OUT/gemm.log"
 if want peer; then   # issue 44's kernel table: every type at test-backend-ops' shape beside its own figures
   if lcpp_wait ${PEER_LCPP_WAIT:-400} && [ -x $LCPP_BUILD/bin/test-backend-ops ]; then
     timeout 500 python3 -m muser_torch.cli bench triton --what peer --test-backend-ops \
