@@ -26,7 +26,7 @@
 #   peer        bench triton --what peer: every type at test-backend-ops' shape (m=4096, k=14336) at 1-512
 #               rows beside llama.cpp's own test-backend-ops, run in the same call (lcpp-build builds it
 #               from .lcpp, which must carry llama.cpp's tests/ folder)
-#   mmprofile   Nsight Compute (ncu, where installed) on cuda_mm at 8 and 16 rows (tools/mm_profile.py)
+#   mmprofile   Nsight Compute (ncu, where installed) on cuda_mv at 1 row and cuda_mm at 8 and 16 (tools/mm_profile.py)
 #   prefix      tools/prefix_bench.py --device cuda on the Gemma layout with its tokenizer (issue 47)
 #   transcode   bench model on the Gemma layout with and without --q5-0-as-q8-0
 #   serve       tools/serve_side_by_side.py --device cuda against llama-server, the Gemma layout
@@ -217,10 +217,10 @@ fi
 if want mmprofile; then   # Nsight Compute on cuda_mm at 8 and 16 rows: where its warps stall
   NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
   if [ -n "$NCU" ]; then
-    timeout 200 $NCU --kernel-name regex:_mm_kernel --launch-skip 1 --launch-count 3 --section SpeedOfLight \
+    timeout 200 $NCU --kernel-name regex:'_m[mv]_kernel' --launch-skip 1 --launch-count 5 --section SpeedOfLight \
       --section Occupancy --section LaunchStats --section WarpStateStats --section SchedulerStats \
-      --section MemoryWorkloadAnalysis python3 tools/mm_profile.py 2>&1 | grep -v Warning > "$OUT/mmprofile.log"
-    grep -E "q45k_mm|Duration|Memory Throughput|DRAM Throughput|Achieved Occupancy|Registers Per|Issued Warp|No Eligible|Stall|Warp Cycles Per Issued|Theoretical Occ" "$OUT/mmprofile.log" | head -60
+      --section MemoryWorkloadAnalysis python3 tools/mm_profile.py --rows 1 8 16 2>&1 | grep -v Warning > "$OUT/mmprofile.log"
+    grep -E "q45k_mm|q4k_mv|Duration|Memory Throughput|DRAM Throughput|Achieved Occupancy|Registers Per|Issued Warp|No Eligible|Stall|Warp Cycles Per Issued|Theoretical Occ" "$OUT/mmprofile.log" | head -60
   else
     echo "mmprofile: no ncu on this machine"
   fi
