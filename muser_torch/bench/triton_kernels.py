@@ -156,7 +156,13 @@ GEMMA_SHAPES = (
 )
 
 
-def bench_small_batches(bw, gen, shapes=SHAPES + LLAMA8B_SHAPES + GEMMA_SHAPES, dtype=torch.float16):
+# Types without cuda_mm at test-backend-ops' shape (m = 4096 rows, k = 14336): mv_tile_mt's
+LOOKUP_SHAPES = tuple(Shape(f"tbo {t}", GGMLType[t], 14336, 4096)
+                      for t in ("IQ3_XXS", "IQ3_S", "IQ4_XS", "Q3_K", "Q2_K", "MXFP4"))
+
+
+def bench_small_batches(bw, gen, shapes=SHAPES + LLAMA8B_SHAPES + GEMMA_SHAPES + LOOKUP_SHAPES,
+                        dtype=torch.float16):
     """Each shape at 1..16 activation rows: the rung the ladder runs beside the rung
     it would run without the CUDA C++ kernels (the Triton fallback), each in a CUDA
     graph; and each rung's 16-row time over the ladder's one-row time (the
@@ -165,16 +171,17 @@ def bench_small_batches(bw, gen, shapes=SHAPES + LLAMA8B_SHAPES + GEMMA_SHAPES, 
     rows = []
     for shape in shapes:
         qt = shape.qtype
-        if qt not in cuda.RUNGS["cuda_mm"].types or shape.label in SWEEP_SKIP:
+        if shape.label in SWEEP_SKIP or qt not in cuda.SUPPORTED:
             continue
         w, nbytes, args = _weights(shape, gen)
         line, one = [], None
         for m in SMALL_BATCHES:
             x = torch.randn(m, shape.n_in, device=DEVICE, dtype=dtype, generator=gen)
             rung = cuda.rung_for(qt, m, dtype)
-            runs = [rung] + ([cuda._next_rung(rung.name, qt, m, dtype)] if rung.built else [])
+            fallback = rung.built or rung.name == "mv_tile_mt"     # what ran these rows before
+            runs = [rung] + ([cuda._next_rung(rung.name, qt, m, dtype)] if fallback else [])
             mm = cuda.RUNGS["cuda_mm"]
-            if mm not in runs and mm.built():     # one row on the tensor cores, for comparison
+            if mm not in runs and mm.built() and qt in mm.types:   # one row on the tensor cores
                 runs.append(mm)
             cells = []
             for r in runs:
@@ -184,7 +191,7 @@ def bench_small_batches(bw, gen, shapes=SHAPES + LLAMA8B_SHAPES + GEMMA_SHAPES, 
                 rows.append(dict(label=shape.label, qtype=qt.name, tokens=m, rung=r.name, us=t * 1e6,
                                  of_bw=nbytes / t / bw, over_one=t / one))
                 cells.append(f"{r.name} {t * 1e6:6.1f} us {nbytes / t / bw:4.0%} ({t / one:4.2f}x)")
-            if m in MM_SWEEP_ROWS and mm.built():    # cuda_mm's K split: warps per SM aimed at
+            if m in MM_SWEEP_ROWS and mm.built() and qt in mm.types:   # cuda_mm's K split
                 for per_sm in MM_SWEEP_PER_SM:
                     t = graph_time([lambda a=a, p=per_sm: cuda.run_rung(mm, x, a[0], qt, shape.n_out,
                                                                         shape.n_in, per_sm=p)

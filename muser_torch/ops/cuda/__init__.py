@@ -33,6 +33,9 @@ cuda_mm      <= 16   half x: the K-quants, Q8_0, Q5_0,    as i8_dot; int8 mma.sy
 i8_dot_mt    <= 8    half x only: Q4_K, Q5_K, Q5_0, Q4_0    as i8_dot
 token_axis   2       Q4_K/Q5_K ``_mm_q45k_mt_kernel``:      float32 FFMA, as mv_kquant
                      one decode for all tokens
+mv_tile_mt   <= 16   the types cuda_mm does not serve:      float32 FFMA, as mv_tile
+                     ``_mv_tile_mt_kernel``, one decode
+                     for all tokens
 qmm_small    <= 16   ``_qmm_kernel`` BM=16: one decode per  tensor cores: tiles rounded to x's
                      tile for all tokens                    dtype, float32 accumulation, rel.
                                                             error ~1e-3 (float32 x: IEEE
@@ -221,6 +224,27 @@ def _mv_tile(x2, packed, qt, n_out, n_in, scales, scale_2, launch: Launch) -> to
     tt._mv_tile_kernel[(rb, split)](x2, packed, s, s2, y, part, counters, split, n_out, n_in,
                                     KB_PER=kb_per, QTYPE=int(qt), ROW_BYTES=packed.shape[1],
                                     BN=launch.bn, num_warps=launch.warps)
+    return y
+
+
+def _mv_tile_mt(x2, packed, qt, n_out, n_in, scales, scale_2, launch: Launch,
+                out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """2..16 activation rows of any type: ``_mv_tile_kernel``'s decode once for all
+    rows, float32 FMAs (``tile._mv_tile_mt_kernel``)."""
+    M = x2.shape[0]
+    if not 1 <= M <= 16:
+        raise ValueError(f"the decoded-tile matvec takes 1 to 16 activation rows, got {M}")
+    s, s2 = _companions(qt, packed, scales, scale_2)
+    mt = 2 if M <= 2 else 4 if M <= 4 else 8 if M <= 8 else 16
+    rb = triton.cdiv(n_out, launch.bn)
+    split, kb_per = _split(rb, triton.cdiv(n_in, _COLS), _target(launch, x2.device))
+    y = torch.empty((M, n_out), dtype=out_dtype or x2.dtype, device=x2.device)
+    part = torch.empty((split, M, n_out) if split > 1 else (1,), dtype=torch.float32,
+                       device=x2.device)
+    counters = _split_counters(x2.device, rb if split > 1 else 1)
+    tt._mv_tile_mt_kernel[(rb, split)](x2, packed, s, s2, y, part, counters, split, M, n_out, n_in,
+                                       x2.stride(0), packed.shape[1], KB_PER=kb_per, QTYPE=int(qt),
+                                       BN=launch.bn, MT=mt, num_warps=launch.warps)
     return y
 
 
@@ -438,6 +462,10 @@ LADDER: tuple[Rung, ...] = (
     Rung("i8_dot_mt", 8, {T.Q4_K: Launch(32, 2, 4), T.Q5_K: Launch(32, 2, 4),
                           T.Q5_0: Launch(16, 2, 4), T.Q4_0: Launch(16, 2, 4)}, _i8_dot, HALF),
     Rung("token_axis", 2, _each((T.Q4_K, T.Q5_K), Launch(64, 8, 4)), _mm_token_axis),
+    # 2..16 rows of the types cuda_mm does not serve (any dtype): the one-token tile
+    # decoder once for all rows, float32 FMAs. The decode dominates for the lookup
+    # types (IQ3_XXS at 8 rows took 9x its one-row time on qmm_small's tensor cores).
+    Rung("mv_tile_mt", 16, _each(SUPPORTED - set(_MM_KERNELS), Launch(16, 4, 4)), _mv_tile_mt),
     Rung("qmm_small", 16, _each(SUPPORTED, Launch(32, 4, 2, bm=16)), _qmm),
     Rung("qmm_tiled", 64, _each(SUPPORTED, Launch(64, 8, 2, bm=64)), _qmm),
     # 128 x 128 tiles (8 warps) halve the decodes per product against 64 x 64: at 512

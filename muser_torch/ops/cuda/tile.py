@@ -469,6 +469,32 @@ def _store(y_ptr, part_ptr, cnt_ptr, acc, split, M, n_out, r, rmask, MT: tl.cons
 
 
 
+@triton.jit(do_not_specialize=("M",))
+def _mv_tile_mt_kernel(x_ptr, p, s_ptr, s2_ptr, y_ptr, part_ptr, cnt_ptr, split, M, n_out, n_in,
+                       stride_xm, ROW_BYTES, KB_PER: tl.constexpr, QTYPE: tl.constexpr,
+                       BN: tl.constexpr, MT: tl.constexpr):
+    """Up to ``MT`` activation rows of any type: each decoded tile (float32, as
+    ``_mv_tile_kernel``'s) times every row in float32 FMAs, so a weight is decoded
+    once for all rows. Rows past ``M`` read as zeros and are never stored."""
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    r = pid_n * BN + tl.arange(0, BN)
+    rmask = r < n_out
+    rows = tl.where(rmask, r, 0).to(tl.int64)
+    tok = tl.arange(0, MT)[:, None]
+    acc = tl.zeros((MT, BN), dtype=tl.float32)
+    k0 = pid_k * KB_PER
+    for i in range(0, KB_PER):
+        kb = k0 + i
+        col = kb * TILE + tl.arange(0, TILE)
+        w = _tile(p, s_ptr, s2_ptr, rows, rmask, kb, n_in, ROW_BYTES, QTYPE, BN)
+        for m in tl.static_range(MT):
+            xv = tl.load(x_ptr + m * stride_xm + col, mask=(col < n_in) & (m < M),
+                         other=0.0).to(tl.float32)
+            acc += tl.where(tok == m, tl.sum(w * xv[None, :], axis=1)[None, :], 0.0)
+    _store(y_ptr, part_ptr, cnt_ptr, acc, split, M, n_out, r, rmask, MT)
+
+
 # ---- several tokens: decoded tile on tensor cores ------------------------------
 
 @triton.jit(do_not_specialize=("M",))   # a prompt length compiles nothing new
