@@ -199,12 +199,13 @@ def bench_small_batches(bw, gen, shapes=SHAPES + LLAMA8B_SHAPES + GEMMA_SHAPES +
                     rows.append(dict(label=shape.label, qtype=qt.name, tokens=m, rung=f"cuda_mm/{per_sm}",
                                      us=t * 1e6, of_bw=nbytes / t / bw, over_one=t / one))
                     cells.append(f"/{per_sm} {t * 1e6:6.1f}")
-                if qt in (GGMLType.Q4_K, GGMLType.Q5_K):     # 32 rows a warp: one fragment, two tiles
-                    t = graph_time([lambda a=a: cuda.run_rung(mm, x, a[0], qt, shape.n_out, shape.n_in, bn=32)
-                                    for a in args])
-                    rows.append(dict(label=shape.label, qtype=qt.name, tokens=m, rung="cuda_mm/bn32",
-                                     us=t * 1e6, of_bw=nbytes / t / bw, over_one=t / one))
-                    cells.append(f"bn32 {t * 1e6:6.1f}")
+                if qt in (GGMLType.Q4_K, GGMLType.Q5_K):   # 16 or 32 rows a warp (32: two tiles
+                    for bn in (16, 32):                     # share one activation fragment)
+                        t = graph_time([lambda a=a, b=bn: cuda.run_rung(mm, x, a[0], qt, shape.n_out,
+                                                                        shape.n_in, bn=b) for a in args])
+                        rows.append(dict(label=shape.label, qtype=qt.name, tokens=m, rung=f"cuda_mm/bn{bn}",
+                                         us=t * 1e6, of_bw=nbytes / t / bw, over_one=t / one))
+                        cells.append(f"bn{bn} {t * 1e6:6.1f}")
             line.append(f"  {m:>2} rows: " + " | ".join(cells))
         print(f"batches {shape.label:<13} {qt.name:<5} {shape.n_in:>6}->{shape.n_out:<6} "
               f"(x: the time over the ladder's one-row time)\n" + "\n".join(line), flush=True)

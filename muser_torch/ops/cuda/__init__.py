@@ -33,7 +33,7 @@ cuda_mm      <= 16   half x: the K-quants, Q8_0, Q5_0,    as i8_dot; int8 mma.sy
 i8_dot_mt    <= 8    half x only: Q4_K, Q5_K, Q5_0, Q4_0    as i8_dot
 token_axis   2       Q4_K/Q5_K ``_mm_q45k_mt_kernel``:      float32 FFMA, as mv_kquant
                      one decode for all tokens
-mv_tile_mt   <= 16   the types cuda_mm does not serve:      float32 FFMA, as mv_tile
+mv_tile_mt   <= 16   IQ3_XXS, IQ3_S:                        float32 FFMA, as mv_tile
                      ``_mv_tile_mt_kernel``, one decode
                      for all tokens
 qmm_small    <= 16   ``_qmm_kernel`` BM=16: one decode per  tensor cores: tiles rounded to x's
@@ -41,7 +41,7 @@ qmm_small    <= 16   ``_qmm_kernel`` BM=16: one decode per  tensor cores: tiles 
                                                             error ~1e-3 (float32 x: IEEE
                                                             float32 products, ~3e-7)
 qmm_tiled    <= 64   ``_qmm_kernel`` BM=64 tiles            as qmm_small
-qmm_wide     < 128   half x: ``_qmm_kernel`` 128 x 128      as qmm_small
+qmm_wide     < 256   half x: ``_qmm_kernel`` 128 x 128      as qmm_small
 dense        any     half x: the weight decoded to x's      the weight rounded to x's dtype
                      dtype, then cuBLAS (``torch.mm``)      (as the tiles), cuBLAS's float32
                                                             accumulation
@@ -346,12 +346,19 @@ def _i8_dot(x2, packed, qt, n_out, n_in, scales, scale_2, launch: Launch,
     return y
 
 
+# The largest decoded copy the dense rung makes (bytes); larger weights (Muse Glimmer's
+# lm_head would be 2.7 GB) stay on qmm_wide's tiles, at most 10% slower there at 256 rows.
+DENSE_MAX_BYTES = 1 << 30
+
+
 def _dense(x2, packed, qt, n_out, n_in, scales, scale_2, launch: Launch,
            out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """Many half-precision rows: the weight decoded once into x's dtype (the
     dequantize kernel, exact in float32 before that rounding; the weight a
     tensor-core rung's tiles hold), then cuBLAS's GEMM with float32 accumulation.
     The decoded copy lives for the call: one weight at a time."""
+    if n_out * n_in * x2.element_size() > DENSE_MAX_BYTES:   # a vocabulary-sized weight
+        return run_rung("qmm_wide", x2, packed, qt, n_out, n_in, scales, scale_2)
     w = _decode_rows(packed, qt, n_out, n_in, scales, scale_2, dtype=x2.dtype)
     y = torch.mm(x2, w.t())
     return y if out_dtype is None else y.to(out_dtype)
@@ -389,9 +396,16 @@ def _cuda_mm(x2, packed, qt, n_out, n_in, scales, scale_2, launch: Launch,
         return run_rung(_next_rung("cuda_mm", qt, M, x2.dtype), x2, packed, qt, n_out, n_in)
     a12, sc = _quantize_frag(x2, n_in, run8=qt in (T.Q4_K, T.Q5_K))
     y = torch.empty((M, n_out), dtype=out_dtype or x2.dtype, device=x2.device)
-    getattr(compiled.kernels(), kernel)(packed, a12, sc, y, launch.per_sm, launch.bn)
+    rows = launch.bn or (32 if qt in (T.Q4_K, T.Q5_K) and n_out >= MM_32_ROWS_FROM else 16)
+    getattr(compiled.kernels(), kernel)(packed, a12, sc, y, launch.per_sm, rows)
     return y
 
+
+# Q4_K / Q5_K weights of at least this many rows take 32 a warp (two m16 tiles share each
+# activation fragment): on the H100 at 8 rows Glimmer's ffn_down 101 -> 57 us, its lm_head
+# 850 -> 469, attn_output 19.7 -> 14.0; at 16 rows 3-37% faster. Below it (4096-row attn_q,
+# 1024-row attn_k) 16 rows a warp measured up to 11% faster.
+MM_32_ROWS_FROM = 6144
 
 # mv.cu's tensor-core kernel of each type, and the alignment its word loads need. Q4_K and
 # Q5_K take their activation's k-slots in runs of 8 columns (``_quantize_frag``'s run8).
@@ -444,7 +458,9 @@ _KQUANT = (T.Q4_K, T.Q5_K, T.Q6_K)
 # word), Q6_K also at 8.
 I8_TYPES = (T.Q4_K, T.Q5_K, T.Q6_K, T.Q8_0, T.Q4_0, T.Q5_0)     # what int8dot.py decodes
 HALF = frozenset({torch.float16, torch.bfloat16})
-DENSE_FROM = 128
+# From this many half rows the dense rung beats the tensor-core tiles on every shape
+# measured (256 rows: 1.1-2.8x qmm_wide on the H100; at 128 each wins on some).
+DENSE_FROM = 256
 LADDER: tuple[Rung, ...] = (
     # Hand-written CUDA (mv.cu) where nvcc is present: the Triton rungs below are its fallback.
     # Its ``bn`` is the rows each warp walks (1, 2 or 4).
@@ -457,15 +473,18 @@ LADDER: tuple[Rung, ...] = (
     # 2..16 rows of the K-quants and the 32-column int8-dot types on int8 tensor cores
     # (mv.cu), the weights read once for all rows: DFlash's 16-row verify and batched
     # serving. Its ``per_sm``: how many warps per SM the K split aims at (0: mv.cu's 32);
-    # ``bn`` and ``warps`` only say what mv.cu does (16 rows a warp, at most 8 warps a block).
-    Rung("cuda_mm", 16, _each(_MM_KERNELS, Launch(16, 8, 0)), _cuda_mm, HALF, _cpp_built),
+    # ``bn``: weight rows a warp, 16 or 32 (0: by the weight, MM_32_ROWS_FROM); ``warps``
+    # only says what mv.cu does (at most 8 warps a block).
+    Rung("cuda_mm", 16, _each(_MM_KERNELS, Launch(0, 8, 0)), _cuda_mm, HALF, _cpp_built),
     Rung("i8_dot_mt", 8, {T.Q4_K: Launch(32, 2, 4), T.Q5_K: Launch(32, 2, 4),
                           T.Q5_0: Launch(16, 2, 4), T.Q4_0: Launch(16, 2, 4)}, _i8_dot, HALF),
     Rung("token_axis", 2, _each((T.Q4_K, T.Q5_K), Launch(64, 8, 4)), _mm_token_axis),
-    # 2..16 rows of the types cuda_mm does not serve (any dtype): the one-token tile
-    # decoder once for all rows, float32 FMAs. The decode dominates for the lookup
-    # types (IQ3_XXS at 8 rows took 9x its one-row time on qmm_small's tensor cores).
-    Rung("mv_tile_mt", 16, _each(SUPPORTED - set(_MM_KERNELS), Launch(16, 4, 4)), _mv_tile_mt),
+    # 2..16 rows of the IQ3 types (any dtype): the one-token tile decoder once for all
+    # rows, float32 FMAs. Their grid lookups made qmm_small's tensor-core tiles take
+    # 600 us at every row count of test-backend-ops' shape on the H100, 8-9x the one-row
+    # time; here 79-257 us. IQ4_XS, Q2_K, Q3_K and MXFP4 measured faster on qmm_small
+    # past 2-4 rows (``bench triton --what batches``, docs/performance.md).
+    Rung("mv_tile_mt", 16, _each((T.IQ3_XXS, T.IQ3_S), Launch(16, 4, 4)), _mv_tile_mt),
     Rung("qmm_small", 16, _each(SUPPORTED, Launch(32, 4, 2, bm=16)), _qmm),
     Rung("qmm_tiled", 64, _each(SUPPORTED, Launch(64, 8, 2, bm=64)), _qmm),
     # 128 x 128 tiles (8 warps) halve the decodes per product against 64 x 64: at 512

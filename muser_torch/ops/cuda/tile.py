@@ -414,6 +414,8 @@ def _dequant_kernel(p, s_ptr, s2_ptr, ids_ptr, out_ptr, n_rows, n_out, n_in, ROW
     if HAS_IDS:   # an id outside the table reads as NaN rather than another row
         w = tl.where(ok[:, None], w, float("nan"))
     col = kb * TILE + tl.arange(0, TILE)[None, :]
+    if out_ptr.dtype.element_ty != tl.float32:   # a half copy (the dense rung): rounded to nearest
+        w = w.to(out_ptr.dtype.element_ty, fp_downcast_rounding="rtne")
     tl.store(out_ptr + r.to(tl.int64)[:, None] * n_in + col, w,
              mask=rmask[:, None] & (col < n_in))
 

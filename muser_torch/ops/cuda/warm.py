@@ -21,9 +21,9 @@ import torch
 from torch import nn
 
 # One count inside each rung's range (1; 2; 3-4; 5-8 are the int8-dot token
-# widths; 9-16; 17-64; 65-127; 128+). Within a rung no count compiles anything new: the
+# widths; 9-16; 17-64; 65-255; 256+). Within a rung no count compiles anything new: the
 # token count is not a specialized argument and the split K does not depend on it.
-WARM_TOKENS = (1, 2, 3, 5, 9, 17, 65, 129)
+WARM_TOKENS = (1, 2, 3, 5, 9, 17, 65, 257)
 
 
 def projection_weights(module: nn.Module) -> list[tuple]:

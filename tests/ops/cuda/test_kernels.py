@@ -291,7 +291,8 @@ def test_cuda_cpp_tensor_core_matmul(qt, dtype):
     if not cuda.RUNGS["cuda_mm"].built():
         pytest.skip(f"the CUDA C++ kernels are not built: {cuda.compiled.reason()}")
     launch = cuda.RUNGS["cuda_mm"].launch[qt]
-    shapes = [(37, 512), (300, 2816), (4101, 1280), (513, 6656)]
+    shapes = [(37, 512), (300, 2816), (4101, 1280), (513, 6656), (6150, 512)]   # the last:
+    # past MM_32_ROWS_FROM, where the default takes 32 rows a warp for Q4_K / Q5_K
     for n_out, n_in in shapes + ([(29, 544), (70, 96)] if qt.block_elems == 32 else []):
         c = Case(qt, n_out, n_in)
         for tokens in (1, 2, 7, 8, 9, 16):
@@ -319,7 +320,7 @@ def test_cuda_cpp_tensor_core_matmul(qt, dtype):
 @pytest.mark.parametrize("qt", TYPES, ids=lambda v: v.name)
 def test_qmatmul_half_activations(qt, dtype):
     c = Case(qt, 96, 768)
-    for lead in [(1,), (1, 1), (2,), (2, 3), (40,), (2, 100)]:
+    for lead in [(1,), (1, 1), (2,), (2, 3), (40,), (2, 100), (2, 150)]:
         m = int(np.prod(lead))
         if INTERPRET and dtype == torch.bfloat16 and cuda.rung_for(qt, m).name.startswith("qmm"):
             # Triton 3.9's interpreter multiplies bfloat16 tl.dot operands as their
@@ -331,6 +332,27 @@ def test_qmatmul_half_activations(qt, dtype):
         assert y.shape == (*lead, c.n_out) and y.dtype == dtype
         err = _rel(y, x.double() @ c.w64.T)
         assert err < 1e-2, f"{c} lead={lead} rel err {err:.3g}"
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("qt", [GGMLType.Q4_K, GGMLType.Q6_K, GGMLType.Q5_0, GGMLType.IQ3_S],
+                         ids=lambda v: v.name)
+def test_dense_rung_is_the_decoded_weight_times_x(qt, dtype, monkeypatch):
+    """From DENSE_FROM half rows: gguf's dequantize of the weight, rounded to x's
+    dtype, times x by the same ``torch.mm``, bit for bit; a weight past
+    DENSE_MAX_BYTES runs qmm_wide's tiles instead, also bit for bit."""
+    if INTERPRET and dtype == torch.bfloat16:
+        pytest.skip("Triton 3.6's interpreter truncates float32 to bfloat16 (a GPU rounds to "
+                    "nearest, as asked): only a GPU can check the bfloat16 copy")
+    c = Case(qt, 70, 512)
+    x = c.randn(cuda.DENSE_FROM + 3, c.n_in, dtype=dtype).to(DEVICE)
+    assert cuda.rung_for(qt, x.shape[0], dtype).name == "dense"
+    w = gguf_dequantize(c.weight).to(DEVICE).to(dtype)
+    y = cuda.qmatmul(x, *c.args)
+    assert y.dtype == dtype and torch.equal(y, torch.mm(x, w.t())), str(c)
+    monkeypatch.setattr(cuda, "DENSE_MAX_BYTES", c.n_out * c.n_in * x.element_size() - 1)
+    tiles = cuda.run_rung("qmm_wide", x, c.packed, qt, c.n_out, c.n_in)
+    assert torch.equal(cuda.qmatmul(x, *c.args), tiles), str(c)
 
 
 def test_qmatmul_strided_and_empty():
