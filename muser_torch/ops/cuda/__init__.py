@@ -459,7 +459,7 @@ _KQUANT = (T.Q4_K, T.Q5_K, T.Q6_K)
 I8_TYPES = (T.Q4_K, T.Q5_K, T.Q6_K, T.Q8_0, T.Q4_0, T.Q5_0)     # what int8dot.py decodes
 HALF = frozenset({torch.float16, torch.bfloat16})
 # From this many half rows the dense rung beats the tensor-core tiles on every shape
-# measured (256 rows: 1.1-2.8x qmm_wide on the H100; at 128 each wins on some).
+# measured (256 rows: 1.1-2.7x qmm_wide on the H100; at 128 each wins on some).
 DENSE_FROM = 256
 LADDER: tuple[Rung, ...] = (
     # Hand-written CUDA (mv.cu) where nvcc is present: the Triton rungs below are its fallback.
