@@ -6,7 +6,8 @@
 #   bash tools/cuda_bench.sh [kernels] [rungs] [tests] [gemma] [llama8b] [glimmer] [profile]
 #                            [lcpp-build] [suite] [generate] [dflash] [startup] [dtests] [verify] [serve] [transcode]
 #                            [prefix] [vision] [batches] [gemm] [mmprofile] [peer]
-# Logs go to $OUT (or /tmp/cuda-bench).
+# Logs go to $OUT (or /tmp/cuda-bench), written as the steps run: a call cut off at its time limit
+# still brings back what ran (pipe the call's own output through tail and a cut-off call shows nothing).
 #   lcpp-build  starts, in the background (setsid: it outlives the call on a warm machine),
 #               llama.cpp's CUDA build (sm_90, GGML_NATIVE=ON, as users build it) from the
 #               trimmed source in $LCPP_SRC (default .lcpp: ../shared/tools/peers/fetch_llamacpp.sh,
@@ -108,7 +109,7 @@ if want startup; then   # first and second process of each file (the Triton cach
 fi
 if want dtests; then    # the decode engine's and DFlash's rounds' CUDA tests
   timeout 300 python3 -m pytest -q -rf --tb=short -p no:cacheprovider tests/dflash/test_recorded.py \
-    tests/dflash/test_greedy.py tests/models/test_engine.py 2>&1 | grep -v Warning | tail -30 | tee "$OUT/dtests.log"
+    tests/dflash/test_greedy.py tests/models/test_engine.py 2>&1 | grep -v Warning | tee "$OUT/dtests.log" | tail -30
 fi
 if want verify; then    # one-token step and 16-row verify, each in a graph
   for f in ${VERIFY_FILES:-gemma}; do
@@ -148,7 +149,7 @@ if want serve; then     # serve --device cuda beside llama-server, the Gemma lay
 fi
 if want vision; then    # issue 46: the vision forward per image, muser beside llama-mtmd-cli
   timeout 300 python3 -m pytest -q -rs --tb=short -p no:cacheprovider tests/vision/test_engine.py 2>&1 \
-    | grep -v Warning | tail -15 | tee "$OUT/vision-tests.log"
+    | grep -v Warning | tee "$OUT/vision-tests.log" | tail -15
   V=/tmp/vision; mkdir -p $V
   if [ ! -f $V/mmproj.gguf ]; then   # make-tiny prints each file's size and time (each appears whole)
     timeout 400 python3 -m muser_torch.cli make-tiny $V/text.gguf --hidden 6656 --layers 2 --context 4096 \
@@ -198,7 +199,7 @@ fi
 echo "nvcc: $(command -v nvcc || ls /usr/local/cuda/bin/nvcc 2>/dev/null || echo none)"
 if want kernels; then     # the CUDA C++ and Triton matmul kernels (compiles mv.cu first)
   timeout 560 python3 -m pytest -q -x -p no:cacheprovider tests/ops/cuda/test_kernels.py ${KERNEL_TESTS:+-k "$KERNEL_TESTS"} 2>&1 \
-    | tail -15 | tee "$OUT/kernels-tests.log"
+    | tee "$OUT/kernels-tests.log" | tail -15
 fi
 want rungs && timeout 300 python3 -m muser_torch.cli bench triton --what rungs 2>&1 \
   | grep -v Warning | tee "$OUT/rungs.log"
@@ -227,7 +228,7 @@ if want mmprofile; then   # Nsight Compute on cuda_mm at 8 and 16 rows: where it
 fi
 if want tests; then
   timeout 240 python3 -m pytest -q -x -p no:cacheprovider tests/ops/cuda/test_layer.py \
-    tests/models/test_cuda_models.py tests/glimmer/test_cuda.py 2>&1 | tail -15 | tee "$OUT/tests.log"
+    tests/models/test_cuda_models.py tests/glimmer/test_cuda.py 2>&1 | tee "$OUT/tests.log" | tail -15
 fi
 bench() {  # label, then bench model's arguments
   local label=$1; shift
