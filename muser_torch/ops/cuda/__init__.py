@@ -174,11 +174,13 @@ def _partials(split: int, M: int, n_out: int, x: torch.Tensor) -> torch.Tensor:
                        device=x.device)
 
 
-def _one_row_outputs(x2: torch.Tensor, n_out: int, row_blocks: int, split: int):
-    """``y [1, n_out]`` in x's dtype, the float32 partials of a split K and the
-    arrival counters with which the one-token kernels sum them (``tile._store``)."""
-    y = torch.empty((1, n_out), dtype=x2.dtype, device=x2.device)
-    part = torch.empty((split, 1, n_out) if split > 1 else (1,), dtype=torch.float32,
+def _split_outputs(x2: torch.Tensor, n_out: int, row_blocks: int, split: int,
+                   dtype: torch.dtype | None = None):
+    """``y [M, n_out]`` (x's dtype unless ``dtype``), the float32 partials of a split K
+    and the arrival counters with which the kernels sum them in-kernel (``tile._store``)."""
+    M = x2.shape[0]
+    y = torch.empty((M, n_out), dtype=dtype or x2.dtype, device=x2.device)
+    part = torch.empty((split, M, n_out) if split > 1 else (1,), dtype=torch.float32,
                        device=x2.device)
     return y, part, _split_counters(x2.device, row_blocks if split > 1 else 1)
 
@@ -205,7 +207,7 @@ def _mv_kquant(x2, packed, qt, n_out, n_in, scales, scale_2, launch: Launch) -> 
     xp = _permuted(x2, qt, n_in)
     rb = triton.cdiv(n_out, launch.bn)
     split, kb_per = _split(rb, n_kb, _target(launch, x2.device))
-    y, part, counters = _one_row_outputs(x2, n_out, rb, split)
+    y, part, counters = _split_outputs(x2, n_out, rb, split)
     kw = dict(KB_PER=kb_per, NB=n_kb, BN=launch.bn, num_warps=launch.warps)
     if qt is GGMLType.Q6_K:
         tk._mv_q6k_kernel[(rb, split)](xp, packed, y, part, counters, split, n_out, **kw)
@@ -220,7 +222,7 @@ def _mv_tile(x2, packed, qt, n_out, n_in, scales, scale_2, launch: Launch) -> to
     s, s2 = _companions(qt, packed, scales, scale_2)
     rb = triton.cdiv(n_out, launch.bn)
     split, kb_per = _split(rb, triton.cdiv(n_in, _COLS), _target(launch, x2.device))
-    y, part, counters = _one_row_outputs(x2, n_out, rb, split)
+    y, part, counters = _split_outputs(x2, n_out, rb, split)
     tt._mv_tile_kernel[(rb, split)](x2, packed, s, s2, y, part, counters, split, n_out, n_in,
                                     KB_PER=kb_per, QTYPE=int(qt), ROW_BYTES=packed.shape[1],
                                     BN=launch.bn, num_warps=launch.warps)
@@ -238,10 +240,7 @@ def _mv_tile_mt(x2, packed, qt, n_out, n_in, scales, scale_2, launch: Launch,
     mt = 2 if M <= 2 else 4 if M <= 4 else 8 if M <= 8 else 16
     rb = triton.cdiv(n_out, launch.bn)
     split, kb_per = _split(rb, triton.cdiv(n_in, _COLS), _target(launch, x2.device))
-    y = torch.empty((M, n_out), dtype=out_dtype or x2.dtype, device=x2.device)
-    part = torch.empty((split, M, n_out) if split > 1 else (1,), dtype=torch.float32,
-                       device=x2.device)
-    counters = _split_counters(x2.device, rb if split > 1 else 1)
+    y, part, counters = _split_outputs(x2, n_out, rb, split, out_dtype)
     tt._mv_tile_mt_kernel[(rb, split)](x2, packed, s, s2, y, part, counters, split, M, n_out, n_in,
                                        x2.stride(0), packed.shape[1], KB_PER=kb_per, QTYPE=int(qt),
                                        BN=launch.bn, MT=mt, num_warps=launch.warps)
@@ -329,10 +328,7 @@ def _i8_dot(x2, packed, qt, n_out, n_in, scales, scale_2, launch: Launch,
     a1, a2, dxs, s16, s32, nb = _quantize_x(x2, n_in)
     rb = triton.cdiv(n_out, launch.bn)
     split, kb_per = _split(rb, nb, _target(launch, x2.device))
-    y = torch.empty((M, n_out), dtype=out_dtype, device=x2.device)
-    part = torch.empty((split, M, n_out) if split > 1 else (1,), dtype=torch.float32,
-                       device=x2.device)
-    counters = _split_counters(x2.device, rb if split > 1 else 1)   # int32 either way: one variant
+    y, part, counters = _split_outputs(x2, n_out, rb, split, out_dtype)   # int32 counters either way
     kw = dict(BN=launch.bn, MT=mt, ASM=x2.device.type == "cuda", num_warps=launch.warps)
     grid = (rb, split)
     args = (a1, a2, dxs, s16 if qt in (GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K) else s32,
@@ -489,7 +485,8 @@ LADDER: tuple[Rung, ...] = (
     Rung("qmm_tiled", 64, _each(SUPPORTED, Launch(64, 8, 2, bm=64)), _qmm),
     # 128 x 128 tiles (8 warps) halve the decodes per product against 64 x 64: at 512
     # tokens of 4096 x 14336 on the H200, Q4_K 436 -> 284 us, Q8_0 725 -> 392, Q5_0
-    # 1060 -> 566 (``bench triton --what qmmsweep``, docs/performance.md). Half x only:
+    # 1060 -> 566 (``bench triton --what qmmsweep``, docs/performance.md); from DENSE_FROM
+    # rows the dense rung below is faster still. Half x only:
     # float32 tiles that size do not fit in shared memory. Its split K is chosen for a
     # nominal 4 row tiles whatever M, so a prompt length never compiles a new variant.
     Rung("qmm_wide", DENSE_FROM - 1, _each(SUPPORTED, Launch(128, 8, 2, bm=128)), _qmm, HALF),
