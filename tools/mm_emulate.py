@@ -68,6 +68,18 @@ def mma(A, B):   # A[32 lanes][nreg] words, B[32][nregb]; returns C[32][4] per P
     Cm = Am @ Bm
     return [[Cm[g, 2*t], Cm[g, 2*t+1], Cm[g+8, 2*t], Cm[g+8, 2*t+1]] for g, t in ((l//4, l%4) for l in range(32))]
 
+def lane_blocks(w, row0, n_out, b, BY):  # each lane's super-block b of its rows g, g + 8 (clamped)
+    return [[w[min(r, n_out - 1), b*BY:(b+1)*BY] for r in (row0 + lane // 4, row0 + lane // 4 + 8)]
+            for lane in range(32)]
+
+def store(y, acc, row0, n_out, M):  # C fragments acc[lane][tile][4] of rows row0.. into y[tok, row]
+    for lane in range(32):
+        g, t = lane // 4, lane % 4
+        for nt in range(acc.shape[1]):
+            for e in range(4):
+                row = row0 + g + 8*(e >> 1); tok = 8*nt + 2*t + (e & 1)
+                if row < n_out and tok < M: y[tok, row] = acc[lane, nt, e]
+
 def i32(v): return int(np.int64(v).astype(np.int32)) if False else ((v + 2**31) % 2**32) - 2**31
 
 def scale_min(s3, j):
@@ -85,12 +97,7 @@ def q4k_mm(w, n_out, nb, a12, sc, M, FIFTH=False, MT=1):
         row0 = wrow0 + 16 * mt
         acc = np.zeros((32, NT, 4))
         for b in range(nb):
-            L = []
-            for lane in range(32):
-                g, t = lane // 4, lane % 4
-                rows = [min(row0+g, n_out-1), min(row0+g+8, n_out-1)]
-                blks = [w[r, b*BY:(b+1)*BY] for r in rows]
-                L.append(dict(g=g, t=t, blk=blks))
+            L = [dict(g=lane // 4, t=lane % 4, blk=blks) for lane, blks in enumerate(lane_blocks(w, row0, n_out, b, BY))]
             for p in range(4):
                 for h in range(2):
                     j = 2*p + h
@@ -123,12 +130,7 @@ def q4k_mm(w, n_out, nb, a12, sc, M, FIFTH=False, MT=1):
                                 c = i32(C1[lane][e] * LEVEL + C2[lane][e])
                                 ds, ms = dsms[lane]
                                 acc[lane, nt, e] += dx * (ds[r] * np.float32(c)) - ms[r] * dse
-        for lane in range(32):
-            g, t = lane // 4, lane % 4
-            for nt in range(NT):
-                for e in range(4):
-                    row = row0 + g + 8*(e >> 1); tok = 8*nt + 2*t + (e & 1)
-                    if row < n_out and tok < M: y[tok, row] = acc[lane, nt, e]
+        store(y, acc, row0, n_out, M)
     return y
 
 def q6k_mm(w, n_out, nb, a12, sc, M):
@@ -138,10 +140,8 @@ def q6k_mm(w, n_out, nb, a12, sc, M):
         acc = np.zeros((32, NT, 4))
         for b in range(nb):
             L = []
-            for lane in range(32):
+            for lane, blks in enumerate(lane_blocks(w, row0, n_out, b, BY)):
                 g, t = lane // 4, lane % 4
-                rows = [min(row0+g, n_out-1), min(row0+g+8, n_out-1)]
-                blks = [w[r, b*BY:(b+1)*BY] for r in rows]
                 ql = [[words(bk, 16*i + 4*t) for i in range(8)] for bk in blks]
                 qh = [[words(bk, 128 + 16*i + 4*t) for i in range(4)] for bk in blks]
                 scw = [[words(bk, 192 + 4*i) for i in range(4)] for bk in blks]
@@ -174,12 +174,7 @@ def q6k_mm(w, n_out, nb, a12, sc, M):
                                     dx = d2[kq & 1]
                                     c = C1[lane][e] * LEVEL + C2[lane][e]
                                     acc[lane, nt, e] += dx * (DS[lane][e >> 1] * c)
-        for lane in range(32):
-            g, t = lane // 4, lane % 4
-            for nt in range(NT):
-                for e in range(4):
-                    row = row0 + g + 8*(e >> 1); tok = 8*nt + 2*t + (e & 1)
-                    if row < n_out and tok < M: y[tok, row] = acc[lane, nt, e]
+        store(y, acc, row0, n_out, M)
     return y
 
 import functools
@@ -229,12 +224,7 @@ def legacy_mm(w, n_out, nblk, a12, sc, M, kind):
                     for e in range(4):
                         dx = sc[nt, b // 2, t, e & 1][b % 2]
                         acc[lane, nt, e] += dx * (D[lane][e >> 1] * (C1[lane][e] * LEVEL + C2[lane][e]))
-        for lane in range(32):
-            g, t = lane // 4, lane % 4
-            for nt in range(NT):
-                for e in range(4):
-                    row = row0 + g + 8*(e >> 1); tok = 8*nt + 2*t + (e & 1)
-                    if row < n_out and tok < M: y[tok, row] = acc[lane, nt, e]
+        store(y, acc, row0, n_out, M)
     return y
 
 from muser_torch.formats import random_weight
