@@ -14,8 +14,10 @@ ladder's parameters (sections of ``muser-torch bench triton``).
 
 Each time is a CUDA-graph replay over rotating weight copies
 (``cuda_timing.graph_time``), float16 activations; printed, never asserted.
-test-backend-ops times one weight copy, which its kernels may find in the L2 for
-the small cases: say so beside any ratio taken from it.
+test-backend-ops times one weight copy, which its kernels may find in the L2 (a
+4096 x 14336 Q4_K matrix is 33 MB, the H100's and H200's L2 50 MB), so ``peer``
+also times the dispatched rung on one copy, and its ratio to llama.cpp is that
+like-for-like time's.
 """
 from __future__ import annotations
 
@@ -105,18 +107,21 @@ def bench_peer(weights, bw, gen, tokens=PEER_TOKENS, test_backend_ops: str | Non
         for n in tokens:
             x = torch.randn(n, shape.n_in, device="cuda", dtype=torch.float16, generator=gen)
             us = _time(lambda a: cuda.qmatmul(x, *a), args)
+            same = _time(lambda a: cuda.qmatmul(x, *a), args[:1])    # one copy, as test-backend-ops
             one = us if n == 1 else one
             lc = lcpp.get((ggml_name(qt), n))
             r = dict(qtype=qt.name, tokens=n, rung=cuda.rung_for(qt, n, x.dtype).name, us=us,
-                     of_bw=nbytes / (us * 1e-6) / bw, over_one=us / one, llama_cpp_us=lc)
+                     of_bw=nbytes / (us * 1e-6) / bw, over_one=us / one, one_copy_us=same,
+                     llama_cpp_us=lc)
             for name, alt in _alternatives(cuda, qt, n).items():
                 r[f"alt_{name}_us"] = _time(lambda a: alt(x, a, shape), args)
             rows.append(r)
-            ratio = f"{us / lc:5.2f}" if lc else "    –"
+            ratio = f"{same / lc:5.2f}" if lc else "    –"
             lcs = f"{lc:7.1f}" if lc else "      –"
             extra = "".join(f"  {k[4:-3]} {v:.1f}" for k, v in r.items() if k.startswith("alt_"))
             print(f"peer {qt.name:<10} n={n:<4} {r['rung']:<10} {us:9.1f} µs {r['of_bw']:6.1%} "
-                  f"({us / one:4.2f}x n=1)  llama.cpp {lcs} µs  muser/llama.cpp {ratio}{extra}", flush=True)
+                  f"({us / one:4.2f}x n=1)  one copy {same:9.1f} µs  llama.cpp {lcs} µs (one copy)  "
+                  f"muser/llama.cpp {ratio}{extra}", flush=True)
         del args, w
         torch.cuda.empty_cache()
     return rows
