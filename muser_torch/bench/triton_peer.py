@@ -107,7 +107,7 @@ def bench_peer(weights, bw, gen, tokens=PEER_TOKENS, test_backend_ops: str | Non
         for n in tokens:
             x = torch.randn(n, shape.n_in, device="cuda", dtype=torch.float16, generator=gen)
             us = _time(lambda a: cuda.qmatmul(x, *a), args)
-            same = _time(lambda a: cuda.qmatmul(x, *a), args[:1])    # one copy, as test-backend-ops
+            same = _time(lambda a: cuda.qmatmul(x, *a), args[:1] * len(args))   # one copy, as tbo
             one = us if n == 1 else one
             lc = lcpp.get((ggml_name(qt), n))
             r = dict(qtype=qt.name, tokens=n, rung=cuda.rung_for(qt, n, x.dtype).name, us=us,
