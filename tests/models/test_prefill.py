@@ -59,7 +59,7 @@ def greedy(model, logits: torch.Tensor, slot: torch.Tensor, n: int) -> list[torc
     return out
 
 
-TOL = 3e-5     # a recorded prefill against the eager one (see the test below)
+TOL = 1e-4     # a recorded prefill against the eager one (see the test below)
 
 
 def test_buckets():
@@ -74,9 +74,10 @@ def test_a_recorded_prefill_is_the_eager_prefill(which, gemma_file, device):
     16-token window makes 16-token chunks): the last position's logits, the
     slot's length, every cache entry (the padding's writes taken back, so the
     entries no real token wrote are still zero) and 4 greedy steps after it
-    equal the eager prefill's, within 3e-5 (the projections see the bucket's rows,
-    not the prompt's, so the float32 sums run in another blocking: 5.7e-6 at
-    worst over 40 seeds on the Glimmer demo); each bucket records once."""
+    equal the eager prefill's, within 1e-4: the projections see the bucket's rows,
+    not the prompt's, so they may run on another rung of the ladder (each within
+    1e-5 of float64) and the difference grows through the layers (the Glimmer
+    demo's logits: 1.5e-5 at worst over 200 seeds); each bucket records once."""
     model = load(which, gemma_file, device)
     g = torch.Generator().manual_seed(SEED)
     engine = engine_for(model)
