@@ -215,7 +215,7 @@ if want peer; then   # issue 44's kernel table: every type at test-backend-ops' 
     echo "peer: test-backend-ops not built (needs .lcpp/tests: ../shared/tools/peers/fetch_llamacpp.sh keeps it)"
   fi
 fi
-if want mmprofile; then   # Nsight Compute on cuda_mm at 8 and 16 rows: where its warps stall
+if want mmprofile; then   # Nsight Compute on cuda_mv at 1 row, cuda_mm at 8 and 16: where warps stall
   NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
   if [ -n "$NCU" ]; then
     timeout 200 $NCU --kernel-name regex:'_m[mv]_kernel' --launch-skip 1 --launch-count 5 --section SpeedOfLight \

@@ -199,7 +199,7 @@ def bench_small_batches(bw, gen, shapes=SHAPES + LLAMA8B_SHAPES + GEMMA_SHAPES +
                     rows.append(dict(label=shape.label, qtype=qt.name, tokens=m, rung=f"cuda_mm/{per_sm}",
                                      us=t * 1e6, of_bw=nbytes / t / bw, over_one=t / one))
                     cells.append(f"/{per_sm} {t * 1e6:6.1f}")
-                if qt in (GGMLType.Q4_K, GGMLType.Q5_K):   # 16 or 32 rows a warp (32: two tiles
+                if qt in cuda.MM_RUNS_OF_8:                # 16 or 32 rows a warp (32: two tiles
                     for bn in (16, 32):                     # share one activation fragment)
                         t = graph_time([lambda a=a, b=bn: cuda.run_rung(mm, x, a[0], qt, shape.n_out,
                                                                         shape.n_in, bn=b) for a in args])

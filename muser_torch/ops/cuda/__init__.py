@@ -390,21 +390,23 @@ def _cuda_mm(x2, packed, qt, n_out, n_in, scales, scale_2, launch: Launch,
     kernel, align = _MM_KERNELS[qt]
     if packed.data_ptr() % align:   # a joined part's view off the kernel's word alignment
         return run_rung(_next_rung("cuda_mm", qt, M, x2.dtype), x2, packed, qt, n_out, n_in)
-    a12, sc = _quantize_frag(x2, n_in, run8=qt in (T.Q4_K, T.Q5_K))
+    a12, sc = _quantize_frag(x2, n_in, run8=qt in MM_RUNS_OF_8)
     y = torch.empty((M, n_out), dtype=out_dtype or x2.dtype, device=x2.device)
-    rows = launch.bn or (32 if qt in (T.Q4_K, T.Q5_K) and n_out >= MM_32_ROWS_FROM else 16)
+    rows = launch.bn or (32 if qt in MM_RUNS_OF_8 and n_out >= MM_32_ROWS_FROM else 16)
     getattr(compiled.kernels(), kernel)(packed, a12, sc, y, launch.per_sm, rows)
     return y
 
 
+# The types whose cuda_mm kernel takes its activation's k-slots in runs of 8 columns
+# (``_quantize_frag``'s run8) and can walk 32 weight rows a warp.
+MM_RUNS_OF_8 = frozenset({T.Q4_K, T.Q5_K})
 # Q4_K / Q5_K weights of at least this many rows take 32 a warp (two m16 tiles share each
 # activation fragment): on the H100 at 8 rows Glimmer's ffn_down 101 -> 57 us, its lm_head
 # 850 -> 469, attn_output 19.7 -> 14.0; at 16 rows 3-37% faster. Below it (4096-row attn_q,
 # 1024-row attn_k) 16 rows a warp measured up to 11% faster.
 MM_32_ROWS_FROM = 6144
 
-# mv.cu's tensor-core kernel of each type, and the alignment its word loads need. Q4_K and
-# Q5_K take their activation's k-slots in runs of 8 columns (``_quantize_frag``'s run8).
+# mv.cu's tensor-core kernel of each type, and the alignment its word loads need.
 _MM_KERNELS = {T.Q4_K: ("q4k_mm", 16), T.Q5_K: ("q5k_mm", 16), T.Q6_K: ("q6k_mm", 4),
                T.Q8_0: ("q8_0_mm", 2), T.Q5_0: ("q5_0_mm", 2), T.Q4_0: ("q4_0_mm", 2)}
 

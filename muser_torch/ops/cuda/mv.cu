@@ -286,11 +286,14 @@ struct MmTokens {
     __device__ __forceinline__ int4 frag(int tile, int blk, int lane) const {
         return __ldg(a12 + ((size_t)tile * n_blk + blk) * 32 + lane);
     }
+    __device__ __forceinline__ const float4* scales_at(int tile, int pair, int t, int e) const {
+        return sc + (((size_t)tile * (n_blk / 2) + pair) * 4 + t) * 2 + e;
+    }
     __device__ __forceinline__ float4 scales(int tile, int pair, int t, int e) const {
-        return __ldg(sc + (((size_t)tile * (n_blk / 2) + pair) * 4 + t) * 2 + e);
+        return __ldg(scales_at(tile, pair, t, e));
     }
     __device__ __forceinline__ float2 dx(int tile, int pair, int t, int e) const {   // the scales alone
-        return __ldg(reinterpret_cast<const float2*>(sc + (((size_t)tile * (n_blk / 2) + pair) * 4 + t) * 2 + e));
+        return __ldg(reinterpret_cast<const float2*>(scales_at(tile, pair, t, e)));
     }
 };
 

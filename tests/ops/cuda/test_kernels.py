@@ -302,7 +302,7 @@ def test_cuda_cpp_tensor_core_matmul(qt, dtype):
                               out_dtype=torch.float32)
             assert y.shape == (tokens, n_out) and y.dtype == torch.float32
             assert _rel(y, x.double() @ c.w64.T) < 1e-4, f"{c} tokens={tokens}"
-            if qt in (GGMLType.Q4_K, GGMLType.Q5_K):        # 32 rows a warp: the same dots (its K
+            if qt in cuda.MM_RUNS_OF_8:                      # 32 rows a warp: the same dots (its K
                 y32 = cuda._cuda_mm(x.to(DEVICE), c.packed, qt, n_out, n_in, None, None,   # split may differ)
                                     cuda.Launch(32, 8, 0), out_dtype=torch.float32)
                 assert _rel(y32, y.double().cpu()) < 1e-6, f"{c} tokens={tokens} rows a warp 32"
