@@ -83,7 +83,7 @@ def test_the_queue_is_bounded(demo_model):
     sched = Scheduler(demo_model, slots=1, queue=2, context=512)
     sinks = [Collect(), Collect()]
     for s in sinks:
-        sched.submit(Job(tok.encode("x"), SamplingParams(max_tokens=2), s))
+        sched.submit(Job(tok.encode("x"), SamplingParams(max_tokens=2, temperature=0.0), s))
     with pytest.raises(QueueFull, match="1 slots are busy and 2 requests already wait"):
         sched.submit(Job(tok.encode("y"), SamplingParams(max_tokens=2), Collect()))
     assert sched.load() == {"slots_idle": 1, "slots_processing": 0, "queued": 2}
@@ -92,7 +92,7 @@ def test_the_queue_is_bounded(demo_model):
         for s in sinks:
             assert s.wait().end.reason == "length"
         extra = Collect()
-        sched.submit(Job(tok.encode("z"), SamplingParams(max_tokens=1), extra))
+        sched.submit(Job(tok.encode("z"), SamplingParams(max_tokens=1, temperature=0.0), extra))
         assert extra.wait().end.completion_tokens == 1
     finally:
         sched.stop()
