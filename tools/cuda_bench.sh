@@ -198,7 +198,7 @@ if want dflash; then
 fi
 echo "nvcc: $(command -v nvcc || ls /usr/local/cuda/bin/nvcc 2>/dev/null || echo none)"
 if want kernels; then     # the CUDA C++ and Triton matmul kernels (compiles mv.cu first)
-  timeout 560 python3 -m pytest -q -x -p no:cacheprovider tests/ops/cuda/test_kernels.py ${KERNEL_TESTS:+-k "$KERNEL_TESTS"} 2>&1 \
+  timeout ${KERNELS_S:-560} python3 -m pytest -q -x -p no:cacheprovider tests/ops/cuda/test_kernels.py ${KERNEL_TESTS:+-k "$KERNEL_TESTS"} 2>&1 \
     | tee "$OUT/kernels-tests.log" | tail -15
 fi
 want rungs && timeout 300 python3 -m muser_torch.cli bench triton --what rungs 2>&1 \
