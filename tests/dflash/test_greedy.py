@@ -10,7 +10,11 @@ On these random files a 1-row decode differs from one full forward by up to
 3% of the logits' norm (0.26 in absolute value). There a run with a draft
 may part from a run without one, but only at a near-tie: both tokens within
 ``GGML_PATH_NOISE`` of the best logit of a full forward over the common
-prefix; everything before must be equal.
+prefix; everything before must be equal. Each path's logits stray from the
+full forward's, so a parted token may sit up to twice that below its best:
+over 200 seeds (``python -m tests.seeds tests/dflash/test_greedy.py -k ggml``)
+the worst was 0.585 (0.54 broke the former bound of 0.5 in a CI run), hence
+1.2, a 2x margin.
 
 The random draft of ``conftest`` rarely guesses right, so a second draft,
 ``Oracle``, proposes the target's own continuation (computed beforehand
@@ -24,10 +28,11 @@ import torch
 
 import muser_torch
 
+from ..bounds import check_bound
 from .conftest import SEED, VOCAB
 
 N_NEW = 64
-GGML_PATH_NOISE = 0.5
+GGML_PATH_NOISE = 1.2
 
 
 def _same_greedy(target, prompt_len: int, got: list[int], want: list[int], noise: float, what: str):
@@ -40,8 +45,8 @@ def _same_greedy(target, prompt_len: int, got: list[int], want: list[int], noise
     device = target.lengths.device
     logits = target(torch.tensor([want[:i]], device=device))[0, -1]
     gaps = [float(logits.max() - logits[t]) for t in (got[i], want[i])]
-    assert max(gaps) < noise, (f"{what}: parted at token {i - prompt_len}, "
-                               f"{gaps} below the best logit (seed {SEED})")
+    check_bound("parted tokens' gap below a full forward's best logit", max(gaps), noise,
+                f"{what}: parted at token {i - prompt_len}, {gaps} (seed {SEED})")
 
 
 def _prompt(n: int, salt: int = 0) -> torch.Tensor:
